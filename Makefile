@@ -1,0 +1,28 @@
+# Two commands on a fresh machine: `make run` and `make test`. Both build .venv first.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+# Reinstall whenever the dependency list changes.
+STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+
+.PHONY: run test venv clean-venv
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "make: $(PYTHON) not found (FedFace needs Python 3.11)"; exit 1; }
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test]'
+	@# facenet-pytorch pins an ancient torch; its MTCNN runs fine on torch 2.14, so skip its pins.
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps facenet-pytorch==2.6.0
+	@rm -f $(VENV)/.installed-* && touch $@
+
+run: $(STAMP)
+	$(BIN)/fedface eval lfw --baselines --out reports
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+clean-venv:
+	rm -rf $(VENV)

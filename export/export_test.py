@@ -1,0 +1,82 @@
+"""Export of the bundled default model on real faces: parity, manifest, bad input, atomicity."""
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from export.pipeline import ExportError, export_model, sha256
+from facecore.errors import CheckpointError
+from facecore.models import get_backbone
+from facecore.models.checkpoint import DEFAULT_MODEL, save_backbone
+
+
+@pytest.fixture(scope="module")
+def exported(real_data: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    assert DEFAULT_MODEL.is_file(), "the package must bundle its default model"
+    # two folds keep CI fast; `fedface export` itself scores all five evaluation folds
+    return export_model("default", tmp_path_factory.mktemp("export"), real_data, int8=True, lfw_folds=(9, 10))
+
+
+def test_fp32_and_int8_meet_parity_on_real_faces(exported) -> None:  # type: ignore[no-untyped-def]
+    # Assert
+    metrics = exported.metrics
+    assert metrics["parity_faces"] >= 200
+    assert metrics["fp32_min_cos"] >= 0.9999
+    assert metrics["int8_mean_cos"] >= 0.99
+    assert metrics["int8_lfw_drop"] <= 0.5
+    assert metrics["int8_bytes"] <= 1.5e6
+
+
+def test_manifest_describes_the_files_exactly(exported) -> None:  # type: ignore[no-untyped-def]
+    # Execute
+    manifest = json.loads((exported.out_dir / "manifest.json").read_text())
+    # Assert
+    for entry in manifest["files"].values():
+        assert sha256(exported.out_dir / entry["path"]) == entry["sha256"]
+    assert manifest["input"]["shape"] == ["batch", 3, 112, 112] and manifest["input"]["mean"] == 127.5
+    assert manifest["embedding_dim"] == 128 and manifest["opset"] >= 17
+    assert not [p for p in exported.out_dir.iterdir() if p.name.startswith(".")], "staging files left behind"
+
+
+def test_mismatched_architecture_is_one_clear_error(tmp_path: Path, real_data: Path) -> None:
+    # Prepare: a file that claims mobilefacenet but holds iresnet18 weights
+    model = get_backbone("iresnet18")
+    model.name = "mobilefacenet"
+    save_backbone(model, tmp_path / "wrong.pt")
+    # Execute / Assert
+    with pytest.raises(CheckpointError, match="weights do not fit backbone 'mobilefacenet'"):
+        export_model(str(tmp_path / "wrong.pt"), tmp_path / "out", real_data)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        export_model(str(tmp_path / "missing.pt"), tmp_path / "out", real_data)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
+def test_unwritable_output_directory_is_refused(tmp_path: Path, real_data: Path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    with pytest.raises(ExportError, match="not writable"):
+        export_model("default", locked / "sub", real_data)
+
+
+def test_output_directory_under_a_file_is_refused(tmp_path: Path, real_data: Path) -> None:
+    # Prepare
+    (tmp_path / "a_file").write_text("x")
+    # Execute / Assert
+    with pytest.raises(ExportError, match="cannot create output directory"):
+        export_model("default", tmp_path / "a_file" / "out", real_data)
+
+
+def test_a_failed_export_leaves_nothing_behind(tmp_path: Path, real_data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: quantization blows up after model.onnx was already produced in staging
+    import export.pipeline as pipeline
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("calibration crashed")
+
+    monkeypatch.setattr(pipeline, "quantize_int8", broken)
+    # Execute
+    with pytest.raises(RuntimeError):
+        export_model("default", tmp_path / "out", real_data, int8=True)
+    # Assert
+    assert list((tmp_path / "out").iterdir()) == []

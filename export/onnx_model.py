@@ -1,0 +1,91 @@
+"""torch backbone -> ONNX (fp32) and static per-channel int8, with atomic file writes."""
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+
+from facecore.models.preprocess import faces_to_tensor
+
+OPSET = 17
+INPUT_NAME = "faces"
+OUTPUT_NAME = "embedding"
+
+
+@contextmanager
+def staged_file(path: Path) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; it replaces `path` only if the block succeeds."""
+    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(handle)
+    try:
+        yield Path(temp)
+        os.chmod(temp, 0o644)
+        os.replace(temp, path)
+    finally:
+        if os.path.exists(temp):
+            os.unlink(temp)
+
+
+def export_fp32(model: torch.nn.Module, path: Path) -> Path:
+    """Dynamic batch axis, opset 17, constant-folded (BatchNorm folds into the convolutions)."""
+    model = model.float().eval().to(memory_format=torch.contiguous_format)
+    example = torch.zeros(1, 3, model.input_size, model.input_size)
+    with staged_file(path) as temp:
+        torch.onnx.export(
+            model, (example,), str(temp), dynamo=False, opset_version=OPSET, do_constant_folding=True,
+            input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+            dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
+        )
+        onnx.checker.check_model(onnx.load(str(temp)), full_check=True)
+    return path
+
+
+class _FaceCalibration:
+    """onnxruntime CalibrationDataReader over aligned uint8 faces."""
+
+    def __init__(self, faces: np.ndarray, batch: int = 16) -> None:
+        self._batches = iter([faces_to_tensor(faces[i : i + batch]).contiguous().numpy() for i in range(0, len(faces), batch)])
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        batch = next(self._batches, None)
+        return None if batch is None else {INPUT_NAME: batch}
+
+
+def quantize_int8(fp32_path: Path, path: Path, calibration_faces: np.ndarray) -> Path:
+    """Static QDQ quantization, per-channel weights, calibrated on real aligned faces."""
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    with tempfile.TemporaryDirectory(dir=path.parent) as scratch:
+        prepared = Path(scratch) / "prepared.onnx"
+        quant_pre_process(str(fp32_path), str(prepared), skip_symbolic_shape=True)
+        with staged_file(path) as temp:
+            quantize_static(
+                str(prepared), str(temp), _FaceCalibration(calibration_faces),
+                quant_format=QuantFormat.QDQ, per_channel=True, activation_type=QuantType.QUInt8,
+                weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax,
+            )
+            onnx.checker.check_model(onnx.load(str(temp)))
+    return path
+
+
+def ort_session(path: Path, threads: int = 1):  # type: ignore[no-untyped-def]
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def ort_embed(session, faces: np.ndarray, batch: int = 64) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """Raw (un-normalised) embeddings from an ONNX session, same input convention as torch."""
+    out = [session.run(None, {INPUT_NAME: faces_to_tensor(faces[i : i + batch]).contiguous().numpy()})[0] for i in range(0, len(faces), batch)]
+    return np.concatenate(out)

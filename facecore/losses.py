@@ -1,0 +1,215 @@
+"""Training losses: margin softmax heads for centralised pre-training and the
+FedFace / FedAwS losses for federated fine-tuning with positive labels only.
+
+Conventions: embeddings and class weights are always L2-normalised before use,
+so every similarity below is a cosine.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+MARGIN_LOSSES = ("arcface", "cosface")
+
+
+class _MarginHead(nn.Module):
+    """Shared parts: the (num_classes, embedding_dim) weight and cosine logits."""
+
+    def __init__(self, embedding_dim: int, num_classes: int, s: float) -> None:
+        super().__init__()
+        if embedding_dim < 1 or num_classes < 1:
+            raise ValueError(f"embedding_dim and num_classes must be positive, got {embedding_dim}, {num_classes}")
+        if not s > 0:
+            raise ValueError(f"scale s must be positive, got {s}")
+        self.s = s
+        # insightface initialisation; the scale is irrelevant after normalisation.
+        self.weight = nn.Parameter(torch.empty(num_classes, embedding_dim).normal_(0.0, 0.01))
+
+    def cosine(self, embeddings: Tensor) -> Tensor:
+        dtype = torch.promote_types(embeddings.dtype, self.weight.dtype)
+        return F.linear(F.normalize(embeddings.to(dtype)), F.normalize(self.weight.to(dtype)))
+
+    def target_margin(self, cos_target: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def logits(self, embeddings: Tensor, labels: Tensor) -> Tensor:
+        """``s * cos`` for every class, with the margin applied at each row's label."""
+        cos = self.cosine(embeddings)
+        index = labels.long().view(-1, 1)
+        # Margins only touch the target column, so compute them on (N, 1) not (N, C).
+        cos = cos.scatter(1, index, self.target_margin(cos.gather(1, index)))
+        return self.s * cos
+
+    def forward(self, embeddings: Tensor, labels: Tensor) -> Tensor:
+        return F.cross_entropy(self.logits(embeddings, labels), labels.long())
+
+
+class CosFaceHead(_MarginHead):
+    """CosFace / AM-Softmax (Wang et al. 2018): target logit ``s * (cos - m)``."""
+
+    def __init__(self, embedding_dim: int, num_classes: int, s: float = 64.0, m: float = 0.35) -> None:
+        super().__init__(embedding_dim, num_classes, s)
+        if m < 0:
+            raise ValueError(f"margin m must be >= 0, got {m}")
+        self.m = m
+
+    def target_margin(self, cos_target: Tensor) -> Tensor:
+        return cos_target - self.m
+
+
+class ArcFaceHead(_MarginHead):
+    """ArcFace (Deng et al. 2019): target logit ``s * cos(theta + m)``.
+
+    With "easy margin" off (insightface default): ``cos(theta + m)`` stops being
+    decreasing in theta once ``theta + m > pi``, which would reward moving away
+    from the class. There, i.e. where ``cos(theta) <= cos(pi - m)``, the target
+    is the insightface fallback ``cos(theta) - m * sin(m)``: the first-order
+    expansion ``cos(theta) - m * sin(theta)`` with ``sin(theta)`` frozen at the
+    switch point (``sin(pi - m) = sin(m)``). It is a fixed CosFace-style margin,
+    so the target stays monotone in theta and below ``cos(theta)``.
+    """
+
+    def __init__(self, embedding_dim: int, num_classes: int, s: float = 64.0, m: float = 0.5) -> None:
+        super().__init__(embedding_dim, num_classes, s)
+        if not 0 <= m < math.pi:
+            raise ValueError(f"margin m must be in [0, pi), got {m}")
+        self.m = m
+        self.threshold = math.cos(math.pi - m)
+        self.fallback = math.sin(math.pi - m) * m
+
+    def target_margin(self, cos_target: Tensor) -> Tensor:
+        # Clamp keeps sqrt's gradient finite when cos is exactly +-1.
+        sin_target = (1.0 - cos_target * cos_target).clamp_min(1e-12).sqrt()
+        shifted = cos_target * math.cos(self.m) - sin_target * math.sin(self.m)
+        return torch.where(cos_target > self.threshold, shifted, cos_target - self.fallback)
+
+
+def make_margin_head(loss: str, embedding_dim: int, num_classes: int, **kwargs: Any) -> nn.Module:
+    """Build the margin head named ``loss`` (``cosface`` or ``arcface``); ``kwargs``
+    go to the head (``s``, ``m``)."""
+    if loss == "cosface":
+        return CosFaceHead(embedding_dim, num_classes, **kwargs)
+    if loss == "arcface":
+        return ArcFaceHead(embedding_dim, num_classes, **kwargs)
+    raise ValueError(f"unknown loss {loss!r}; valid names: {', '.join(MARGIN_LOSSES)}")
+
+
+def positive_loss(features: Tensor, class_embedding: Tensor, margin: float = 0.9) -> Tensor:
+    """FedFace positive-only loss ``mean_i max(0, margin - cos(f_i, w_i))**2``.
+
+    ``class_embedding`` is either one vector ``(D,)`` shared by all rows (a
+    client's own identity) or ``(N, D)`` matched row by row.
+    """
+    if features.dim() != 2:
+        raise ValueError(f"features must be (N, D), got shape {tuple(features.shape)}")
+    if class_embedding.dim() == 1:
+        class_embedding = class_embedding.unsqueeze(0)
+    if class_embedding.dim() != 2 or class_embedding.shape[-1] != features.shape[-1] or (
+        class_embedding.shape[0] not in (1, features.shape[0])
+    ):
+        raise ValueError(
+            f"class_embedding must be (D,) or (N, D) for features {tuple(features.shape)}, "
+            f"got {tuple(class_embedding.shape)}"
+        )
+    cos = (F.normalize(features, dim=1) * F.normalize(class_embedding, dim=1)).sum(dim=1)
+    return (margin - cos).clamp_min(0).pow(2).mean()
+
+
+def _check_matrix(W: Tensor) -> None:
+    if W.dim() != 2:
+        raise ValueError(f"W must be (C, D), got shape {tuple(W.shape)}")
+
+
+def spreadout_loss(W: Tensor, nu: float = 0.3) -> Tensor:
+    """Mean over ordered pairs ``j != k`` of ``max(0, w_j . w_k - nu)**2`` on
+    L2-normalised rows of ``W`` (FedFace server regulariser). Zero for one class."""
+    _check_matrix(W)
+    C = W.shape[0]
+    if C < 2:
+        # Multiply rather than build a constant so backward() still reaches W.
+        return (W * 0).sum()
+    Wn = F.normalize(W, dim=1)
+    off_diagonal = ~torch.eye(C, dtype=torch.bool, device=W.device)
+    hinge = (Wn @ Wn.T - nu).clamp_min(0).pow(2)
+    return hinge[off_diagonal].mean()
+
+
+def spreadout_topk_loss(W: Tensor, k: int, nu: float = 0.3) -> Tensor:
+    """FedAwS spreadout restricted to nearest neighbours (Yu et al. 2020).
+
+    Implemented formula, with ``w`` the L2-normalised rows of ``W`` and ``N_k(j)``
+    the ``k`` classes ``c != j`` with the largest ``w_j . w_c`` (the nearest on
+    the unit sphere)::
+
+        L = 1 / (C * k) * sum_j sum_{c in N_k(j)} max(0, w_j . w_c - nu)**2
+
+    FedAwS writes the hinge on squared distances, ``max(0, nu' - |w_j - w_c|**2)``;
+    on unit vectors ``|w_j - w_c|**2 = 2 - 2 w_j . w_c``, so that equals
+    ``4 * max(0, w_j . w_c - (1 - nu' / 2))**2`` and the cosine form above keeps
+    ``nu`` consistent with :func:`spreadout_loss`. ``k`` is capped at ``C - 1``,
+    where this equals :func:`spreadout_loss`.
+    """
+    _check_matrix(W)
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    C = W.shape[0]
+    if C < 2:
+        return (W * 0).sum()
+    k = min(k, C - 1)
+    Wn = F.normalize(W, dim=1)
+    sim = Wn @ Wn.T
+    # Exclude self-similarity from the neighbour search.
+    sim = sim.masked_fill(torch.eye(C, dtype=torch.bool, device=W.device), float("-inf"))
+    nearest = sim.topk(k, dim=1).values
+    return (nearest - nu).clamp_min(0).pow(2).mean()
+
+
+@dataclass(frozen=True)
+class SpreadoutConfig:
+    """Server-side spreadout optimisation settings; fields match the keyword
+    arguments of :func:`spreadout_optimize` (``spreadout_optimize(W, **asdict(cfg))``)."""
+
+    nu: float = 0.3
+    steps: int = 10
+    lr: float = 0.01
+    momentum: float = 0.9
+
+    def __post_init__(self) -> None:
+        if not -1.0 <= self.nu <= 1.0:
+            raise ValueError(f"nu is a cosine and must be in [-1, 1], got {self.nu}")
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 0:
+            raise ValueError(f"steps must be an integer >= 0, got {self.steps!r}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a positive finite number, got {self.lr}")
+        if not 0.0 <= self.momentum < 1.0:
+            raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
+
+
+def spreadout_optimize(
+    W: Tensor, steps: int = 10, lr: float = 0.01, momentum: float = 0.9, nu: float = 0.3
+) -> Tensor:
+    """FedFace server step: ``steps`` of SGD with momentum on ``spreadout_loss(W, nu)``.
+
+    Uses PyTorch's SGD convention (``v = momentum * v + g``, ``W -= lr * v``, with
+    ``v`` starting at the first gradient). Returns an updated detached copy in
+    ``W``'s dtype and device; ``W`` itself is untouched. The rows are *not*
+    renormalised: every consumer normalises anyway, and keeping the raw update
+    lets clients continue from the exact averaged parameters.
+    """
+    _check_matrix(W)
+    SpreadoutConfig(nu=nu, steps=steps, lr=lr, momentum=momentum)  # validates
+    current = W.detach().clone()
+    velocity: Tensor | None = None
+    with torch.enable_grad():
+        for _ in range(steps):
+            current.requires_grad_(True)
+            (grad,) = torch.autograd.grad(spreadout_loss(current, nu), current)
+            current = current.detach()
+            velocity = grad if velocity is None else momentum * velocity + grad
+            current = current - lr * velocity
+    return current.detach()

@@ -1,0 +1,72 @@
+"""Backbone files: what the product ships, what `--model` accepts, and the bundled default.
+
+A backbone file is a torch pickle of a plain dict (loaded with weights_only=True):
+{"format": "fedface-backbone/1", "backbone": name, "embedding_dim": d, "state_dict": {...}, "meta": {...}}.
+Training checkpoints embed the same keys, so both load here.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from facecore.errors import CheckpointError
+from facecore.models.registry import get_backbone
+
+FORMAT = "fedface-backbone/1"
+WEIGHTS_DIR = Path(__file__).resolve().parents[1] / "weights"
+DEFAULT_MODEL = WEIGHTS_DIR / "default.pt"
+
+
+def save_backbone(model: torch.nn.Module, path: str | Path, meta: dict[str, Any] | None = None, half: bool = False) -> Path:
+    """Atomically write a backbone file; `half` stores floating tensors as fp16 (the shipped form)."""
+    state = {k: (v.half() if half and v.is_floating_point() else v).detach().cpu().clone() for k, v in model.state_dict().items()}
+    payload = {"format": FORMAT, "backbone": model.name, "embedding_dim": model.embedding_dim, "state_dict": state, "meta": meta or {}}
+    return atomic_torch_save(payload, path)
+
+
+def atomic_torch_save(payload: Any, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp", delete=False) as handle:
+        torch.save(payload, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.chmod(handle.name, 0o644)
+    os.replace(handle.name, path)
+    return path
+
+
+def read_backbone_file(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"model file {path} does not exist")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch raises many types for a corrupt pickle
+        raise CheckpointError(f"{path} is not a readable torch file ({type(error).__name__}: {error})") from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a FedFace backbone file (expected format {FORMAT!r})")
+    return payload
+
+
+def load_backbone(spec: str | Path, backbone: str = "mobilefacenet", seed: int = 0) -> torch.nn.Module:
+    """`random` (untrained, seeded), `default` (bundled) or a path to a backbone/training file."""
+    if str(spec) == "random":
+        torch.manual_seed(seed)
+        return get_backbone(backbone).eval()
+    path = DEFAULT_MODEL if str(spec) == "default" else Path(spec)
+    if str(spec) == "default" and not path.is_file():
+        raise CheckpointError("no bundled default model in this install yet: pass --model PATH or --model random")
+    payload = read_backbone_file(path)
+    model = get_backbone(payload["backbone"], embedding_dim=payload["embedding_dim"])
+    state = {k: v.float() if v.is_floating_point() else v for k, v in payload["state_dict"].items()}
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as error:
+        raise CheckpointError(f"{path}: weights do not fit backbone {payload['backbone']!r}: {str(error).splitlines()[0]}") from None
+    model.meta = payload.get("meta", {})  # type: ignore[attr-defined]
+    return model.eval()

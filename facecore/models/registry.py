@@ -1,0 +1,65 @@
+"""Name -> backbone factory registry.
+
+Architecture modules register factories with :func:`register_backbone`; callers
+build models by name with :func:`get_backbone`, so configs, checkpoints and the
+CLI only ever carry a string. Each factory owns its default embedding size, which
+is why ``embedding_dim=None`` means "the backbone's default" here.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from torch import nn
+
+from facecore.errors import UnknownBackbone
+
+BackboneFactory = Callable[..., nn.Module]
+F = TypeVar("F", bound=BackboneFactory)
+
+_REGISTRY: dict[str, BackboneFactory] = {}
+
+# Attributes every backbone must carry so downstream code (alignment size, head
+# construction, checkpoint metadata) never has to special-case an architecture.
+_REQUIRED_ATTRIBUTES = ("name", "embedding_dim", "input_size")
+
+
+def register_backbone(name: str) -> Callable[[F], F]:
+    """Decorator registering ``factory(embedding_dim=<default>, **kwargs)`` under ``name``."""
+
+    def decorate(factory: F) -> F:
+        # A silent overwrite would make the model depend on import order.
+        if name in _REGISTRY and _REGISTRY[name] is not factory:
+            raise ValueError(f"backbone {name!r} is already registered")
+        _REGISTRY[name] = factory
+        return factory
+
+    return decorate
+
+
+def backbone_names() -> list[str]:
+    """Sorted names accepted by :func:`get_backbone`."""
+    return sorted(_REGISTRY)
+
+
+def get_backbone(name: str, embedding_dim: int | None = None, **kwargs: Any) -> nn.Module:
+    """Build the backbone registered as ``name``.
+
+    Args:
+        name: a value of :func:`backbone_names`.
+        embedding_dim: output size; ``None`` keeps the backbone's default.
+        **kwargs: architecture options (e.g. ``width`` for MobileFaceNet).
+
+    Raises:
+        UnknownBackbone: ``name`` is not registered; the message lists valid names.
+    """
+    factory = _REGISTRY.get(name)
+    if factory is None:
+        raise UnknownBackbone(name, backbone_names())
+    if embedding_dim is not None:
+        kwargs["embedding_dim"] = embedding_dim
+    model = factory(**kwargs)
+    missing = [attr for attr in _REQUIRED_ATTRIBUTES if not hasattr(model, attr)]
+    if missing:
+        raise TypeError(f"backbone factory {name!r} returned a module without {', '.join(missing)}")
+    return model

@@ -1,0 +1,1 @@
+"""The `fedface` command line: one entry point over every FedFace component."""

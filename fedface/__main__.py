@@ -1,0 +1,3 @@
+from fedface.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,112 @@
+"""`fedface eval lfw`: verification accuracy, AUC and TAR@FAR on identity-disjoint LFW folds."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+CLASSICAL = ("lbp", "pca")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    targets = parser.add_subparsers(dest="target", metavar="BENCHMARK", required=True)
+    lfw = targets.add_parser("lfw", help="LFW View-2 verification")
+    lfw.add_argument(
+        "--model", action="append", default=None,
+        help="checkpoint PATH, 'default' (bundled), 'random' (untrained backbone), or a classical baseline "
+        "'lbp' / 'pca'; repeat to compare several (default: default if bundled, else random)",
+    )
+    lfw.add_argument("--baselines", action="store_true", help="also score the untrained backbone and LBP")
+    lfw.add_argument("--backbone", default="mobilefacenet", help="architecture for --model random")
+    lfw.add_argument("--folds", default="6-10", help="pairs/people folds to score, e.g. 6-10 (identity-disjoint from 1-5)")
+    lfw.add_argument("--flip", action="store_true", help="average each embedding with its mirror image's")
+    lfw.add_argument("--data", help="data root (default: FEDFACE_DATA or ../shared/data)")
+    lfw.add_argument("--out", default="reports", help="folder for the JSON report and ROC plot")
+    lfw.add_argument("--max-pairs-per-fold", type=int, default=None, help="score fewer pairs (quick look only)")
+    lfw.add_argument("--pairs-only", action="store_true", help="TAR@FAR from the pairs only, not all people of the folds")
+    lfw.add_argument("--json", action="store_true", help="print one JSON object (one per model, keyed by model) on stdout")
+
+
+def run(args: argparse.Namespace) -> int:
+    from facecore.data.lfw import parse_folds
+    from facecore.eval.lfw import evaluate, load_lfw_faces
+    from facecore.eval.plots import save_roc_plot
+    from facecore.models.checkpoint import DEFAULT_MODEL
+    from facecore.paths import data_root
+
+    specs = args.model or (["default"] if DEFAULT_MODEL.is_file() else ["random"])
+    if args.baselines:
+        specs += [s for s in ("random", "lbp") if s not in specs]
+    folds = parse_folds(args.folds)
+    root = data_root(args.data)
+    embedders = {spec: _embedder(spec, args, root, folds) for spec in specs}  # fail fast on a bad --model
+    data = load_lfw_faces(root / "lfw", folds, max_pairs_per_fold=args.max_pairs_per_fold, all_people=not args.pairs_only)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    reports, curves = {}, {}
+    for spec, embed in embedders.items():
+        result = evaluate(data, embed)
+        label = _label(spec)
+        reports[label] = {"model": spec, **result.report.to_json_dict()}
+        curves[label] = result.roc
+        (out / f"lfw_{_slug(label)}.json").write_text(json.dumps(reports[label], indent=1))
+    plot = save_roc_plot(out / "lfw_roc.png", curves, f"LFW folds {args.folds}: all-pairs ROC")
+    if args.json:
+        print(json.dumps(next(iter(reports.values())) if len(reports) == 1 else reports))
+    else:
+        _print_table(reports, data.alignment.summary(), plot)
+    return 0
+
+
+def _embedder(spec: str, args: argparse.Namespace, root: Path, folds: tuple[int, ...]):  # type: ignore[no-untyped-def]
+    from facecore.eval.baselines import lbp_features
+
+    if spec == "lbp":
+        return lbp_features
+    if spec == "pca":
+        return _pca_embedder(root, folds)
+    from functools import partial
+
+    import torch
+
+    from facecore.models.checkpoint import load_backbone
+    from facecore.models.preprocess import embed_faces
+
+    torch.set_num_threads(max(torch.get_num_threads(), 1))
+    return partial(embed_faces, load_backbone(spec, backbone=args.backbone), flip=args.flip)
+
+
+def _pca_embedder(root: Path, folds: tuple[int, ...]):  # type: ignore[no-untyped-def]
+    """PCA is fitted on LFW people outside the evaluated folds, never on the evaluated people."""
+    from facecore.align.pipeline import FaceAligner
+    from facecore.data.lfw import LFW
+    from facecore.eval.baselines import PCABaseline
+
+    lfw = LFW(root / "lfw")
+    train = [img.path for k, people in enumerate(lfw.people_folds(), 1) if k not in folds for n, c in people.items() for img in lfw.images_of(n, c)]
+    sample = [train[i] for i in np.random.default_rng(0).choice(len(train), min(2000, len(train)), replace=False)]
+    faces = FaceAligner().align_paths(sample, desc="aligning PCA training faces").faces
+    return PCABaseline().fit(faces, n_components=128).transform
+
+
+def _label(spec: str) -> str:
+    return {"random": "untrained", "lbp": "LBP (classical)", "pca": "PCA (classical)"}.get(spec, spec if spec == "default" else Path(spec).stem)
+
+
+def _slug(label: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in label).strip("_").lower()
+
+
+def _print_table(reports: dict[str, dict], alignment: str, plot: Path) -> None:  # type: ignore[type-arg]
+    first = next(iter(reports.values()))
+    print(f"LFW verification, folds {first['folds']}, {first['pairs']} pairs; {alignment}")
+    print(f"TAR@FAR over all pairs of the folds' people: {first['all_pairs']['genuine']:,} genuine, {first['all_pairs']['impostor']:,} impostor")
+    print(f"{'model':<22} {'accuracy':>16} {'AUC':>7} {'TAR@1e-3':>9} {'TAR@1e-4':>9}")
+    for label, r in reports.items():
+        tar = r["tar_at_far"]
+        fmt = lambda v: "   n/a" if v is None else f"{100 * v:6.2f}%"  # noqa: E731
+        print(f"{label:<22} {100 * r['accuracy']:7.2f}% ± {100 * r['accuracy_std']:4.2f} {r['auc']:7.4f} {fmt(tar['1e-3']):>9} {fmt(tar['1e-4']):>9}")
+    print(f"ROC plot: {plot}", file=sys.stdout)

@@ -1,0 +1,101 @@
+"""`fedface pretrain`: train the backbone on the public identities of a split (or fine-tune on devices)."""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data", help="data root (default: FEDFACE_DATA or ../shared/data)")
+    parser.add_argument("--split", help="split manifest (default: build the seed-0 split and save it in --out)")
+    parser.add_argument("--backbone", default="mobilefacenet")
+    parser.add_argument("--loss", choices=("cosface", "arcface"), default="cosface")
+    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--warmup-epochs", type=float, default=1.0)
+    parser.add_argument("--schedule", choices=("cosine", "step"), default="cosine")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workers", type=int, default=1, help="DataLoader worker processes for augmentation")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the backbone")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (bf16 autocast on cuda)")
+    parser.add_argument("--eval-every", type=int, default=5, help="epochs between LFW checks (pairs of the evaluation folds)")
+    parser.add_argument("--max-steps-per-epoch", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--finetune-from", default=None,
+        help="start from this backbone (PATH or 'default') and train on the pooled DEVICE identities: the "
+        "centralized, non-private upper bound that federated runs are compared with",
+    )
+    parser.add_argument("--resume", action="store_true", help="continue the run in --out from its last epoch")
+    parser.add_argument("--out", default="runs/pretrain")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from facecore.data.faces import load_labelled_faces
+    from facecore.data.split import SplitConfig, SplitManifest, build_split
+    from facecore.eval.plots import save_line_plot
+    from facecore.models.checkpoint import load_backbone
+    from facecore.paths import data_root
+    from pretrain.config import PretrainConfig
+    from pretrain.evaluation import check_disjoint_from_evaluation, lfw_monitor
+    from pretrain.trainer import Pretrainer
+
+    root = data_root(args.data)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.split:
+        manifest = SplitManifest.load(args.split)
+    else:
+        manifest = build_split(root, SplitConfig(seed=args.seed))
+        manifest.save(out / "split.json")
+    config = PretrainConfig(
+        backbone=args.backbone, loss=args.loss, epochs=args.epochs, batch=args.batch, lr=args.lr,
+        warmup_epochs=args.warmup_epochs, schedule=args.schedule, seed=args.seed, workers=args.workers,
+        compile=args.compile, device=args.device, eval_every=args.eval_every,
+        role="devices" if args.finetune_from else "public", max_steps_per_epoch=args.max_steps_per_epoch,
+    )
+    check_disjoint_from_evaluation(manifest, root, config.role)
+    print(manifest.describe())
+    init_state = None
+    if args.finetune_from:
+        base = load_backbone(args.finetune_from)
+        config = PretrainConfig(**{**config.to_dict(), "backbone": base.name, "embedding_dim": base.embedding_dim})
+        init_state = base.state_dict()
+    torch.set_num_threads(torch.get_num_threads())
+    data = load_labelled_faces(manifest.images(config.role, root), desc=f"aligning {config.role} faces")
+    print(f"training on {config.role}: {data.describe()}")
+    monitor = lfw_monitor(root, manifest.config.eval_folds)
+    trainer = Pretrainer(config, data, out, evaluate=monitor, init_state=init_state)
+    if args.resume:
+        trainer.resume()
+        print(f"resumed after epoch {trainer.epoch}")
+    started = time.time()
+    result = trainer.fit()
+    epochs = [h["epoch"] for h in result.history]
+    save_line_plot(out / "loss.png", {"train loss": (epochs, [h["loss"] for h in result.history])}, "epoch", "loss", "pretraining loss")
+    evaluated = [h for h in result.history if "lfw_accuracy" in h]
+    if evaluated:
+        save_line_plot(
+            out / "lfw_accuracy.png", {"LFW pairs accuracy": ([h["epoch"] for h in evaluated], [h["lfw_accuracy"] for h in evaluated])},
+            "epoch", "accuracy", f"LFW folds {manifest.config.eval_folds[0]}-{manifest.config.eval_folds[-1]} (monitoring only)",
+        )
+    summary = {
+        "backbone_file": str(result.backbone_path),
+        "config": config.to_dict(),
+        "split_sizes": manifest.sizes(),
+        "trained_on": {"identities": len(data.classes), "faces": len(data), "excluded_photos": len(data.excluded)},
+        "epochs": result.epochs,
+        "wall_seconds_this_invocation": round(time.time() - started, 1),
+        "median_images_per_second": round(result.images_per_second, 1),
+        "machine": f"{platform.machine()} {torch.get_num_threads()} threads, {config.device}",
+        "final": result.history[-1],
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(json.dumps(summary["final"]))
+    print(f"backbone: {result.backbone_path}; plots and metrics.jsonl in {out}")
+    return 0

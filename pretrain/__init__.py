@@ -1,0 +1,1 @@
+"""Server-side pretraining of the compact face backbone on public identities."""

@@ -1,0 +1,1 @@
+"""HTTP layer: dependencies, error mapping and thin routes."""

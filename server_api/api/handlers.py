@@ -1,0 +1,38 @@
+"""The one place where domain errors become HTTP status codes."""
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from facecore.errors import CheckpointError
+from server_api.errors import (
+    AuthenticationFailed, Conflict, Forbidden, InvalidInput, NotFound, PayloadTooLarge, ServerError,
+)
+
+STATUS: list[tuple[type[Exception], int]] = [
+    (AuthenticationFailed, 401),
+    (Forbidden, 403),
+    (NotFound, 404),
+    (Conflict, 409),  # includes StaleRound
+    (PayloadTooLarge, 413),
+    (InvalidInput, 422),
+    (CheckpointError, 500),
+]
+
+
+def status_for(error: Exception) -> int:
+    for kind, status in STATUS:
+        if isinstance(error, kind):
+            return status
+    return 500
+
+
+async def _domain_error(request: Request, error: Exception) -> JSONResponse:
+    status = status_for(error)
+    headers = {"WWW-Authenticate": 'Signature realm="fedface"'} if status == 401 else None
+    return JSONResponse({"detail": str(error)}, status_code=status, headers=headers)
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(ServerError, _domain_error)
+    app.add_exception_handler(CheckpointError, _domain_error)

@@ -1,0 +1,47 @@
+"""Operator endpoints (Bearer admin token)."""
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from server_api.api.deps import AdminDep, SessionDep
+from server_api.crud import rounds as round_crud
+from server_api.crud import versions as version_crud
+from server_api.errors import NotFound
+from server_api.models import utcnow
+from server_api.schemas import ErrorPublic, RoundCreate, RoundPublic
+
+router = APIRouter(prefix="/v1/admin", tags=["admin"])
+_errors = {code: {"model": ErrorPublic} for code in (401, 404, 409, 422)}
+
+
+@router.post("/rounds", status_code=201, response_model=RoundPublic, responses=_errors)
+def open_round(body: RoundCreate, _: AdminDep, session: SessionDep) -> RoundPublic:
+    """Open a round on the current model; 409 while another round is open or aggregating."""
+    base = version_crud.current_version(session)
+    if base is None:
+        raise NotFound("no model version yet")
+    return round_crud.to_public(session, round_crud.open_round(session, body, base, utcnow()))
+
+
+@router.get("/rounds/current", response_model=RoundPublic, responses=_errors)
+def current_round(_: AdminDep, session: SessionDep) -> RoundPublic:
+    """The open or aggregating round, else the most recent one."""
+    round_ = round_crud.active_round(session) or round_crud.latest_round(session)
+    if round_ is None:
+        raise NotFound("no round has been opened yet")
+    return round_crud.to_public(session, round_)
+
+
+@router.get("/rounds", response_model=list[RoundPublic], responses=_errors)
+def list_rounds(_: AdminDep, session: SessionDep, limit: Annotated[int, Query(ge=1, le=500)] = 20) -> list[RoundPublic]:
+    return [round_crud.to_public(session, r) for r in round_crud.list_rounds(session, limit)]
+
+
+@router.get("/rounds/{round_id}", response_model=RoundPublic, responses=_errors)
+def get_round(round_id: int, _: AdminDep, session: SessionDep) -> RoundPublic:
+    round_ = round_crud.get_round(session, round_id)
+    if round_ is None:
+        raise NotFound(f"round {round_id} does not exist")
+    return round_crud.to_public(session, round_)

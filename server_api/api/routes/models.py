@@ -1,0 +1,84 @@
+"""Immutable, version-pinned model downloads with ETags."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Header, Query, Response
+from fastapi.responses import StreamingResponse
+
+from server_api.api.deps import CtxDep, CurrentDevice, SessionDep
+from server_api.crud import versions as version_crud
+from server_api.errors import NotFound
+from server_api.models import ModelVersion
+from server_api.schemas import ErrorPublic, ModelVersionPublic
+from server_api.storage.blobs import CHUNK
+
+router = APIRouter(prefix="/v1/models", tags=["models"])
+_errors = {401: {"model": ErrorPublic}, 404: {"model": ErrorPublic}}
+# Version URLs never change content, so clients and proxies may cache them forever.
+IMMUTABLE = "private, max-age=31536000, immutable"
+
+
+def _public(version: ModelVersion) -> ModelVersionPublic:
+    return ModelVersionPublic(
+        version=version.version_hash, backbone=version.backbone, embedding_dim=version.embedding_dim,
+        round_id=version.round_id, created_at=version.created_at,
+        backbone_url=f"/v1/models/{version.version_hash}/backbone",
+        onnx_url=f"/v1/models/{version.version_hash}/onnx" if version.onnx_blob else None,
+    )
+
+
+@router.get("/current", response_model=ModelVersionPublic, responses=_errors)
+def current_model(device: CurrentDevice, session: SessionDep) -> ModelVersionPublic:
+    version = version_crud.current_version(session)
+    if version is None:
+        raise NotFound("no model version yet")
+    return _public(version)
+
+
+def _serve(ctx: CtxDep, blob: str, etag: str, if_none_match: str | None, media_type: str, filename: str) -> Response:
+    quoted = f'"{etag}"'
+    headers = {"ETag": quoted, "Cache-Control": IMMUTABLE}
+    if if_none_match and (if_none_match.strip() == "*" or quoted in [t.strip().removeprefix("W/") for t in if_none_match.split(",")]):
+        return Response(status_code=304, headers=headers)
+    handle = ctx.store.open(blob)
+
+    def chunks() -> Iterator[bytes]:
+        with handle:
+            while data := handle.read(CHUNK):
+                yield data
+
+    headers |= {"Content-Length": str(ctx.store.size(blob)), "Content-Disposition": f'attachment; filename="{filename}"'}
+    return StreamingResponse(chunks(), media_type=media_type, headers=headers)
+
+
+def _version(session: SessionDep, version: str) -> ModelVersion:
+    found = version_crud.get_by_hash(session, version)
+    if found is None:
+        raise NotFound(f"model version {version} does not exist")
+    return found
+
+
+@router.get("/{version}/backbone", responses={200: {"content": {"application/octet-stream": {}}}, 304: {"description": "unchanged"}, **_errors})
+def download_backbone(
+    version: str, device: CurrentDevice, ctx: CtxDep, session: SessionDep,
+    dtype: Annotated[Literal["fp32", "fp16"], Query()] = "fp32",
+    if_none_match: Annotated[str | None, Header()] = None,
+) -> Response:
+    """The FedFace backbone file (torch, load with weights_only=True). ETag: the version hash
+    (fp32) or ``<hash>.fp16``."""
+    found = _version(session, version)
+    blob, etag = (found.version_hash, found.version_hash) if dtype == "fp32" else (found.fp16_blob, f"{found.version_hash}.fp16")
+    return _serve(ctx, blob, etag, if_none_match, "application/octet-stream", f"backbone-{version[:12]}-{dtype}.pt")
+
+
+@router.get("/{version}/onnx", responses={200: {"content": {"application/octet-stream": {}}}, 304: {"description": "unchanged"}, **_errors})
+def download_onnx(
+    version: str, device: CurrentDevice, ctx: CtxDep, session: SessionDep, if_none_match: Annotated[str | None, Header()] = None
+) -> Response:
+    """ONNX fp32 export of the version, for inference (input ``faces``, output ``embedding``)."""
+    found = _version(session, version)
+    if found.onnx_blob is None:
+        raise NotFound(f"model version {version} has no ONNX export (server runs with export_onnx off)")
+    return _serve(ctx, found.onnx_blob, f"{found.version_hash}.onnx", if_none_match, "application/octet-stream", f"model-{version[:12]}.onnx")

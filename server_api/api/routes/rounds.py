@@ -1,0 +1,54 @@
+"""Device side of a round: check in, then upload one signed update."""
+from __future__ import annotations
+
+import hashlib
+
+from fastapi import APIRouter, BackgroundTasks, Request
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from server_api.api.deps import CtxDep, CurrentDevice, SessionDep, signed_path
+from server_api.schemas import CheckinPublic, ErrorPublic, UpdatePublic
+from server_api.services import participation
+from server_api.services.aggregation import try_aggregate
+from server_api.services.auth import authenticate_device, precheck_device_headers
+from server_api.services.uploads import accept_upload
+
+router = APIRouter(prefix="/v1/rounds", tags=["rounds"])
+_errors = {code: {"model": ErrorPublic} for code in (401, 403, 404, 409, 413, 422)}
+UPLOAD_PATH = r"^/v1/rounds/[^/]+/updates$"
+
+
+@router.post("/current/checkin", response_model=CheckinPublic, responses=_errors)
+def checkin(device: CurrentDevice, ctx: CtxDep, session: SessionDep) -> CheckinPublic:
+    """Ask to join the open round. ``waiting``: check in again after ``retry_after_s``;
+    ``selected``: download the backbone and your embedding, train, upload before the deadline."""
+    return participation.checkin(ctx, session, device)
+
+
+@router.post(
+    "/{round_id}/updates", status_code=201, response_model=UpdatePublic, responses=_errors,
+    openapi_extra={"requestBody": {"required": True, "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}},
+)
+async def upload_update(round_id: int, request: Request, background: BackgroundTasks, ctx: CtxDep, session: SessionDep) -> JSONResponse:
+    """Upload a tensor file (safetensors layout): ``backbone.*`` deltas, ``class_embedding``,
+    metadata ``fedface`` = {base_version, n_samples, metrics}. Needs an ``Idempotency-Key``;
+    repeating it returns the first response. The body is streamed to disk, never held in memory."""
+    precheck_device_headers(request.headers, ctx.settings.signature_window_s)
+    with ctx.store.temp_file() as spool:
+        digest, size = hashlib.sha256(), 0
+        with spool.open("wb") as out:
+            async for chunk in request.stream():  # the size-limit middleware stops oversized streams
+                digest.update(chunk)
+                out.write(chunk)
+                size += len(chunk)
+        device = await run_in_threadpool(
+            authenticate_device, session, request.headers, request.method, signed_path(request), digest.hexdigest(),
+            ctx.settings.signature_window_s,
+        )
+        outcome = await run_in_threadpool(
+            accept_upload, ctx, session, device, round_id, spool, size, digest.hexdigest(), request.headers.get("idempotency-key")
+        )
+    if outcome.created:
+        background.add_task(try_aggregate, ctx, round_id)  # aggregates at once if this was the target-th update
+    return JSONResponse(outcome.body, status_code=outcome.status_code)

@@ -1,0 +1,1 @@
+"""Settings, database, security, logging, metrics and request limits."""

@@ -1,0 +1,141 @@
+"""Server settings: one pydantic-settings class read from `FEDFACE_*` variables.
+
+`fedface server` turns its flags into these variables before starting uvicorn, so
+every worker process (``--workers N``) builds the same Settings from its environment.
+Secrets are resolved separately by :func:`resolve_secrets`: in ``--dev`` they are
+generated once into the data directory, otherwise they must come from the
+environment and must not be weak.
+"""
+from __future__ import annotations
+
+import base64
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from server_api.errors import ConfigError
+
+ADMIN_TOKEN_FILE = "admin_token"
+TEMPLATE_KEY_FILE = "template.key"
+MIN_ADMIN_TOKEN_CHARS = 32
+_WEAK_TOKENS = {"admin", "changeme", "change-me", "password", "secret", "token", "dev", "test", "fedface", "default"}
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="FEDFACE_", extra="ignore")
+
+    data_dir: Path = Path("fedface-data")
+    database_url: str | None = Field(default=None, description="SQLAlchemy URL; default sqlite:///<data_dir>/fedface.db")
+    dev: bool = False
+    model: str = Field(default="default", description="initial global model: PATH, 'default' or 'random'")
+    random_backbone: str = "mobilefacenet"
+
+    admin_token: SecretStr | None = None
+    template_key: SecretStr | None = Field(default=None, description="base64 of 32 random bytes (AES-256-GCM)")
+    template_key_file: Path | None = None
+
+    max_request_bytes: int = Field(default=1 << 20, ge=1024)
+    max_upload_bytes: int = Field(default=64 << 20, ge=1024)
+    max_delta_norm: float = Field(default=1000.0, gt=0, description="L2 bound over a whole backbone delta")
+    signature_window_s: int = Field(default=300, ge=1, le=3600)
+    scheduler_interval_s: float = Field(default=1.0, gt=0)
+    aggregation_lease_s: float = Field(default=60.0, gt=0, description="after this a stuck aggregation is retaken")
+    export_onnx: bool = True
+    torch_threads: int = Field(default=1, ge=1)
+    log_level: str = "INFO"
+    # Chaos knob for the crash tests: pause between writing a new version's blobs and
+    # committing it, so a test can kill -9 the process mid-aggregation. Keep 0 in production.
+    aggregation_pause_s: float = Field(default=0.0, ge=0)
+
+    def resolved_database_url(self) -> str:
+        url = self.database_url or f"sqlite:///{(self.data_dir / 'fedface.db').resolve()}"
+        # psycopg 3 is the only PostgreSQL driver we ship; accept the usual spellings.
+        for prefix in ("postgres://", "postgresql://"):
+            if url.startswith(prefix):
+                return "postgresql+psycopg://" + url[len(prefix):]
+        if not (url.startswith("sqlite") or url.startswith("postgresql+psycopg://")):
+            raise ConfigError(f"unsupported database URL scheme in {url.split(':', 1)[0]!r}: use sqlite:/// or postgresql://")
+        return url
+
+    def is_sqlite(self) -> bool:
+        return self.resolved_database_url().startswith("sqlite")
+
+
+@dataclass(frozen=True)
+class Secrets:
+    admin_token: str
+    template_key: bytes
+
+    def __repr__(self) -> str:  # never print key material, even in a traceback
+        return "Secrets(<redacted>)"
+
+
+def resolve_secrets(settings: Settings) -> Secrets:
+    """Admin token and template key, generated in dev mode, validated otherwise."""
+    if settings.dev:
+        return _dev_secrets(settings)
+    token = settings.admin_token.get_secret_value() if settings.admin_token else ""
+    if not token:
+        raise ConfigError("FEDFACE_ADMIN_TOKEN is not set (or start with --dev for local secrets)")
+    _check_token(token)
+    if settings.template_key is not None:
+        key = _decode_key(settings.template_key.get_secret_value(), "FEDFACE_TEMPLATE_KEY")
+    elif settings.template_key_file is not None:
+        key = _read_key_file(settings.template_key_file)
+    else:
+        raise ConfigError("no template key: set FEDFACE_TEMPLATE_KEY (base64, 32 bytes) or FEDFACE_TEMPLATE_KEY_FILE")
+    return Secrets(admin_token=token, template_key=key)
+
+
+def _check_token(token: str) -> None:
+    if token.lower() in _WEAK_TOKENS or len(set(token)) < 8:
+        raise ConfigError("FEDFACE_ADMIN_TOKEN is a default or weak value; generate one with `openssl rand -hex 32`")
+    if len(token) < MIN_ADMIN_TOKEN_CHARS:
+        raise ConfigError(f"FEDFACE_ADMIN_TOKEN must be at least {MIN_ADMIN_TOKEN_CHARS} characters")
+
+
+def _decode_key(text: str, where: str) -> bytes:
+    try:
+        key = base64.b64decode(text.strip(), validate=True)
+    except ValueError:
+        raise ConfigError(f"{where} is not valid base64") from None
+    if len(key) != 32:
+        raise ConfigError(f"{where} must decode to 32 bytes, got {len(key)}")
+    if len(set(key)) < 8:
+        raise ConfigError(f"{where} is a weak key (too few distinct bytes); generate one with `openssl rand -base64 32`")
+    return key
+
+
+def _read_key_file(path: Path) -> bytes:
+    try:
+        return _decode_key(path.read_text(), str(path))
+    except OSError as error:
+        raise ConfigError(f"cannot read template key file {path}: {error.strerror}") from None
+
+
+def _write_private(path: Path, text: str) -> None:
+    # O_EXCL: two workers racing to create the file must not both win.
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _dev_secrets(settings: Settings) -> Secrets:
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    token_path = settings.data_dir / ADMIN_TOKEN_FILE
+    key_path = settings.data_dir / TEMPLATE_KEY_FILE
+    if not token_path.exists():
+        _write_private(token_path, secrets.token_urlsafe(32) + "\n")
+    if not key_path.exists():
+        _write_private(key_path, base64.b64encode(secrets.token_bytes(32)).decode() + "\n")
+    token = settings.admin_token.get_secret_value() if settings.admin_token else token_path.read_text().strip()
+    return Secrets(admin_token=token, template_key=_read_key_file(key_path))

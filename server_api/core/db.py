@@ -1,0 +1,104 @@
+"""Engine, sessions, row locks and migrations for SQLite and PostgreSQL.
+
+SQLite: WAL journal, FULL sync (a commit survives kill -9 and power loss) and every
+transaction started with ``BEGIN IMMEDIATE``. A deferred SQLite transaction that
+reads and then writes fails with "database is locked" when another connection wrote
+in between, and busy_timeout does not retry that case; taking the write lock up
+front makes transactions queue instead, which is what a small server wants. It
+also makes every transaction a lock on the whole database, which is how
+:func:`lock_round` works there.
+
+PostgreSQL (psycopg 3): ``SELECT ... FOR UPDATE`` on the round row, and an advisory
+lock for startup work (migrations, the bootstrap model) that several workers race to do.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, select, text
+from sqlalchemy.orm import Session, sessionmaker
+
+MIGRATIONS_DIR = Path(__file__).resolve().parents[1] / "migrations"
+STARTUP_LOCK_KEY = 0x46454446  # "FEDF": advisory lock id for migrations and bootstrap
+
+
+def make_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        return _sqlite_engine(url)
+    return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
+
+
+def _sqlite_engine(url: str) -> Engine:
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Let SQLAlchemy, not the sqlite3 module, decide when transactions begin.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=FULL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def make_session_factory(engine: Engine) -> sessionmaker[Session]:
+    # expire_on_commit=False: routes read attributes after crud committed.
+    return sessionmaker(bind=engine, expire_on_commit=False)
+
+
+def is_postgres(session_or_engine: Session | Engine) -> bool:
+    bind = session_or_engine.get_bind() if isinstance(session_or_engine, Session) else session_or_engine
+    return bind.dialect.name == "postgresql"
+
+
+def lock_round(session: Session, round_id: int) -> Any:
+    """The round row, locked for the rest of the transaction (see module doc for SQLite)."""
+    from server_api.models import Round
+
+    # populate_existing: an earlier unlocked read in this session must not mask the locked row's values.
+    statement = select(Round).where(Round.id == round_id).with_for_update().execution_options(populate_existing=True)
+    return session.execute(statement).scalar_one_or_none()
+
+
+def startup_lock(session: Session) -> None:
+    """Serialise one-time startup work across worker processes, until commit."""
+    if is_postgres(session):
+        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": STARTUP_LOCK_KEY})
+
+
+def run_migrations(engine: Engine) -> None:
+    """`alembic upgrade head` through alembic's API, safe to call from every worker."""
+    from alembic import command
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    with engine.begin() as connection:
+        if engine.dialect.name == "postgresql":
+            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": STARTUP_LOCK_KEY})
+        config.attributes["connection"] = connection
+        command.upgrade(config, "head")
+
+
+@contextmanager
+def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
+    """A session for background work; crud functions commit, this only closes/rolls back."""
+    session = factory()
+    try:
+        yield session
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()

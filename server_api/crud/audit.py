@@ -1,0 +1,13 @@
+"""Audit trail rows, added to the caller's transaction (committed with the change they describe)."""
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from server_api.models import AuditEvent
+
+
+def record(session: Session, actor: str, action: str, round_id: int | None = None, device_id: str | None = None, **details: Any) -> None:
+    # details carry ids, counts and reasons only: never embeddings or keys.
+    session.add(AuditEvent(actor=actor, action=action, round_id=round_id, device_id=device_id, details=details))

@@ -1,0 +1,215 @@
+"""Round lifecycle: open -> (selection) -> aggregating -> completed | failed.
+
+Every transition happens with the round row locked (:func:`lock_round`), so two
+workers, the scheduler and the upload that reaches the target can all try the same
+transition and exactly one of them makes it.
+"""
+from __future__ import annotations
+
+import random
+from datetime import datetime, timedelta
+from typing import Literal
+
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from server_api.core.db import lock_round
+from server_api.crud import audit
+from server_api.crud.versions import get_by_hash, new_version_row
+from server_api.errors import Conflict, StaleRound
+from server_api.models import Device, Enrollment, ModelVersion, Participation, Round, Update
+from server_api.schemas import RoundCreate, RoundPublic
+
+_rng = random.SystemRandom()
+ClaimOutcome = Literal["claimed", "failed", "not_due", "busy", "closed"]
+
+
+def get_round(session: Session, round_id: int) -> Round | None:
+    return session.get(Round, round_id)
+
+
+def active_round(session: Session) -> Round | None:
+    return session.execute(select(Round).where(Round.active_slot == 1)).scalar_one_or_none()
+
+
+def latest_round(session: Session) -> Round | None:
+    return session.execute(select(Round).order_by(Round.id.desc()).limit(1)).scalar_one_or_none()
+
+
+def list_rounds(session: Session, limit: int) -> list[Round]:
+    return list(session.execute(select(Round).order_by(Round.id.desc()).limit(limit)).scalars())
+
+
+def participation_counts(session: Session, round_id: int) -> dict[str, int]:
+    rows = session.execute(
+        select(Participation.status, func.count()).where(Participation.round_id == round_id).group_by(Participation.status)
+    ).all()
+    return {status: count for status, count in rows}
+
+
+def open_round(session: Session, config: RoundCreate, base: ModelVersion, now: datetime) -> Round:
+    current = active_round(session)
+    if current is not None:
+        session.rollback()
+        raise Conflict(f"round {current.id} is still {current.status}; wait for it to finish")
+    round_ = Round(
+        status="open", active_slot=1, config=config.model_dump(mode="json"), strategy=config.strategy,
+        target_participants=config.target_participants, min_participants=config.min_participants,
+        base_version_id=base.id, selection_at=now + timedelta(seconds=config.selection_window_s),
+        deadline_at=now + timedelta(seconds=config.deadline_s),
+    )
+    session.add(round_)
+    session.flush()
+    audit.record(session, "admin", "round.opened", round_id=round_.id, target=config.target_participants, min=config.min_participants)
+    try:
+        session.commit()
+    except IntegrityError:  # another worker opened one between our check and insert
+        session.rollback()
+        raise Conflict("another round was opened concurrently") from None
+    return round_
+
+
+def checkin(session: Session, device: Device, now: datetime) -> tuple[Round, Participation]:
+    active = active_round(session)
+    if active is None:
+        session.rollback()
+        raise StaleRound(None, None)
+    round_ = lock_round(session, active.id)
+    if round_.status != "open" or now >= round_.deadline_at:
+        session.rollback()
+        raise StaleRound(round_.id, round_.id, "deadline passed" if round_.status == "open" else round_.status)
+    if session.get(Enrollment, device.id) is None:
+        session.rollback()
+        raise Conflict(f"device {device.id} is not enrolled; enroll a class embedding before checking in")
+    part = session.execute(
+        select(Participation).where(Participation.round_id == round_.id, Participation.device_id == device.id)
+    ).scalar_one_or_none()
+    if part is None:
+        part = Participation(round_id=round_.id, device_id=device.id, status="candidate")
+        session.add(part)
+        session.flush()
+    if now >= round_.selection_at:
+        if not round_.selection_done:
+            _select(session, round_)
+        elif part.status == "candidate":
+            # After the window, free slots go to whoever comes first.
+            taken = _taken(session, round_.id)
+            part.status = "selected" if taken < round_.target_participants else "not_selected"
+            if part.status == "selected":
+                session.get(Device, device.id).last_selected_round = round_.id  # type: ignore[union-attr]
+    session.commit()
+    return round_, part
+
+
+def run_selection_if_due(session: Session, round_id: int, now: datetime) -> bool:
+    round_ = lock_round(session, round_id)
+    if round_ is None or round_.status != "open" or round_.selection_done or now < round_.selection_at:
+        session.rollback()
+        return False
+    _select(session, round_)
+    session.commit()
+    return True
+
+
+def _taken(session: Session, round_id: int) -> int:
+    counts = participation_counts(session, round_id)
+    return counts.get("selected", 0) + counts.get("uploaded", 0)
+
+
+def _select(session: Session, round_: Round) -> None:
+    """Fill the free slots from this round's candidates, least recently selected first
+    (never-selected devices before all others), ties broken at random."""
+    rows = session.execute(
+        select(Participation, Device).join(Device, Device.id == Participation.device_id)
+        .where(Participation.round_id == round_.id, Participation.status == "candidate")
+    ).all()
+    free = round_.target_participants - _taken(session, round_.id)
+    ordered = sorted(rows, key=lambda row: (-1 if row[1].last_selected_round is None else row[1].last_selected_round, _rng.random()))
+    for rank, (part, device) in enumerate(ordered):
+        part.status = "selected" if rank < free else "not_selected"
+        if rank < free:
+            device.last_selected_round = round_.id
+    round_.selection_done = True
+    audit.record(session, "server", "round.selected", round_id=round_.id, candidates=len(rows), selected=min(free, len(rows)))
+
+
+def claim_for_aggregation(session: Session, round_id: int, now: datetime, lease_s: float) -> ClaimOutcome:
+    """Move a due round to ``aggregating`` (or fail it), or retake one whose lease ran out.
+
+    Freezing the round here is what makes aggregation inputs stable: uploads check
+    ``status == open`` under the same lock."""
+    round_ = lock_round(session, round_id)
+    if round_ is None or round_.status in ("completed", "failed"):
+        session.rollback()
+        return "closed"
+    if round_.status == "aggregating":
+        if round_.lease_until is not None and now < round_.lease_until:
+            session.rollback()
+            return "busy"
+        round_.lease_until = now + timedelta(seconds=lease_s)
+        audit.record(session, "server", "round.aggregation_resumed", round_id=round_id)
+        session.commit()
+        return "claimed"
+    counts = participation_counts(session, round_id)
+    uploaded = counts.get("uploaded", 0)
+    deadline_passed = now >= round_.deadline_at
+    if uploaded >= round_.target_participants or (deadline_passed and uploaded >= round_.min_participants):
+        round_.status = "aggregating"
+        round_.lease_until = now + timedelta(seconds=lease_s)
+        audit.record(session, "server", "round.aggregating", round_id=round_id, updates=uploaded)
+        session.commit()
+        return "claimed"
+    if deadline_passed:
+        selected = counts.get("selected", 0) + uploaded
+        round_.status, round_.active_slot, round_.closed_at = "failed", None, now
+        round_.failure_reason = (
+            f"deadline passed with {uploaded} update(s), {round_.min_participants} required "
+            f"({selected} selected, {sum(counts.values())} checked in)"
+        )
+        audit.record(session, "server", "round.failed", round_id=round_id, reason=round_.failure_reason)
+        session.commit()
+        return "failed"
+    session.rollback()
+    return "not_due"
+
+
+def finalize(session: Session, round_id: int, blobs: object, embeddings: dict[str, tuple[bytes, datetime]], summary: dict, now: datetime) -> bool:
+    """Commit a computed aggregation: version row, new embeddings and the round's end, in
+    one transaction. ``embeddings`` maps device id -> (ciphertext, enrollment.updated_at
+    seen when W was built); a template changed since (unenrolled, re-enrolled) is left alone."""
+    round_ = lock_round(session, round_id)
+    if round_ is None or round_.status != "aggregating":
+        session.rollback()
+        return False
+    version = get_by_hash(session, blobs.version_hash)  # type: ignore[attr-defined]
+    if version is None:  # identical weights (all-zero deltas) reuse the existing row
+        version = new_version_row(blobs, round_id)
+        session.add(version)
+        session.flush()
+    for device_id, (ciphertext, seen_at) in embeddings.items():
+        enrollment = session.get(Enrollment, device_id)
+        if enrollment is not None and enrollment.updated_at == seen_at:
+            enrollment.ciphertext, enrollment.round_id, enrollment.updated_at = ciphertext, round_id, now
+    # The uploaded templates were only needed to build W: do not keep extra copies.
+    session.execute(update(Update).where(Update.round_id == round_id).values(embedding_ciphertext=None))
+    round_.status, round_.active_slot, round_.closed_at = "completed", None, now
+    round_.result_version_id, round_.lease_until, round_.summary = version.id, None, summary
+    audit.record(session, "server", "round.completed", round_id=round_id, version=version.version_hash, **summary)
+    session.commit()
+    return True
+
+
+def to_public(session: Session, round_: Round) -> RoundPublic:
+    counts = participation_counts(session, round_.id)
+    base = session.get(ModelVersion, round_.base_version_id)
+    result = session.get(ModelVersion, round_.result_version_id) if round_.result_version_id else None
+    return RoundPublic(
+        id=round_.id, status=round_.status, strategy=round_.strategy,  # type: ignore[arg-type]
+        target_participants=round_.target_participants, min_participants=round_.min_participants,
+        created_at=round_.created_at, selection_at=round_.selection_at, deadline_at=round_.deadline_at,
+        closed_at=round_.closed_at, failure_reason=round_.failure_reason,
+        base_version=base.version_hash if base else "", result_version=result.version_hash if result else None,
+        n_checked_in=sum(counts.values()), n_selected=counts.get("selected", 0) + counts.get("uploaded", 0),
+        n_uploaded=counts.get("uploaded", 0), config=round_.config, summary=round_.summary,
+    )

@@ -1,0 +1,46 @@
+"""Model version rows: written only after their blobs exist (see services.model_store)."""
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from server_api.core.db import startup_lock
+from server_api.crud import audit
+from server_api.models import ModelVersion
+
+
+def current_version(session: Session) -> ModelVersion | None:
+    # Versions are only added under the round lock or the startup lock, so the newest id is current.
+    return session.execute(select(ModelVersion).order_by(ModelVersion.id.desc()).limit(1)).scalar_one_or_none()
+
+
+def get_by_hash(session: Session, version_hash: str) -> ModelVersion | None:
+    return session.execute(select(ModelVersion).where(ModelVersion.version_hash == version_hash)).scalar_one_or_none()
+
+
+def get(session: Session, version_id: int) -> ModelVersion | None:
+    return session.get(ModelVersion, version_id)
+
+
+def new_version_row(blobs: Any, round_id: int | None) -> ModelVersion:
+    return ModelVersion(
+        version_hash=blobs.version_hash, backbone=blobs.backbone, embedding_dim=blobs.embedding_dim,
+        spec=blobs.spec, fp16_blob=blobs.fp16_blob, onnx_blob=blobs.onnx_blob, round_id=round_id,
+    )
+
+
+def create_bootstrap_version(session: Session, blobs: Any, source: str) -> ModelVersion:
+    """The first version, unless another worker created one first (checked under the startup lock)."""
+    startup_lock(session)
+    if session.execute(select(func.count()).select_from(ModelVersion)).scalar_one():
+        session.rollback()
+        current = current_version(session)
+        assert current is not None
+        return current
+    version = new_version_row(blobs, None)
+    session.add(version)
+    audit.record(session, "server", "model.bootstrapped", version=blobs.version_hash, source=source)
+    session.commit()
+    return version

@@ -1,0 +1,56 @@
+"""Domain errors of the round server.
+
+Services and CRUD raise these; only :mod:`server_api.api.handlers` turns them into
+HTTP status codes, so the same code paths work from the CLI, the background
+scheduler and tests without an HTTP layer. They derive from FaceCoreError so the
+`fedface` CLI prints them as one line.
+"""
+from __future__ import annotations
+
+from facecore.errors import FaceCoreError
+
+
+class ServerError(FaceCoreError):
+    """Base class of everything the server raises on purpose."""
+
+
+class ConfigError(ServerError):
+    """The server cannot start with these settings (missing or weak secrets, bad URL...)."""
+
+
+class AuthenticationFailed(ServerError):
+    """Missing/invalid signature, skewed clock, replayed nonce, unknown device or bad token."""
+
+
+class Forbidden(ServerError):
+    """Authenticated, but the resource belongs to someone else."""
+
+
+class NotFound(ServerError):
+    pass
+
+
+class Conflict(ServerError):
+    """The request is valid but does not fit the current state (e.g. already enrolled)."""
+
+
+class StaleRound(Conflict):
+    """An upload or check-in for a round that is no longer accepting it."""
+
+    def __init__(self, requested: int | None, current: int | None, status: str | None = None) -> None:
+        self.requested = requested
+        self.current = current
+        now = "no round is open" if current is None else f"current round is {current}" + (f" ({status})" if status else "")
+        super().__init__(f"round {requested} is not accepting this request; {now}")
+
+
+class InvalidInput(ServerError):
+    """Semantically invalid payload (wrong shape, NaN, norm bound...)."""
+
+
+class PayloadTooLarge(ServerError):
+    pass
+
+
+class AdminClientError(ServerError):
+    """`fedface admin` could not talk to the server or the server refused the request."""

@@ -1,0 +1,164 @@
+"""Database tables (SQLAlchemy 2.0 typed declarative). Schema changes need an Alembic
+revision in ``server_api/migrations/versions``; a test compares the two.
+
+Large things never live here: model weights and uploaded deltas are in the blob
+store (rows hold their sha256); class embeddings are AES-GCM ciphertexts.
+"""
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, ForeignKey, Index, LargeBinary, MetaData, String, UniqueConstraint
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Aware UTC datetimes on both backends (SQLite hands back naive values)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        return value.astimezone(UTC) if value is not None else None
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+# Deterministic constraint names, so migrations can refer to them on every backend.
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSON()}
+
+
+class Device(Base):
+    __tablename__ = "devices"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    public_key: Mapped[bytes] = mapped_column(LargeBinary(32), unique=True)
+    status: Mapped[str] = mapped_column(String(16), default="active")  # active | unenrolled
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # Round in which the device was last selected: drives rotation in participant choice.
+    last_selected_round: Mapped[int | None] = mapped_column(default=None)
+
+
+class Enrollment(Base):
+    """A device's current class embedding (the biometric template), encrypted."""
+
+    __tablename__ = "enrollments"
+    device_id: Mapped[str] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"), primary_key=True)
+    ciphertext: Mapped[bytes] = mapped_column(LargeBinary)
+    # 0 = as enrolled; otherwise the id of the round whose aggregation produced it.
+    round_id: Mapped[int] = mapped_column(default=0)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ModelVersion(Base):
+    __tablename__ = "model_versions"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    version_hash: Mapped[str] = mapped_column(String(64), unique=True)  # sha256 of the fp32 backbone blob
+    backbone: Mapped[str] = mapped_column(String(64))
+    embedding_dim: Mapped[int]
+    spec: Mapped[dict[str, Any]]  # {param name: [dtype, shape]}: what uploads are validated against
+    fp16_blob: Mapped[str] = mapped_column(String(64))
+    onnx_blob: Mapped[str | None] = mapped_column(String(64), default=None)
+    # The round that produced it (NULL for the bootstrap model); no FK, since rounds point here.
+    round_id: Mapped[int | None] = mapped_column(default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Round(Base):
+    __tablename__ = "rounds"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    status: Mapped[str] = mapped_column(String(16), default="open")  # open | aggregating | completed | failed
+    # 1 while open or aggregating, NULL after: a unique column that allows one active round.
+    active_slot: Mapped[int | None] = mapped_column(unique=True, default=1)
+    config: Mapped[dict[str, Any]]
+    strategy: Mapped[str] = mapped_column(String(32))
+    target_participants: Mapped[int]
+    min_participants: Mapped[int]
+    base_version_id: Mapped[int] = mapped_column(ForeignKey("model_versions.id"))
+    result_version_id: Mapped[int | None] = mapped_column(ForeignKey("model_versions.id"), default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    selection_at: Mapped[datetime]
+    selection_done: Mapped[bool] = mapped_column(default=False)
+    deadline_at: Mapped[datetime]
+    closed_at: Mapped[datetime | None] = mapped_column(default=None)
+    failure_reason: Mapped[str | None] = mapped_column(String(500), default=None)
+    lease_until: Mapped[datetime | None] = mapped_column(default=None)
+    summary: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+
+
+class Participation(Base):
+    __tablename__ = "participations"
+    __table_args__ = (UniqueConstraint("round_id", "device_id"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    round_id: Mapped[int] = mapped_column(ForeignKey("rounds.id"), index=True)
+    device_id: Mapped[str] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"))
+    status: Mapped[str] = mapped_column(String(16))  # candidate | selected | not_selected | uploaded
+    checked_in_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Update(Base):
+    __tablename__ = "updates"
+    __table_args__ = (UniqueConstraint("round_id", "device_id"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    round_id: Mapped[int] = mapped_column(ForeignKey("rounds.id"), index=True)
+    device_id: Mapped[str] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"))
+    blob_sha256: Mapped[str] = mapped_column(String(64))
+    size_bytes: Mapped[int]
+    n_samples: Mapped[int]
+    metrics: Mapped[dict[str, Any]]
+    # The uploaded class embedding (a template): encrypted, and dropped on unenroll.
+    embedding_ciphertext: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class AuditEvent(Base):
+    __tablename__ = "audit_events"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+    actor: Mapped[str] = mapped_column(String(64))  # "admin", "device:<id>", "scheduler"
+    action: Mapped[str] = mapped_column(String(64))
+    round_id: Mapped[int | None] = mapped_column(default=None)
+    device_id: Mapped[str | None] = mapped_column(String(32), default=None)
+    details: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+
+class Nonce(Base):
+    __tablename__ = "nonces"
+    __table_args__ = (UniqueConstraint("subject", "nonce"), Index("ix_nonces_created_at", "created_at"))
+    id: Mapped[int] = mapped_column(primary_key=True)
+    subject: Mapped[str] = mapped_column(String(64))  # device id, or "key:<sha256 of public key>" when registering
+    nonce: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class IdempotencyRecord(Base):
+    __tablename__ = "idempotency"
+    __table_args__ = (UniqueConstraint("device_id", "key"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    device_id: Mapped[str] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"))
+    key: Mapped[str] = mapped_column(String(128))
+    request_sha256: Mapped[str] = mapped_column(String(64))
+    status_code: Mapped[int]
+    response: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

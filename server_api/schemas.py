@@ -1,0 +1,134 @@
+"""Request and response bodies. Requests (``*Create``/``*Meta``) forbid unknown
+fields and bound every number; responses (``*Public``) are what clients may rely on."""
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DeviceCreate(StrictModel):
+    public_key: str = Field(min_length=40, max_length=64, description="raw 32-byte Ed25519 public key, base64")
+
+
+class DevicePublic(BaseModel):
+    device_id: str
+    status: str
+    enrolled: bool
+
+
+class EnrollmentCreate(StrictModel):
+    embedding: list[FiniteFloat] = Field(min_length=1, max_length=4096, description="L2-normalised class embedding")
+
+
+class EmbeddingPublic(BaseModel):
+    device_id: str
+    embedding: list[float]
+    round_id: int = Field(description="round whose aggregation produced it; 0 = as enrolled")
+
+
+class LocalTrainingConfig(StrictModel):
+    epochs: int = Field(default=1, ge=1, le=100)
+    steps: int | None = Field(default=None, ge=1, le=100_000, description="cap on optimiser steps per round")
+    lr: float = Field(default=0.01, gt=0, le=10)
+    margin: float = Field(default=0.9, ge=-1, le=1, description="FedFace positive-loss margin on the cosine")
+    batch_size: int = Field(default=32, ge=1, le=1024)
+
+
+class SpreadoutSettings(StrictModel):
+    nu: float = Field(default=0.3, ge=-1, le=1)
+    steps: int = Field(default=10, ge=0, le=10_000)
+    lr: float = Field(default=0.01, gt=0, le=100)
+    momentum: float = Field(default=0.9, ge=0, lt=1)
+
+
+class RoundCreate(StrictModel):
+    target_participants: int = Field(default=10, ge=1, le=100_000)
+    min_participants: int = Field(default=2, ge=1, le=100_000)
+    deadline_s: float = Field(default=600, ge=1, le=7 * 86400, description="seconds from opening until uploads close")
+    selection_window_s: float = Field(
+        default=5, ge=0, le=86400, description="check-ins during this window compete fairly for the target slots"
+    )
+    strategy: Literal["fedface", "fedavg"] = "fedface"
+    local: LocalTrainingConfig = Field(default_factory=LocalTrainingConfig)
+    spreadout: SpreadoutSettings = Field(default_factory=SpreadoutSettings)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RoundCreate:
+        if self.min_participants > self.target_participants:
+            raise ValueError("min_participants must not exceed target_participants")
+        if self.selection_window_s >= self.deadline_s:
+            raise ValueError("selection_window_s must be shorter than deadline_s")
+        return self
+
+
+class RoundPublic(BaseModel):
+    id: int
+    status: Literal["open", "aggregating", "completed", "failed"]
+    strategy: str
+    target_participants: int
+    min_participants: int
+    created_at: datetime
+    selection_at: datetime
+    deadline_at: datetime
+    closed_at: datetime | None
+    failure_reason: str | None
+    base_version: str
+    result_version: str | None
+    n_checked_in: int
+    n_selected: int
+    n_uploaded: int
+    config: dict[str, Any]
+    summary: dict[str, Any] | None
+
+
+class CheckinPublic(BaseModel):
+    round_id: int
+    status: Literal["selected", "waiting", "not_selected", "uploaded"]
+    retry_after_s: float | None = None
+    deadline_at: datetime
+    base_version: str
+    backbone_url: str
+    onnx_url: str | None
+    embedding_url: str
+    upload_url: str
+    local: dict[str, Any]
+
+
+class UpdateMeta(StrictModel):
+    """The ``fedface`` entry of an upload's ``__metadata__`` (a JSON string)."""
+
+    base_version: Sha256Hex
+    n_samples: int = Field(ge=1, le=10_000_000)
+    metrics: dict[Annotated[str, Field(max_length=64)], FiniteFloat] = Field(default_factory=dict, max_length=32)
+
+
+class UpdatePublic(BaseModel):
+    update_id: int
+    round_id: int
+    device_id: str
+    n_samples: int
+    size_bytes: int
+    accepted_at: datetime
+
+
+class ModelVersionPublic(BaseModel):
+    version: str
+    backbone: str
+    embedding_dim: int
+    round_id: int | None
+    created_at: datetime
+    backbone_url: str
+    onnx_url: str | None
+
+
+class ErrorPublic(BaseModel):
+    detail: str

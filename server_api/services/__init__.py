@@ -1,0 +1,1 @@
+"""Use cases composed from crud, storage and strategies; no HTTP here."""

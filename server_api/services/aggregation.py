@@ -1,0 +1,146 @@
+"""Closing a round: claim (locked) -> compute (unlocked) -> finalize (locked).
+
+Exactly-once across workers and restarts: the claim freezes the inputs (uploads
+need ``status == open`` under the same row lock) and takes a lease; compute is a
+deterministic function of those inputs that only writes content-addressed blobs;
+finalize re-checks ``status == aggregating`` under the lock and commits the version
+row, the new embeddings and the round's end in one transaction. A process killed
+anywhere leaves either no trace in the database or a finished round; a round
+stuck in ``aggregating`` is retaken by any worker once its lease expires.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from typing import NamedTuple
+
+import numpy as np
+from sqlalchemy import select
+
+from facecore.losses import SpreadoutConfig
+from server_api.core.db import session_scope
+from server_api.core.logging import get_logger
+from server_api.crud import rounds as round_crud
+from server_api.crud import updates as update_crud
+from server_api.crud import versions as version_crud
+from server_api.models import Device, Enrollment, utcnow
+from server_api.services.context import ServerContext
+from server_api.services.model_store import build_model, load_weights, store_model
+from server_api.services.validation import BACKBONE_PREFIX
+from server_api.storage.tensorfile import iter_tensors, read_header
+from server_api.strategies import STRATEGIES, ClientUpdate, FedFace, Strategy
+
+log = get_logger("aggregation")
+
+
+class UpdateRef(NamedTuple):
+    device_id: str
+    blob_sha256: str
+    n_samples: int
+    metrics: dict[str, float]
+    embedding_ciphertext: bytes | None
+
+
+class EnrolledRef(NamedTuple):
+    device_id: str
+    ciphertext: bytes
+    updated_at: datetime
+
+
+def try_aggregate(ctx: ServerContext, round_id: int) -> str:
+    """Aggregate or fail the round if it is due; returns what happened (for logs and tests)."""
+    with session_scope(ctx.sessions) as session:
+        outcome = round_crud.claim_for_aggregation(session, round_id, utcnow(), ctx.settings.aggregation_lease_s)
+    if outcome == "failed":
+        ctx.metrics.rounds_finished.labels("failed").inc()
+        log.warning("round failed", extra={"fields": {"round_id": round_id}})
+    if outcome != "claimed":
+        return outcome
+    started = time.perf_counter()
+    done = _compute_and_finalize(ctx, round_id)
+    if done:
+        ctx.metrics.aggregation_seconds.observe(time.perf_counter() - started)
+        ctx.metrics.rounds_finished.labels("completed").inc()
+    return "completed" if done else "lost"
+
+
+def _strategy(name: str, config: dict) -> Strategy:
+    if name == "fedface":
+        return FedFace(SpreadoutConfig(**config["spreadout"]))
+    return STRATEGIES[name]()
+
+
+def _compute_and_finalize(ctx: ServerContext, round_id: int) -> bool:
+    with session_scope(ctx.sessions) as session:
+        round_ = round_crud.get_round(session, round_id)
+        assert round_ is not None
+        base = version_crud.get(session, round_.base_version_id)
+        assert base is not None
+        # Plain copies: the rows must not be touched after this session ends.
+        updates = [
+            UpdateRef(u.device_id, u.blob_sha256, u.n_samples, dict(u.metrics), u.embedding_ciphertext)
+            for u in update_crud.round_updates(session, round_id)
+        ]
+        enrolled = [
+            EnrolledRef(e.device_id, e.ciphertext, e.updated_at)
+            for e in session.execute(
+                select(Enrollment).join(Device, Device.id == Enrollment.device_id)
+                .where(Device.status == "active").order_by(Enrollment.device_id)
+            ).scalars()
+        ]
+        strategy, config = _strategy(round_.strategy, round_.config), dict(round_.config)
+        base_hash, backbone, dim = base.version_hash, base.backbone, base.embedding_dim
+
+    _, base_weights = load_weights(ctx.store, base_hash)
+    result = strategy.aggregate_train(round_id, base_weights, _stream(ctx, updates))
+    del base_weights
+    model = build_model(backbone, dim, result.weights)
+    meta = {"source": f"round {round_id}", "round_id": round_id, "parent": base_hash}
+    blobs = store_model(ctx.store, model, ctx.settings.export_onnx, meta=meta)
+
+    embeddings = _new_embeddings(ctx, strategy, config, updates, enrolled, dim)
+    summary = {
+        "n_updates": result.n_clients, "n_samples": result.n_samples, "n_embeddings": len(embeddings),
+        "metrics": {k: round(v, 6) for k, v in result.metrics.items()},
+    }
+    if ctx.settings.aggregation_pause_s:
+        time.sleep(ctx.settings.aggregation_pause_s)  # crash-test window: blobs written, nothing committed
+    with session_scope(ctx.sessions) as session:
+        done = round_crud.finalize(session, round_id, blobs, embeddings, summary, utcnow())
+    if done:
+        log.info("round completed", extra={"fields": {"round_id": round_id, "version": blobs.version_hash, **summary}})
+    return done
+
+
+def _stream(ctx: ServerContext, updates: list[UpdateRef]) -> Iterator[ClientUpdate]:
+    """One update in memory at a time, read back from the blob store."""
+    for update in updates:
+        with ctx.store.open(update.blob_sha256) as handle:
+            header = read_header(handle, ctx.store.size(update.blob_sha256))
+            weights = dict(iter_tensors(handle, header, prefix=BACKBONE_PREFIX))
+        yield ClientUpdate(weights=weights, n_samples=update.n_samples, metrics=update.metrics, client_id=update.device_id)
+
+
+def _new_embeddings(
+    ctx: ServerContext, strategy: Strategy, config: dict, updates: list[UpdateRef], enrolled: list[EnrolledRef], dim: int
+) -> dict[str, tuple[bytes, datetime]]:
+    """W = every enrolled identity's embedding (this round's upload if it sent one), through the strategy."""
+    if not enrolled:
+        return {}
+    uploaded = {u.device_id: u.embedding_ciphertext for u in updates if u.embedding_ciphertext is not None}
+    rows = []
+    for enrollment in enrolled:
+        device_id = enrollment.device_id
+        if device_id in uploaded:
+            raw = ctx.cipher.decrypt(uploaded[device_id], device_id, "update")
+        else:
+            raw = ctx.cipher.decrypt(enrollment.ciphertext, device_id, "enrollment")
+        rows.append(np.frombuffer(raw, dtype="<f4").astype(np.float32))
+    W = np.stack(rows)
+    assert W.shape[1] == dim
+    W_new = strategy.aggregate_embeddings(W, SpreadoutConfig(**config["spreadout"]))
+    return {
+        e.device_id: (ctx.cipher.encrypt(W_new[i].astype("<f4").tobytes(), e.device_id, "enrollment"), e.updated_at)
+        for i, e in enumerate(enrolled)
+    }

@@ -1,0 +1,56 @@
+"""Who is calling: Ed25519-signed device requests (see core.security for the scheme)."""
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Mapping
+
+from sqlalchemy.orm import Session
+
+from server_api.core.security import (
+    REGISTER_SUBJECT, canonical_message, check_nonce_format, check_timestamp, verify_signature,
+)
+from server_api.crud import devices as device_crud
+from server_api.errors import AuthenticationFailed
+from server_api.models import Device
+
+
+def _signed_headers(headers: Mapping[str, str], window_s: int) -> tuple[str, str, str]:
+    timestamp, nonce, signature = headers.get("x-timestamp"), headers.get("x-nonce"), headers.get("x-signature")
+    if not (timestamp and nonce and signature):
+        raise AuthenticationFailed("signed request needs X-Timestamp, X-Nonce and X-Signature headers")
+    check_timestamp(timestamp, time.time(), window_s)
+    check_nonce_format(nonce)
+    return timestamp, nonce, signature
+
+
+def authenticate_device(
+    session: Session, headers: Mapping[str, str], method: str, path: str, body_sha256: str, window_s: int
+) -> Device:
+    device_id = headers.get("x-device-id")
+    if not device_id:
+        raise AuthenticationFailed("missing X-Device-Id header")
+    timestamp, nonce, signature = _signed_headers(headers, window_s)
+    device = device_crud.get_device(session, device_id[:64])
+    if device is None:
+        raise AuthenticationFailed("unknown device")
+    verify_signature(device.public_key, signature, canonical_message(device.id, method, path, timestamp, nonce, body_sha256))
+    # Only after the signature: a forged request must not burn a real device's nonce.
+    device_crud.consume_nonce(session, device.id, nonce)
+    return device
+
+
+def verify_registration(
+    session: Session, public_key: bytes, headers: Mapping[str, str], method: str, path: str, body_sha256: str, window_s: int
+) -> None:
+    """Proof of possession: the registration request is signed by the key it registers."""
+    timestamp, nonce, signature = _signed_headers(headers, window_s)
+    verify_signature(public_key, signature, canonical_message(REGISTER_SUBJECT, method, path, timestamp, nonce, body_sha256))
+    device_crud.consume_nonce(session, "key:" + hashlib.sha256(public_key).hexdigest()[:56], nonce)
+
+
+def precheck_device_headers(headers: Mapping[str, str], window_s: int) -> None:
+    """Cheap checks before a large body is read: headers present, clock within the window."""
+    if not headers.get("x-device-id"):
+        raise AuthenticationFailed("missing X-Device-Id header")
+    _signed_headers(headers, window_s)

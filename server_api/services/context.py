@@ -1,0 +1,86 @@
+"""Everything a request or background job needs, built once per app from Settings."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from sqlalchemy import Engine, func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from facecore.models.checkpoint import load_backbone
+from server_api.core.config import Secrets, Settings
+from server_api.core.db import make_engine, make_session_factory, run_migrations, session_scope
+from server_api.core.logging import get_logger
+from server_api.core.metrics import Metrics
+from server_api.core.security import TemplateCipher
+from server_api.storage.blobs import LocalBlobStore
+
+log = get_logger("startup")
+
+
+@dataclass
+class ServerContext:
+    settings: Settings
+    engine: Engine
+    sessions: sessionmaker[Session]
+    store: LocalBlobStore
+    cipher: TemplateCipher
+    admin_token: str
+    metrics: Metrics
+    last_nonce_prune: float = 0.0
+
+    @classmethod
+    def create(cls, settings: Settings, secrets: Secrets) -> ServerContext:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        engine = make_engine(settings.resolved_database_url())
+        sessions = make_session_factory(engine)
+        torch.set_num_threads(settings.torch_threads)
+        return cls(
+            settings=settings, engine=engine, sessions=sessions, store=LocalBlobStore(Path(settings.data_dir) / "blobs"),
+            cipher=TemplateCipher(secrets.template_key), admin_token=secrets.admin_token,
+            metrics=Metrics(lambda: _db_counts(sessions)),
+        )
+
+    def startup(self) -> None:
+        """Migrate, clean scratch files, create the first model version if there is none.
+        Idempotent and safe to run from several workers at once."""
+        run_migrations(self.engine)
+        self.store.clean_temp()
+        self.bootstrap_model()
+
+    def bootstrap_model(self) -> None:
+        from server_api.crud import versions
+        from server_api.services.model_store import store_model
+
+        with session_scope(self.sessions) as session:
+            if versions.current_version(session) is not None:
+                return
+        model = load_backbone(self.settings.model, backbone=self.settings.random_backbone)
+        blobs = store_model(self.store, model, self.settings.export_onnx, meta={"source": self.settings.model})
+        with session_scope(self.sessions) as session:
+            version = versions.create_bootstrap_version(session, blobs, self.settings.model)
+        log.info("model ready", extra={"fields": {"version": version.version_hash, "backbone": version.backbone}})
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def _db_counts(sessions: sessionmaker[Session]) -> tuple[dict[str, int], dict[str, int]]:
+    from server_api.models import Participation, Round
+
+    with session_scope(sessions) as session:
+        rounds = dict(session.execute(select(Round.status, func.count()).group_by(Round.status)).all())
+        active = session.execute(select(Round.id).where(Round.active_slot == 1)).scalar_one_or_none()
+        parts: dict[str, int] = {}
+        if active is not None:
+            by_status = dict(session.execute(
+                select(Participation.status, func.count()).where(Participation.round_id == active).group_by(Participation.status)
+            ).all())
+            parts = {
+                "checked_in": sum(by_status.values()),
+                "selected": by_status.get("selected", 0) + by_status.get("uploaded", 0),
+                "uploaded": by_status.get("uploaded", 0),
+            }
+        session.rollback()
+        return rounds, parts

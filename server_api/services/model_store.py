@@ -1,0 +1,69 @@
+"""Model versions as blobs: the fp32 backbone file (its sha256 is the version hash and
+the ETag), an fp16 copy for downloads, and the ONNX fp32 export for inference.
+
+Backbone files are FedFace backbone files (facecore.models.checkpoint), so whatever
+loads ``--model PATH`` also loads a downloaded version.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from facecore.errors import CheckpointError
+from facecore.models import get_backbone
+from facecore.models.checkpoint import FORMAT, save_backbone
+from server_api.storage.blobs import BlobStore, LocalBlobStore
+
+
+@dataclass(frozen=True)
+class VersionBlobs:
+    version_hash: str
+    fp16_blob: str
+    onnx_blob: str | None
+    backbone: str
+    embedding_dim: int
+    spec: dict[str, Any]
+
+
+def spec_of(model: torch.nn.Module) -> dict[str, Any]:
+    """{name: [dtype, shape]} of every state_dict entry: what uploads must match."""
+    return {k: [str(v.dtype).removeprefix("torch."), list(v.shape)] for k, v in model.state_dict().items()}
+
+
+def store_model(store: LocalBlobStore, model: torch.nn.Module, export_onnx: bool, meta: dict[str, Any]) -> VersionBlobs:
+    """Write all blobs of a version; the caller commits a row naming them afterwards."""
+    model = model.float().eval()
+    with store.temp_file() as temp:
+        save_backbone(model, temp, meta=meta)
+        version_hash = store.put_file(temp)
+    with store.temp_file() as temp:
+        save_backbone(model, temp, meta=meta, half=True)
+        fp16_blob = store.put_file(temp)
+    onnx_blob = None
+    if export_onnx:
+        from export.onnx_model import export_fp32
+
+        with store.temp_file() as temp:
+            export_fp32(model, temp)
+            onnx_blob = store.put_file(temp)
+    return VersionBlobs(version_hash, fp16_blob, onnx_blob, model.name, int(model.embedding_dim), spec_of(model))
+
+
+def load_weights(store: BlobStore, version_hash: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """(payload header without state_dict, weights as numpy) of a stored fp32 backbone file."""
+    with store.open(version_hash) as handle:
+        payload = torch.load(handle, map_location="cpu", weights_only=True)
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise CheckpointError(f"blob {version_hash} is not a FedFace backbone file")
+    state = payload.pop("state_dict")
+    return payload, {k: v.numpy() for k, v in state.items()}
+
+
+def build_model(backbone: str, embedding_dim: int, weights: Mapping[str, np.ndarray]) -> torch.nn.Module:
+    model = get_backbone(backbone, embedding_dim=embedding_dim)
+    model.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in weights.items()})
+    return model.eval()

@@ -1,0 +1,26 @@
+"""A device's view of the active round: check-in and its instructions."""
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from server_api.crud import rounds as round_crud
+from server_api.crud import versions as version_crud
+from server_api.models import Device, utcnow
+from server_api.schemas import CheckinPublic
+from server_api.services.context import ServerContext
+
+
+def checkin(ctx: ServerContext, session: Session, device: Device) -> CheckinPublic:
+    now = utcnow()
+    round_, part = round_crud.checkin(session, device, now)
+    base = version_crud.get(session, round_.base_version_id)
+    assert base is not None
+    status = "waiting" if part.status == "candidate" else part.status
+    retry = max(0.0, (round_.selection_at - now).total_seconds()) if status == "waiting" else None
+    return CheckinPublic(
+        round_id=round_.id, status=status, retry_after_s=retry, deadline_at=round_.deadline_at,  # type: ignore[arg-type]
+        base_version=base.version_hash, backbone_url=f"/v1/models/{base.version_hash}/backbone",
+        onnx_url=f"/v1/models/{base.version_hash}/onnx" if base.onnx_blob else None,
+        embedding_url=f"/v1/devices/{device.id}/embedding", upload_url=f"/v1/rounds/{round_.id}/updates",
+        local=round_.config["local"],
+    )

@@ -1,0 +1,46 @@
+"""The periodic job every worker runs: selection windows, deadlines, stuck aggregations,
+nonce pruning. All of it is safe to run concurrently (decisions are made under locks)."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import anyio
+
+from server_api.core.db import session_scope
+from server_api.core.logging import get_logger
+from server_api.crud import devices as device_crud
+from server_api.crud import rounds as round_crud
+from server_api.models import utcnow
+from server_api.services.aggregation import try_aggregate
+from server_api.services.context import ServerContext
+
+log = get_logger("scheduler")
+NONCE_PRUNE_INTERVAL_S = 60.0
+
+
+def tick(ctx: ServerContext) -> str | None:
+    """One pass; returns the aggregation outcome when an active round was looked at."""
+    now = utcnow()
+    with session_scope(ctx.sessions) as session:
+        if time.monotonic() - ctx.last_nonce_prune > NONCE_PRUNE_INTERVAL_S:
+            device_crud.prune_nonces(session, device_crud.nonce_cutoff(ctx.settings.signature_window_s))
+            ctx.last_nonce_prune = time.monotonic()
+        active = round_crud.active_round(session)
+        if active is None:
+            return None
+        round_id, needs_selection = active.id, active.status == "open" and not active.selection_done and now >= active.selection_at
+        session.rollback()
+    if needs_selection:
+        with session_scope(ctx.sessions) as session:
+            round_crud.run_selection_if_due(session, round_id, now)
+    return try_aggregate(ctx, round_id)
+
+
+async def run_forever(ctx: ServerContext) -> None:
+    while True:
+        try:
+            await anyio.to_thread.run_sync(tick, ctx)
+        except Exception:  # keep the loop alive; the next tick retries
+            log.exception("scheduler tick failed")
+        await asyncio.sleep(ctx.settings.scheduler_interval_s)

@@ -1,0 +1,78 @@
+"""Accepting one device update: idempotency, round checks, validation, blob, row.
+
+Order matters for crash safety: the blob is written (content-addressed, fsynced)
+before the row that names it is committed, and the 201 is only sent after that
+commit. A retry with the same Idempotency-Key after any crash either finds the
+committed record (same response) or starts over cleanly.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from server_api.core.logging import get_logger
+from server_api.crud import rounds as round_crud
+from server_api.crud import updates as update_crud
+from server_api.crud import versions as version_crud
+from server_api.errors import InvalidInput, NotFound
+from server_api.models import Device, Update, utcnow
+from server_api.schemas import UpdatePublic
+from server_api.services.context import ServerContext
+from server_api.services.validation import parse_update
+
+IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9_.:-]{8,128}$")
+log = get_logger("uploads")
+
+
+@dataclass(frozen=True)
+class UploadOutcome:
+    status_code: int
+    body: dict[str, Any]
+    created: bool
+
+
+def accept_upload(
+    ctx: ServerContext, session: Session, device: Device, round_id: int, spool: Path, size: int,
+    body_sha256: str, idempotency_key: str | None,
+) -> UploadOutcome:
+    if not idempotency_key or not IDEMPOTENCY_KEY.match(idempotency_key):
+        raise InvalidInput("Idempotency-Key header is required (8-128 characters of [A-Za-z0-9_.:-])")
+    previous = update_crud.get_idempotency(session, device.id, idempotency_key)
+    if previous is not None:
+        if previous.request_sha256 != body_sha256:
+            raise InvalidInput("Idempotency-Key was already used for a different request body")
+        return UploadOutcome(previous.status_code, previous.response, created=False)
+
+    now = utcnow()
+    round_ = round_crud.get_round(session, round_id)
+    if round_ is None:
+        raise NotFound(f"round {round_id} does not exist")
+    update_crud.check_can_upload(session, round_id, device.id, now)
+    base = version_crud.get(session, round_.base_version_id)
+    assert base is not None
+    with spool.open("rb") as handle:
+        parsed = parse_update(handle, size, base.spec, base.embedding_dim, base.version_hash, ctx.settings.max_delta_norm)
+    blob = ctx.store.put_file(spool)
+    ciphertext = ctx.cipher.encrypt(parsed.embedding.astype("<f4").tobytes(), device.id, "update")
+
+    def response(update: Update) -> dict[str, Any]:
+        public = UpdatePublic(
+            update_id=update.id, round_id=round_id, device_id=device.id, n_samples=update.n_samples,
+            size_bytes=size, accepted_at=update.created_at,
+        )
+        return public.model_dump(mode="json")
+
+    update, record = update_crud.record_update(
+        session, round_id=round_id, device_id=device.id, blob_sha256=blob, size_bytes=size,
+        n_samples=parsed.meta.n_samples, metrics=dict(parsed.meta.metrics), embedding_ciphertext=ciphertext,
+        idempotency_key=idempotency_key, request_sha256=body_sha256, response=response, now=now,
+    )
+    if update is not None:
+        ctx.metrics.updates.inc()
+        ctx.metrics.upload_bytes.inc(size)
+        log.info("update accepted", extra={"fields": {"round_id": round_id, "device_id": device.id, "n_samples": update.n_samples, "bytes": size}})
+    return UploadOutcome(record.status_code, record.response, created=update is not None)

@@ -1,0 +1,1 @@
+"""Blob storage and the tensor wire format."""

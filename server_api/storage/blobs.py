@@ -1,0 +1,151 @@
+"""Content-addressed blob store: model versions and uploaded updates, named by sha256.
+
+Blobs are immutable and written before any database row names them, so a row
+always points at a complete blob; a crash can leave an orphan blob (harmless,
+garbage) but never a row without its blob. The protocol is small enough for an
+S3 implementation (put = upload to a temp key + copy, or a conditional PUT).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import BinaryIO, Protocol
+
+CHUNK = 1 << 20
+_DIGEST = re.compile(r"^[0-9a-f]{64}$")
+
+
+class BlobWriter(Protocol):
+    def write(self, data: bytes) -> int: ...
+
+
+class BlobStore(Protocol):
+    def put(self, data: bytes) -> str:
+        """Store bytes, return their sha256 hex digest (idempotent)."""
+
+    def put_file(self, path: Path) -> str:
+        """Store a local file's content (streamed), return its digest; the file is left alone."""
+
+    def get(self, digest: str) -> bytes: ...
+
+    def open(self, digest: str) -> BinaryIO:
+        """A binary file object positioned at 0; the caller closes it."""
+
+    def exists(self, digest: str) -> bool: ...
+
+    def size(self, digest: str) -> int: ...
+
+
+class BlobNotFound(KeyError):
+    pass
+
+
+def _check(digest: str) -> str:
+    if not _DIGEST.match(digest):
+        raise ValueError(f"not a sha256 hex digest: {digest!r}")
+    return digest
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class LocalBlobStore:
+    """``root/objects/ab/<digest>``; writes go to ``root/tmp`` then ``os.replace`` (atomic on POSIX)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.objects = self.root / "objects"
+        self.tmp = self.root / "tmp"
+        self.objects.mkdir(parents=True, exist_ok=True)
+        self.tmp.mkdir(parents=True, exist_ok=True)
+
+    def path(self, digest: str) -> Path:
+        return self.objects / _check(digest)[:2] / digest
+
+    def exists(self, digest: str) -> bool:
+        return self.path(digest).is_file()
+
+    def size(self, digest: str) -> int:
+        try:
+            return self.path(digest).stat().st_size
+        except FileNotFoundError:
+            raise BlobNotFound(digest) from None
+
+    def open(self, digest: str) -> BinaryIO:
+        try:
+            return self.path(digest).open("rb")
+        except FileNotFoundError:
+            raise BlobNotFound(digest) from None
+
+    def get(self, digest: str) -> bytes:
+        with self.open(digest) as handle:
+            return handle.read()
+
+    @contextmanager
+    def temp_file(self) -> Iterator[Path]:
+        """A scratch path on the store's filesystem (so a later put_file can rename it)."""
+        handle, name = tempfile.mkstemp(dir=self.tmp, suffix=".tmp")
+        os.close(handle)
+        try:
+            yield Path(name)
+        finally:
+            Path(name).unlink(missing_ok=True)
+
+    def put(self, data: bytes) -> str:
+        with self.temp_file() as temp:
+            with temp.open("wb") as handle:
+                handle.write(data)
+            return self.put_file(temp)
+
+    def put_file(self, path: Path) -> str:
+        digest = file_sha256(path)
+        final = self.path(digest)
+        if final.is_file():
+            return digest
+        final.parent.mkdir(parents=True, exist_ok=True)
+        # Copy to our own temp (the source may be elsewhere or reused by the caller), fsync, rename.
+        handle, temp = tempfile.mkstemp(dir=self.tmp, suffix=".tmp")
+        try:
+            with os.fdopen(handle, "wb") as out, path.open("rb") as src:
+                shutil.copyfileobj(src, out, CHUNK)
+                out.flush()
+                os.fsync(out.fileno())
+            os.chmod(temp, 0o444)
+            os.replace(temp, final)
+            _fsync_dir(final.parent)
+        finally:
+            Path(temp).unlink(missing_ok=True)
+        return digest
+
+    def clean_temp(self, older_than_s: float = 3600.0) -> int:
+        """Remove scratch files a killed process left; age-gated so another worker's live upload survives."""
+        import time
+
+        removed = 0
+        for leftover in self.tmp.glob("*.tmp"):
+            try:
+                if time.time() - leftover.stat().st_mtime > older_than_s:
+                    leftover.unlink()
+                    removed += 1
+            except FileNotFoundError:
+                pass
+        return removed
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

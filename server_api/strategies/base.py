@@ -1,0 +1,77 @@
+"""The strategy interface and the records that cross it.
+
+Weights are ``dict[str, np.ndarray]`` keyed like a torch ``state_dict`` so the same
+strategy object serves the server (which streams updates from storage) and the
+simulator (which holds them in memory).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+Weights = dict[str, np.ndarray]
+UpdateKind = Literal["delta", "full"]
+
+
+@dataclass(frozen=True)
+class ClientUpdate:
+    """One client's training result for one round.
+
+    ``weights`` is the trained backbone minus the round's base model when ``kind``
+    is "delta" (the server's wire format), or the trained backbone itself when "full".
+    """
+
+    weights: Mapping[str, np.ndarray]
+    n_samples: int
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    client_id: str | None = None
+    embedding: np.ndarray | None = None
+    kind: UpdateKind = "delta"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.n_samples, bool) or not isinstance(self.n_samples, int) or self.n_samples < 1:
+            raise ValueError(f"n_samples must be a positive integer, got {self.n_samples!r}")
+
+
+@dataclass(frozen=True)
+class TrainInstructions:
+    """What one selected client is asked to do this round (configure_train's output)."""
+
+    server_round: int
+    config: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class AggregateResult:
+    weights: Weights
+    n_clients: int
+    n_samples: int
+    metrics: dict[str, float]
+
+
+class Strategy(ABC):
+    """Configure a round's training, then aggregate its results."""
+
+    name: str = "strategy"
+
+    def configure_train(
+        self, server_round: int, clients: Sequence[str], config: Mapping[str, Any]
+    ) -> dict[str, TrainInstructions]:
+        """Per-client instructions; the default sends every client the same config."""
+        return {client: TrainInstructions(server_round, dict(config)) for client in clients}
+
+    @abstractmethod
+    def aggregate_train(self, server_round: int, base: Mapping[str, np.ndarray], results: Iterable[ClientUpdate]) -> AggregateResult:
+        """New global weights from ``base`` and the round's results.
+
+        ``results`` may be a generator that loads one update at a time; streaming
+        strategies must consume it once and not keep references to past updates.
+        """
+
+    def aggregate_embeddings(self, W: np.ndarray, config: Any = None) -> np.ndarray:
+        """New class-embedding matrix ``(C, D)`` from the round's ``W``; identity by default."""
+        return np.array(W, copy=True)

@@ -1,0 +1,82 @@
+"""FedAvg (McMahan et al. 2017) as a weighted running sum.
+
+Memory is one float64 copy of the model plus the update being added, whatever the
+number of participants, because the server feeds updates one at a time from storage.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+
+from server_api.strategies.base import AggregateResult, ClientUpdate, Strategy, UpdateKind, Weights
+
+
+class RunningWeightedSum:
+    """``sum_i w_i * x_i`` and ``sum_i w_i`` over same-shaped weight dicts, added one at a time."""
+
+    def __init__(self) -> None:
+        self._sums: dict[str, np.ndarray] = {}
+        self._metric_sums: dict[str, float] = {}
+        self._metric_weights: dict[str, float] = {}
+        self.total_weight = 0.0
+        self.count = 0
+
+    def add(self, weights: Mapping[str, np.ndarray], weight: float, metrics: Mapping[str, float] | None = None) -> None:
+        if not weight > 0:
+            raise ValueError(f"weight must be positive, got {weight}")
+        if self.count == 0:
+            self._sums = {k: np.asarray(v, dtype=np.float64) * weight for k, v in weights.items()}
+        else:
+            if weights.keys() != self._sums.keys():
+                missing, extra = self._sums.keys() - weights.keys(), weights.keys() - self._sums.keys()
+                raise ValueError(f"update keys differ from the first update (missing {sorted(missing)[:3]}, extra {sorted(extra)[:3]})")
+            for key, value in weights.items():
+                if np.shape(value) != self._sums[key].shape:
+                    raise ValueError(f"{key}: shape {np.shape(value)} differs from {self._sums[key].shape}")
+                self._sums[key] += np.asarray(value, dtype=np.float64) * weight
+        for key, value in (metrics or {}).items():
+            self._metric_sums[key] = self._metric_sums.get(key, 0.0) + float(value) * weight
+            self._metric_weights[key] = self._metric_weights.get(key, 0.0) + weight
+        self.total_weight += weight
+        self.count += 1
+
+    def mean(self) -> dict[str, np.ndarray]:
+        if self.count == 0:
+            raise ValueError("no updates were added")
+        return {k: v / self.total_weight for k, v in self._sums.items()}
+
+    def metric_means(self) -> dict[str, float]:
+        return {k: self._metric_sums[k] / self._metric_weights[k] for k in self._metric_sums}
+
+
+def cast_like(value: np.ndarray, like: np.ndarray) -> np.ndarray:
+    """``value`` in ``like``'s dtype; integer buffers (BatchNorm's step count) are rounded, not truncated."""
+    if np.issubdtype(like.dtype, np.integer):
+        return np.rint(value).astype(like.dtype)
+    return value.astype(like.dtype)
+
+
+class FedAvg(Strategy):
+    """Sample-weighted mean of client models (or of their deltas added to the base)."""
+
+    name = "fedavg"
+
+    def aggregate_train(self, server_round: int, base: Mapping[str, np.ndarray], results: Iterable[ClientUpdate]) -> AggregateResult:
+        total = RunningWeightedSum()
+        kind: UpdateKind | None = None
+        n_samples = 0
+        for update in results:
+            if kind is not None and update.kind != kind:
+                raise ValueError("a round cannot mix delta and full updates")
+            kind = update.kind
+            if update.weights.keys() != base.keys():
+                raise ValueError(f"update from {update.client_id or '?'} does not match the base model's parameters")
+            total.add(update.weights, update.n_samples, update.metrics)
+            n_samples += update.n_samples
+        mean = total.mean()
+        if kind == "delta":
+            weights: Weights = {k: cast_like(np.asarray(base[k], dtype=np.float64) + mean[k], np.asarray(base[k])) for k in base}
+        else:
+            weights = {k: cast_like(mean[k], np.asarray(base[k])) for k in base}
+        return AggregateResult(weights=weights, n_clients=total.count, n_samples=n_samples, metrics=total.metric_means())

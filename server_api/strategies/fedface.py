@@ -1,0 +1,26 @@
+"""FedFace (Aggarwal, Zhou & Jain, IJCB 2021): FedAvg on the backbone, then spreadout
+on the matrix of every enrolled identity's class embedding so identities stay apart."""
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import numpy as np
+import torch
+
+from facecore.losses import SpreadoutConfig, spreadout_optimize
+from server_api.strategies.fedavg import FedAvg
+
+
+class FedFace(FedAvg):
+    name = "fedface"
+
+    def __init__(self, spreadout: SpreadoutConfig | None = None) -> None:
+        self.spreadout = spreadout or SpreadoutConfig()
+
+    def aggregate_embeddings(self, W: np.ndarray, config: SpreadoutConfig | None = None) -> np.ndarray:
+        """``spreadout_optimize`` on ``W`` (C, D); rows are returned un-normalised, like the core does."""
+        W = np.asarray(W, dtype=np.float32)
+        if W.ndim != 2:
+            raise ValueError(f"W must be (C, D), got shape {W.shape}")
+        cfg = config or self.spreadout
+        return spreadout_optimize(torch.from_numpy(W.copy()), **asdict(cfg)).numpy()
