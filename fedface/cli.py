@@ -18,7 +18,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("fedface.commands.evaluate", "evaluate a backbone on identity-disjoint LFW folds"),
     "pretrain": ("fedface.commands.pretrain", "pretrain the backbone on public identities (or fine-tune on devices)"),
     "export": ("fedface.commands.export", "export a backbone to ONNX (fp32 and int8) with parity checks"),
-    "bench": ("fedface.commands.bench", "benchmarks: export latency, ..."),
+    "server": ("fedface.commands.server", "run the cross-device FedFace round server"),
+    "admin": ("fedface.commands.admin", "operate a round server: open rounds, show their status"),
+    "device": ("fedface.commands.device", "the on-device client: register, enroll, train, verify, unenroll"),
+    "sim": ("fedface.commands.sim", "simulate many devices: cross-device FedFace"),
+    "bench": ("fedface.commands.bench", "benchmarks (medians and ratios from one run): export, ..."),
 }
 
 

@@ -10,6 +10,8 @@ class PretrainConfig:
     backbone: str = "mobilefacenet"
     embedding_dim: int | None = None  # None: the backbone's default
     loss: str = "cosface"
+    scale: float | None = None  # margin-softmax s; None: the loss's default (64)
+    margin: float | None = None  # None: the loss's default (CosFace 0.35, ArcFace 0.5)
     epochs: int = 20
     batch: int = 128
     lr: float = 0.1
@@ -35,6 +37,7 @@ class PretrainConfig:
             "warmup_epochs must be >= 0": self.warmup_epochs >= 0,
             "schedule must be cosine or step": self.schedule in ("cosine", "step"),
             "loss must be cosface or arcface": self.loss in ("cosface", "arcface"),
+            "scale must be > 0": self.scale is None or self.scale > 0,
             "workers must be >= 0": self.workers >= 0,
             "role must be public or devices": self.role in ("public", "devices"),
             "eval_every must be >= 0": self.eval_every >= 0,
@@ -48,4 +51,4 @@ class PretrainConfig:
 
     # What must match for --resume to continue the same run.
     def resume_key(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if k in ("backbone", "embedding_dim", "loss", "batch", "seed", "role", "schedule", "epochs")}
+        return {k: v for k, v in asdict(self).items() if k in ("backbone", "embedding_dim", "loss", "scale", "margin", "batch", "seed", "role", "schedule", "epochs")}

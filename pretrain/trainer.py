@@ -70,7 +70,8 @@ class Pretrainer:
         if init_state is not None:  # fine-tuning: start from a trained backbone, fresh classifier head
             self.model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in init_state.items()})
         self.model.to(self.device, memory_format=torch.channels_last)
-        self.head = make_margin_head(config.loss, self.model.embedding_dim, len(data.classes)).to(self.device)
+        head_options = {k: v for k, v in (("s", config.scale), ("m", config.margin)) if v is not None}
+        self.head = make_margin_head(config.loss, self.model.embedding_dim, len(data.classes), **head_options).to(self.device)
         params = list(self.model.parameters()) + list(self.head.parameters())
         self.optimizer = torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
         self.steps_per_epoch = self._steps_per_epoch()

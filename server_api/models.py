@@ -80,6 +80,7 @@ class ModelVersion(Base):
     spec: Mapped[dict[str, Any]]  # {param name: [dtype, shape]}: what uploads are validated against
     fp16_blob: Mapped[str] = mapped_column(String(64))
     onnx_blob: Mapped[str | None] = mapped_column(String(64), default=None)
+    verification: Mapped[dict[str, Any] | None] = mapped_column(default=None)  # published verify threshold
     # The round that produced it (NULL for the bootstrap model); no FK, since rounds point here.
     round_id: Mapped[int | None] = mapped_column(default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -128,6 +128,8 @@ class ModelVersionPublic(BaseModel):
     created_at: datetime
     backbone_url: str
     onnx_url: str | None
+    verify_threshold: float | None = Field(default=None, description="cosine threshold devices use in verify()")
+    verify_far: float | None = Field(default=None, description="the false-accept rate the threshold was calibrated for")
 
 
 class ErrorPublic(BaseModel):

@@ -71,9 +71,16 @@ class FaceAligner:
     def __init__(
         self, cache: AlignedFaceCache | None = None, detector: MTCNNDetector | None = None, batch_size: int = 64
     ) -> None:
-        self.cache = cache if cache is not None else default_cache()
+        self._cache = cache
         self._detector = detector
         self.batch_size = batch_size
+
+    @property
+    def cache(self) -> AlignedFaceCache:
+        # Lazy: a device that only aligns in memory (align_image) never creates a cache on disk.
+        if self._cache is None:
+            self._cache = default_cache()
+        return self._cache
 
     @property
     def detector(self) -> MTCNNDetector:

@@ -13,6 +13,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--split", help="split manifest (default: build the seed-0 split and save it in --out)")
     parser.add_argument("--backbone", default="mobilefacenet")
     parser.add_argument("--loss", choices=("cosface", "arcface"), default="cosface")
+    parser.add_argument("--scale", type=float, default=None, help="margin-softmax scale s (default: the loss's, 64)")
+    parser.add_argument("--margin", type=float, default=None, help="margin m (default: CosFace 0.35, ArcFace 0.5)")
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--lr", type=float, default=0.1)
@@ -54,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         manifest = build_split(root, SplitConfig(seed=args.seed))
         manifest.save(out / "split.json")
     config = PretrainConfig(
-        backbone=args.backbone, loss=args.loss, epochs=args.epochs, batch=args.batch, lr=args.lr,
+        backbone=args.backbone, loss=args.loss, scale=args.scale, margin=args.margin, epochs=args.epochs, batch=args.batch, lr=args.lr,
         warmup_epochs=args.warmup_epochs, schedule=args.schedule, seed=args.seed, workers=args.workers,
         compile=args.compile, device=args.device, eval_every=args.eval_every,
         role="devices" if args.finetune_from else "public", max_steps_per_epoch=args.max_steps_per_epoch,

@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from server_api.core.config import ADMIN_TOKEN_FILE, Settings, resolve_secrets
-    from server_api.core.logging import logging_config
+    from server_api.core.logging import configure_logging, logging_config
     from server_api.services.context import ServerContext
 
     if bool(args.ssl_certfile) != bool(args.ssl_keyfile):
@@ -52,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--workers must be at least 1")
     _export_settings(args)
     settings = Settings()
+    configure_logging(settings.log_level)
     secrets = resolve_secrets(settings)
     # Migrate and create the first model here, so errors print as one line before uvicorn starts.
     context = ServerContext.create(settings, secrets)

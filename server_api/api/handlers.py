@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from facecore.errors import CheckpointError
@@ -33,6 +34,14 @@ async def _domain_error(request: Request, error: Exception) -> JSONResponse:
     return JSONResponse({"detail": str(error)}, status_code=status, headers=headers)
 
 
+async def _request_validation(request: Request, error: RequestValidationError) -> JSONResponse:
+    # FastAPI's default echoes each bad input back; for an embedding that is a template
+    # (and NaN cannot even be encoded as JSON). Location and reason are enough.
+    detail = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")} for e in error.errors()]
+    return JSONResponse({"detail": detail}, status_code=422)
+
+
 def install(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, _request_validation)  # type: ignore[arg-type]
     app.add_exception_handler(ServerError, _domain_error)
     app.add_exception_handler(CheckpointError, _domain_error)

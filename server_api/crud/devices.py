@@ -58,7 +58,7 @@ def enroll(session: Session, device: Device, ciphertext: bytes) -> Enrollment:
         raise Conflict(f"device {device.id} is already enrolled; its embedding now changes only through rounds")
     enrollment = Enrollment(device_id=device.id, ciphertext=ciphertext, round_id=0)
     session.add(enrollment)
-    session.execute(update(Device).where(Device.id == device.id).values(status="active"))
+    device.status = "active"
     audit.record(session, f"device:{device.id}", "device.enrolled", device_id=device.id)
     try:
         session.commit()
@@ -72,7 +72,7 @@ def unenroll(session: Session, device: Device) -> None:
     """Delete the template and every uploaded copy of it; the device may enroll again later."""
     session.execute(delete(Enrollment).where(Enrollment.device_id == device.id))
     session.execute(update(Update).where(Update.device_id == device.id).values(embedding_ciphertext=None))
-    session.execute(update(Device).where(Device.id == device.id).values(status="unenrolled"))
+    device.status = "unenrolled"
     audit.record(session, f"device:{device.id}", "device.unenrolled", device_id=device.id)
     session.commit()
 

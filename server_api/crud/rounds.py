@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
@@ -20,6 +20,9 @@ from server_api.crud.versions import get_by_hash, new_version_row
 from server_api.errors import Conflict, StaleRound
 from server_api.models import Device, Enrollment, ModelVersion, Participation, Round, Update
 from server_api.schemas import RoundCreate, RoundPublic
+
+if TYPE_CHECKING:
+    from server_api.services.model_store import VersionBlobs
 
 _rng = random.SystemRandom()
 ClaimOutcome = Literal["claimed", "failed", "not_due", "busy", "closed"]
@@ -167,6 +170,7 @@ def claim_for_aggregation(session: Session, round_id: int, now: datetime, lease_
             f"deadline passed with {uploaded} update(s), {round_.min_participants} required "
             f"({selected} selected, {sum(counts.values())} checked in)"
         )
+        session.execute(update(Update).where(Update.round_id == round_id).values(embedding_ciphertext=None))
         audit.record(session, "server", "round.failed", round_id=round_id, reason=round_.failure_reason)
         session.commit()
         return "failed"
@@ -174,7 +178,7 @@ def claim_for_aggregation(session: Session, round_id: int, now: datetime, lease_
     return "not_due"
 
 
-def finalize(session: Session, round_id: int, blobs: object, embeddings: dict[str, tuple[bytes, datetime]], summary: dict, now: datetime) -> bool:
+def finalize(session: Session, round_id: int, blobs: VersionBlobs, embeddings: dict[str, tuple[bytes, datetime]], summary: dict, now: datetime) -> bool:
     """Commit a computed aggregation: version row, new embeddings and the round's end, in
     one transaction. ``embeddings`` maps device id -> (ciphertext, enrollment.updated_at
     seen when W was built); a template changed since (unenrolled, re-enrolled) is left alone."""
@@ -182,7 +186,7 @@ def finalize(session: Session, round_id: int, blobs: object, embeddings: dict[st
     if round_ is None or round_.status != "aggregating":
         session.rollback()
         return False
-    version = get_by_hash(session, blobs.version_hash)  # type: ignore[attr-defined]
+    version = get_by_hash(session, blobs.version_hash)
     if version is None:  # identical weights (all-zero deltas) reuse the existing row
         version = new_version_row(blobs, round_id)
         session.add(version)

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from server_api.core.db import lock_round
 from server_api.crud import audit
 from server_api.errors import Conflict, Forbidden, StaleRound
-from server_api.models import IdempotencyRecord, Participation, Update
+from server_api.models import Enrollment, IdempotencyRecord, Participation, Update
 
 
 def get_idempotency(session: Session, device_id: str, key: str) -> IdempotencyRecord | None:
@@ -23,7 +23,7 @@ def get_idempotency(session: Session, device_id: str, key: str) -> IdempotencyRe
 def check_can_upload(session: Session, round_id: int, device_id: str, now: datetime) -> None:
     """Early, unlocked check so a stale upload is refused before it is parsed; record_update repeats it under the lock."""
     _check(session, round_id, device_id, now, locked=False)
-    session.rollback()
+    session.commit()  # ends the read transaction without expiring the caller's objects
 
 
 def _check(session: Session, round_id: int, device_id: str, now: datetime, locked: bool) -> Participation:
@@ -40,6 +40,9 @@ def _check(session: Session, round_id: int, device_id: str, now: datetime, locke
         raise Forbidden(f"device {device_id} was not selected for round {round_id}")
     if part.status == "uploaded":
         raise Conflict(f"device {device_id} already uploaded an update for round {round_id}")
+    if session.get(Enrollment, device_id) is None:
+        # An unenrolled device's new embedding would be a template we promised to delete.
+        raise Conflict(f"device {device_id} is not enrolled")
     return part
 
 

@@ -28,7 +28,7 @@ from server_api.models import Device, Enrollment, utcnow
 from server_api.services.context import ServerContext
 from server_api.services.model_store import build_model, load_weights, store_model
 from server_api.services.validation import BACKBONE_PREFIX
-from server_api.storage.tensorfile import iter_tensors, read_header
+from facecore.tensorfile import iter_tensors, read_header
 from server_api.strategies import STRATEGIES, ClientUpdate, FedFace, Strategy
 
 log = get_logger("aggregation")
@@ -65,7 +65,8 @@ def try_aggregate(ctx: ServerContext, round_id: int) -> str:
     return "completed" if done else "lost"
 
 
-def _strategy(name: str, config: dict) -> Strategy:
+def strategy_for(name: str, config: dict) -> Strategy:
+    """The round's strategy object, built from its stored config."""
     if name == "fedface":
         return FedFace(SpreadoutConfig(**config["spreadout"]))
     return STRATEGIES[name]()
@@ -89,14 +90,16 @@ def _compute_and_finalize(ctx: ServerContext, round_id: int) -> bool:
                 .where(Device.status == "active").order_by(Enrollment.device_id)
             ).scalars()
         ]
-        strategy, config = _strategy(round_.strategy, round_.config), dict(round_.config)
+        strategy, config = strategy_for(round_.strategy, round_.config), dict(round_.config)
         base_hash, backbone, dim = base.version_hash, base.backbone, base.embedding_dim
 
-    _, base_weights = load_weights(ctx.store, base_hash)
+    base_meta, base_weights = load_weights(ctx.store, base_hash)
     result = strategy.aggregate_train(round_id, base_weights, _stream(ctx, updates))
     del base_weights
     model = build_model(backbone, dim, result.weights)
-    meta = {"source": f"round {round_id}", "round_id": round_id, "parent": base_hash}
+    # No face data lives on the server, so a federated version keeps the threshold its ancestor was
+    # calibrated with (on public faces, offline) until an operator recalibrates.
+    meta = {"source": f"round {round_id}", "round_id": round_id, "parent": base_hash, "verification": base_meta.get("verification")}
     blobs = store_model(ctx.store, model, ctx.settings.export_onnx, meta=meta)
 
     embeddings = _new_embeddings(ctx, strategy, config, updates, enrolled, dim)

@@ -57,7 +57,7 @@ class ServerContext:
             if versions.current_version(session) is not None:
                 return
         model = load_backbone(self.settings.model, backbone=self.settings.random_backbone)
-        blobs = store_model(self.store, model, self.settings.export_onnx, meta={"source": self.settings.model})
+        blobs = store_model(self.store, model, self.settings.export_onnx, meta={"source": self.settings.model, "verification": getattr(model, "meta", {}).get("verification")})
         with session_scope(self.sessions) as session:
             version = versions.create_bootstrap_version(session, blobs, self.settings.model)
         log.info("model ready", extra={"fields": {"version": version.version_hash, "backbone": version.backbone}})

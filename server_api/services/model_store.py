@@ -27,6 +27,7 @@ class VersionBlobs:
     backbone: str
     embedding_dim: int
     spec: dict[str, Any]
+    verification: dict[str, Any] | None = None  # {"threshold": cos, "far": target FAR, "calibration": how}
 
 
 def spec_of(model: torch.nn.Module) -> dict[str, Any]:
@@ -50,7 +51,7 @@ def store_model(store: LocalBlobStore, model: torch.nn.Module, export_onnx: bool
         with store.temp_file() as temp:
             export_fp32(model, temp)
             onnx_blob = store.put_file(temp)
-    return VersionBlobs(version_hash, fp16_blob, onnx_blob, model.name, int(model.embedding_dim), spec_of(model))
+    return VersionBlobs(version_hash, fp16_blob, onnx_blob, model.name, int(model.embedding_dim), spec_of(model), meta.get("verification"))
 
 
 def load_weights(store: BlobStore, version_hash: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:

@@ -7,6 +7,7 @@ from server_api.crud import rounds as round_crud
 from server_api.crud import versions as version_crud
 from server_api.models import Device, utcnow
 from server_api.schemas import CheckinPublic
+from server_api.services.aggregation import strategy_for
 from server_api.services.context import ServerContext
 
 
@@ -15,6 +16,9 @@ def checkin(ctx: ServerContext, session: Session, device: Device) -> CheckinPubl
     round_, part = round_crud.checkin(session, device, now)
     base = version_crud.get(session, round_.base_version_id)
     assert base is not None
+    # The strategy decides what each client trains with (today the same config for everyone).
+    strategy = strategy_for(round_.strategy, round_.config)
+    instructions = strategy.configure_train(round_.id, [device.id], round_.config["local"])[device.id]
     status = "waiting" if part.status == "candidate" else part.status
     retry = max(0.0, (round_.selection_at - now).total_seconds()) if status == "waiting" else None
     return CheckinPublic(
@@ -22,5 +26,5 @@ def checkin(ctx: ServerContext, session: Session, device: Device) -> CheckinPubl
         base_version=base.version_hash, backbone_url=f"/v1/models/{base.version_hash}/backbone",
         onnx_url=f"/v1/models/{base.version_hash}/onnx" if base.onnx_blob else None,
         embedding_url=f"/v1/devices/{device.id}/embedding", upload_url=f"/v1/rounds/{round_.id}/updates",
-        local=round_.config["local"],
+        local=dict(instructions.config),
     )

@@ -54,8 +54,11 @@ def accept_upload(
     update_crud.check_can_upload(session, round_id, device.id, now)
     base = version_crud.get(session, round_.base_version_id)
     assert base is not None
+    spec, dim, base_hash = base.spec, base.embedding_dim, base.version_hash
+    # End the read transaction before the slow part: on SQLite every transaction holds the write lock.
+    session.commit()  # read-only; commit (unlike rollback) keeps loaded objects usable
     with spool.open("rb") as handle:
-        parsed = parse_update(handle, size, base.spec, base.embedding_dim, base.version_hash, ctx.settings.max_delta_norm)
+        parsed = parse_update(handle, size, spec, dim, base_hash, ctx.settings.max_delta_norm)
     blob = ctx.store.put_file(spool)
     ciphertext = ctx.cipher.encrypt(parsed.embedding.astype("<f4").tobytes(), device.id, "update")
 

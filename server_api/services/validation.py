@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from server_api.errors import Conflict, InvalidInput
 from server_api.schemas import UpdateMeta
-from server_api.storage.tensorfile import TensorFileError, TensorFileHeader, iter_tensors, read_header, read_tensor
+from facecore.tensorfile import TensorFileError, TensorFileHeader, iter_tensors, read_header, read_tensor
 
 EMBEDDING_KEY = "class_embedding"
 BACKBONE_PREFIX = "backbone."

@@ -19,7 +19,7 @@ import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from server_api.storage import tensorfile
+from facecore import tensorfile
 
 EMBEDDING_DIM = 128
 
@@ -90,7 +90,9 @@ def make_delta(base: dict[str, np.ndarray], rng: np.random.Generator, scale: flo
     }
 
 
-def update_file(delta: dict[str, np.ndarray], embedding: np.ndarray, base_version: str, n_samples: int, metrics: dict | None = None, **meta_extra: Any) -> bytes:
+def update_file(
+    delta: dict[str, np.ndarray], embedding: np.ndarray, base_version: str, n_samples: int, metrics: dict | None = None, **meta_extra: Any
+) -> bytes:
     tensors = {f"backbone.{k}": v for k, v in delta.items()} | {"class_embedding": np.asarray(embedding, dtype=np.float32)}
     meta = {"base_version": base_version, "n_samples": n_samples, "metrics": metrics or {"loss": 0.5}} | meta_extra
     return tensorfile.dumps(tensors, {"fedface": json.dumps(meta)})

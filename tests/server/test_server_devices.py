@@ -7,7 +7,7 @@ import numpy as np
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from conftest import enrolled_devices
+from server_helpers import enrolled_devices
 from server_api.models import AuditEvent, Enrollment
 from server_testkit import EMBEDDING_DIM, Device, sign, unit_vector
 
@@ -17,9 +17,9 @@ def test_register_is_idempotent_per_key_and_needs_proof_of_possession(client: Te
     device, impostor = Device(client), Device(client)
     # Execute
     first, again = device.register(), device.register()
+    body = b'{"public_key": "%s"}' % device.public_key.encode()
     forged = client.post(
-        "/v1/devices", content=b'{"public_key": "%s"}' % device.public_key.encode(),
-        headers={"Content-Type": "application/json", **sign(impostor.key, "register", "POST", "/v1/devices", b'{"public_key": "%s"}' % device.public_key.encode())},
+        "/v1/devices", content=body, headers={"Content-Type": "application/json", **sign(impostor.key, "register", "POST", "/v1/devices", body)}
     )
     # Assert
     assert first.status_code == 201 and again.status_code == 200
@@ -97,12 +97,15 @@ def test_unenroll_only_by_owner_and_removes_template(client: TestClient, rng: np
     by_owner = alice.request("DELETE", f"/v1/devices/{alice.id}")
     after = alice.embedding()
     me = alice.request("GET", f"/v1/devices/{alice.id}")
+    with client.app.state.ctx.sessions() as session:
+        templates_left = {alice.id: session.get(Enrollment, alice.id) is not None, bob.id: session.get(Enrollment, bob.id) is not None}
+    re_enrolled = alice.enroll(unit_vector(rng))
     # Assert
     assert by_other.status_code == 403 and by_owner.status_code == 204
     assert after.status_code == 404
     assert me.json() == {"device_id": alice.id, "status": "unenrolled", "enrolled": False}
-    with client.app.state.ctx.sessions() as session:
-        assert session.get(Enrollment, alice.id) is None and session.get(Enrollment, bob.id) is not None
+    assert templates_left == {alice.id: False, bob.id: True}
+    assert re_enrolled.status_code == 201 and re_enrolled.json()["status"] == "active"
 
 
 def test_oversized_and_chunked_bodies_are_413(client: TestClient, rng: np.random.Generator) -> None:

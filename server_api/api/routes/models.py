@@ -26,6 +26,7 @@ def _public(version: ModelVersion) -> ModelVersionPublic:
         round_id=version.round_id, created_at=version.created_at,
         backbone_url=f"/v1/models/{version.version_hash}/backbone",
         onnx_url=f"/v1/models/{version.version_hash}/onnx" if version.onnx_blob else None,
+        verify_threshold=(version.verification or {}).get("threshold"), verify_far=(version.verification or {}).get("far"),
     )
 
 
@@ -55,6 +56,8 @@ def _serve(ctx: CtxDep, blob: str, etag: str, if_none_match: str | None, media_t
 
 def _version(session: SessionDep, version: str) -> ModelVersion:
     found = version_crud.get_by_hash(session, version)
+    # No transaction may stay open while a slow client downloads (on SQLite it would hold the write lock).
+    session.commit()  # read-only; commit (unlike rollback) keeps `found` loaded
     if found is None:
         raise NotFound(f"model version {version} does not exist")
     return found

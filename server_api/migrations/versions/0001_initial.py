@@ -1,7 +1,7 @@
 """initial schema
 
 Revision ID: 0001
-Revises: 
+Revises: (none)
 Tables: devices, enrollments, rounds, participations, updates, model_versions,
 audit_events, nonces, idempotency.
 """

@@ -1,0 +1,176 @@
+"""The device's local FedFace round: train the backbone and the owner's class embedding with the
+positive-only loss mean(max(0, m - cos(f, w))^2).
+
+This is THE training code: the live SDK and the simulator both call `train_local`, so a simulated
+device does exactly what a phone does.
+
+BatchNorm runs on its global statistics (eval mode) by default: a device sees one person only,
+and batch statistics of one face would both normalise away what makes it that face and drag the
+averaged running statistics towards each device's owner.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from facecore.errors import FaceCoreError
+from facecore.losses import positive_loss
+from facecore.models.preprocess import faces_to_tensor
+
+
+class TrainingDiverged(FaceCoreError):
+    """The local update is not finite; it must never be uploaded."""
+
+
+@dataclass(frozen=True)
+class LocalTrainingConfig:
+    epochs: int = 1
+    steps: int | None = None  # cap on optimizer steps per round (None: whole epochs)
+    lr: float = 0.01
+    momentum: float = 0.9
+    margin: float = 0.9
+    batch: int = 32
+    flip: bool = True
+    bn_mode: str = "frozen"  # or "train"
+    trainable_blocks: int | None = None  # None: the whole backbone; k: only the last k blocks + head
+
+    def __post_init__(self) -> None:
+        problems = [
+            m for m, bad in (
+                ("epochs must be >= 1", self.epochs < 1), ("steps must be >= 1", self.steps is not None and self.steps < 1),
+                ("lr must be > 0", not self.lr > 0), ("momentum must be in [0, 1)", not 0 <= self.momentum < 1),
+                ("margin must be in (-1, 1]", not -1 < self.margin <= 1), ("batch must be >= 1", self.batch < 1),
+                ("bn_mode must be frozen or train", self.bn_mode not in ("frozen", "train")),
+                ("trainable_blocks must be >= 0", self.trainable_blocks is not None and self.trainable_blocks < 0),
+                ("a frozen prefix needs bn_mode frozen", self.trainable_blocks is not None and self.bn_mode != "frozen"),
+            ) if bad
+        ]
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+@dataclass(frozen=True)
+class LocalUpdate:
+    state_dict: dict[str, Tensor]  # the trained backbone
+    embedding: Tensor  # (D,) the trained class embedding, L2-normalised
+    n_samples: int
+    loss_before: float
+    loss_after: float
+    steps: int
+    seconds: float
+
+
+def mean_feature_embedding(features: np.ndarray | Tensor) -> np.ndarray:
+    """FedFace's class-embedding initialisation: the L2-normalised mean of the L2-normalised features."""
+    f = np.asarray(features, dtype=np.float64)
+    if f.ndim != 2 or len(f) == 0:
+        raise FaceCoreError(f"need (N, D) features of at least one face, got shape {f.shape}")
+    f = f / np.linalg.norm(f, axis=1, keepdims=True)
+    mean = f.mean(0)
+    return (mean / np.linalg.norm(mean)).astype(np.float32)
+
+
+def split_backbone(model: nn.Module, trainable_blocks: int | None) -> tuple[nn.Module, nn.Module]:
+    """(frozen prefix, trainable suffix) with suffix(prefix(x)) == model(x); the whole model is
+    the suffix when `trainable_blocks` is None."""
+    if trainable_blocks is None:
+        return nn.Identity(), model
+    cut = len(model.blocks) - min(trainable_blocks, len(model.blocks))
+    return nn.Sequential(model.stem, *list(model.blocks)[:cut]), nn.Sequential(*list(model.blocks)[cut:], model.head)
+
+
+@dataclass(frozen=True)
+class PrefixCache:
+    """Frozen-prefix activations of a device's faces and of their mirror images.
+
+    The prefix never trains anywhere, so these stay valid across rounds: a device pays the
+    prefix forward pass once instead of every step."""
+
+    plain: Tensor
+    flipped: Tensor
+    trainable_blocks: int
+
+
+@torch.no_grad()
+def prefix_cache(backbone: nn.Module, faces: np.ndarray, trainable_blocks: int, dtype: torch.dtype = torch.float32, batch: int = 64) -> PrefixCache:
+    prefix, _ = split_backbone(backbone, trainable_blocks)
+    prefix = copy.deepcopy(prefix).to(dtype=dtype).eval()
+    inputs = faces_to_tensor(faces).to(dtype)
+    plain = torch.cat([prefix(inputs[i : i + batch]) for i in range(0, len(inputs), batch)])
+    flipped = torch.cat([prefix(inputs[i : i + batch].flip(3)) for i in range(0, len(inputs), batch)])
+    return PrefixCache(plain, flipped, trainable_blocks)
+
+
+def _set_mode(model: nn.Module, bn_mode: str) -> None:
+    model.train()
+    if bn_mode == "frozen":
+        for module in model.modules():
+            if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                module.eval()
+
+
+@torch.no_grad()
+def _mean_loss(forward: nn.Module, embedding: Tensor, inputs: Tensor, margin: float, batch: int) -> float:
+    was_training = forward.training
+    forward.eval()
+    losses = [positive_loss(forward(inputs[i : i + batch]), embedding, margin) * len(inputs[i : i + batch]) for i in range(0, len(inputs), batch)]
+    forward.train(was_training)
+    return float(sum(losses) / len(inputs))
+
+
+def train_local(
+    backbone: nn.Module, embedding: np.ndarray | Tensor, faces: np.ndarray, config: LocalTrainingConfig, seed: int = 0,
+    dtype: torch.dtype = torch.float32, cache: PrefixCache | None = None,
+) -> LocalUpdate:
+    """One round of local training on the owner's aligned faces. `backbone` is not modified.
+
+    With `config.trainable_blocks`, only the last blocks and the head train; their input comes
+    from `cache` (computed here when not given) instead of running the frozen prefix each step."""
+    if len(faces) == 0:
+        raise FaceCoreError("local training needs at least one aligned face")
+    started = time.perf_counter()
+    model = copy.deepcopy(backbone).to(dtype=dtype)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    _, suffix = split_backbone(model, config.trainable_blocks)
+    if config.trainable_blocks is None:
+        plain = faces_to_tensor(faces).to(dtype)
+        flipped = None
+    else:
+        if cache is None or cache.trainable_blocks != config.trainable_blocks:
+            cache = prefix_cache(model, faces, config.trainable_blocks, dtype)
+        plain, flipped = cache.plain.to(dtype), cache.flipped.to(dtype)
+    w = nn.Parameter(torch.as_tensor(np.asarray(embedding), dtype=dtype).clone())
+    optimizer = torch.optim.SGD([*suffix.parameters(), w], lr=config.lr, momentum=config.momentum)
+    generator = torch.Generator().manual_seed(seed)
+    loss_before = _mean_loss(suffix, w.detach(), plain, config.margin, config.batch)
+    _set_mode(suffix, config.bn_mode)
+    steps = 0
+    limit = config.steps or math.inf
+    for _ in range(config.epochs):
+        order = torch.randperm(len(plain), generator=generator)
+        for start in range(0, len(order), config.batch):
+            if steps >= limit:
+                break
+            index = order[start : start + config.batch]
+            batch = plain[index]
+            if config.flip:
+                mirror = (torch.rand(len(index), generator=generator) < 0.5)[:, None, None, None]
+                batch = torch.where(mirror, batch.flip(3) if flipped is None else flipped[index], batch)
+            loss = positive_loss(suffix(batch), w, config.margin)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            steps += 1
+    loss_after = _mean_loss(suffix, w.detach(), plain, config.margin, config.batch)
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    if not (math.isfinite(loss_after) and all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())):
+        raise TrainingDiverged(f"local training diverged (loss {loss_after}); lower the learning rate")
+    trained = torch.nn.functional.normalize(w.detach(), dim=0)
+    return LocalUpdate(state, trained, len(faces), loss_before, loss_after, steps, time.perf_counter() - started)

@@ -1,0 +1,109 @@
+import numpy as np
+import pytest
+import torch
+
+from device_sdk.training import LocalTrainingConfig, TrainingDiverged, mean_feature_embedding, train_local
+from facecore.data.synthetic import synthetic_faces
+from facecore.models import get_backbone
+from facecore.models.preprocess import faces_to_tensor
+
+
+@pytest.fixture(scope="module")
+def owner() -> tuple[torch.nn.Module, np.ndarray, np.ndarray]:
+    torch.manual_seed(0)
+    model = get_backbone("mobilefacenet_s")
+    # photos of several synthetic people, so the model starts far from the margin
+    faces, _ = synthetic_faces(4, 3, seed=5)
+    calibration, _ = synthetic_faces(16, 4, seed=6)
+    with torch.no_grad():
+        # An untrained network's default BatchNorm statistics squash features to ~1e-5, where
+        # normalisation turns gradients into noise; estimate real statistics first, as pretraining would.
+        for module in model.modules():
+            if isinstance(module, torch.nn.BatchNorm2d | torch.nn.BatchNorm1d):
+                module.momentum = None
+        model.train()(faces_to_tensor(calibration))
+        features = model.eval()(faces_to_tensor(faces)).numpy()
+    return model, faces, mean_feature_embedding(features)
+
+
+def test_mean_feature_embedding_is_the_normalised_mean_of_normalised_features() -> None:
+    # Prepare: two features of different norms along x and y
+    features = np.array([[3.0, 0.0], [0.0, 0.5]])
+    # Execute
+    w = mean_feature_embedding(features)
+    # Assert: the mean of (1,0) and (0,1) is (0.5,0.5) -> (0.7071, 0.7071)
+    np.testing.assert_allclose(w, [2**-0.5, 2**-0.5], rtol=1e-6)
+
+
+def test_local_round_lowers_the_positive_loss_and_leaves_the_input_model_alone(owner) -> None:  # type: ignore[no-untyped-def]
+    # Prepare
+    model, faces, embedding = owner
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    # Execute
+    update = train_local(model, embedding, faces, LocalTrainingConfig(epochs=3, batch=4, lr=0.01))
+    # Assert
+    assert update.loss_after < update.loss_before
+    assert update.steps == 9 and update.n_samples == 12
+    assert torch.linalg.norm(update.embedding).item() == pytest.approx(1.0, abs=1e-5)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+
+
+def test_same_seed_same_update_and_frozen_batchnorm_statistics(owner) -> None:  # type: ignore[no-untyped-def]
+    # Prepare
+    model, faces, embedding = owner
+    config = LocalTrainingConfig(epochs=1, batch=4)
+    # Execute
+    a, b = (train_local(model, embedding, faces, config, seed=7) for _ in range(2))
+    c = train_local(model, embedding, faces, config, seed=8)
+    # Assert
+    assert all(torch.equal(a.state_dict[k], b.state_dict[k]) for k in a.state_dict)
+    assert any(not torch.equal(a.state_dict[k], c.state_dict[k]) for k in a.state_dict)
+    running = [k for k in a.state_dict if k.endswith("running_mean")]
+    assert running and all(torch.equal(a.state_dict[k], model.state_dict()[k]) for k in running)
+
+
+def test_frozen_prefix_trains_only_the_last_blocks(owner) -> None:  # type: ignore[no-untyped-def]
+    # Prepare
+    model, faces, embedding = owner
+    # Execute
+    update = train_local(model, embedding, faces, LocalTrainingConfig(batch=4, trainable_blocks=2))
+    # Assert
+    changed = {k.split(".")[0] + "." + k.split(".")[1] for k, v in update.state_dict.items() if not torch.equal(v, model.state_dict()[k])}
+    last = len(model.blocks)
+    assert changed and changed <= {f"blocks.{last - 2}", f"blocks.{last - 1}"} | {k for k in changed if k.startswith("head.")}
+    assert not any(k.startswith("stem.") for k in changed)
+
+
+def test_a_diverging_round_is_refused(owner) -> None:  # type: ignore[no-untyped-def]
+    model, faces, embedding = owner
+    with pytest.raises(TrainingDiverged):
+        train_local(model, embedding, faces, LocalTrainingConfig(batch=4, lr=1e30, momentum=0.0))
+
+
+def test_config_rejects_nonsense() -> None:
+    with pytest.raises(ValueError, match="lr must be > 0"):
+        LocalTrainingConfig(lr=0)
+
+
+def test_prefix_and_suffix_compose_to_the_full_backbone_and_the_cache_matches(owner) -> None:  # type: ignore[no-untyped-def]
+    # Prepare
+    from device_sdk.training import prefix_cache, split_backbone
+
+    model, faces, embedding = owner
+    prefix, suffix = split_backbone(model, 3)
+    inputs = faces_to_tensor(faces)
+    # Execute
+    cache = prefix_cache(model, faces, 3)
+    with torch.no_grad():
+        composed = suffix.eval()(prefix.eval()(inputs))
+        full = model.eval()(inputs)
+        mirrored = prefix(inputs.flip(3))
+    # Assert
+    torch.testing.assert_close(composed, full)
+    torch.testing.assert_close(cache.plain, prefix(inputs))
+    torch.testing.assert_close(cache.flipped, mirrored)
+    # a cache computed once gives exactly the update of a cache computed inside the round
+    config = LocalTrainingConfig(batch=4, trainable_blocks=3)
+    a = train_local(model, embedding, faces, config, seed=1, cache=cache)
+    b = train_local(model, embedding, faces, config, seed=1)
+    assert all(torch.equal(a.state_dict[k], b.state_dict[k]) for k in a.state_dict)

@@ -1,0 +1,89 @@
+"""`fedface sim cross-device ...`: simulations on real identities."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def _on_off(value: str) -> bool:
+    if value not in ("on", "off"):
+        raise argparse.ArgumentTypeError("use on or off")
+    return value == "on"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    modes = parser.add_subparsers(dest="mode", metavar="MODE", required=True)
+    cd = modes.add_parser("cross-device", help="FedFace with one identity per device")
+    cd.add_argument("--devices", type=int, default=1000)
+    cd.add_argument("--rounds", type=int, default=20)
+    cd.add_argument("--per-round", type=int, default=100)
+    cd.add_argument("--method", choices=("pretrained", "fedavg", "fedface", "central"), default="fedface")
+    cd.add_argument("--init", choices=("mean", "random"), default="mean")
+    cd.add_argument("--spreadout", type=_on_off, default=True, metavar="on|off")
+    cd.add_argument("--seed", type=int, default=0)
+    cd.add_argument("--model", default="default", help="starting backbone: default, PATH or random")
+    cd.add_argument("--local-epochs", type=int, default=1)
+    cd.add_argument("--local-lr", type=float, default=0.01)
+    cd.add_argument("--margin", type=float, default=0.9)
+    cd.add_argument("--trainable-blocks", type=int, default=None, help="frozen-prefix option: train only the last K blocks + head")
+    cd.add_argument("--eval-every", type=int, default=5)
+    cd.add_argument("--folds", default="6-10")
+    cd.add_argument("--target", type=float, default=None, help="LFW accuracy for rounds_to_target")
+    cd.add_argument("--data")
+    cd.add_argument("--split", help="split manifest (default: the seed-0 split)")
+    cd.add_argument("--fresh", action="store_true", help="ignore a checkpoint in --out instead of resuming from it")
+    cd.add_argument("--out", default="runs/sim")
+    cd.add_argument("--json", action="store_true")
+
+    compare = modes.add_parser("compare", help="plot several finished runs together (accuracy, TAR, embedding spread)")
+    compare.add_argument("runs", nargs="+", help="run folders holding report.json")
+    compare.add_argument("--out", required=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.mode == "compare":
+        return _compare(args)
+    return _cross_device(args)
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from simulator.cross_device.run import write_plots
+
+    reports = []
+    for folder in map(Path, args.runs):
+        if not (folder / "report.json").is_file():
+            from facecore.errors import FaceCoreError
+
+            raise FaceCoreError(f"{folder} has no report.json: is the run finished?")
+        reports.append(json.loads((folder / "report.json").read_text()))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for path in write_plots(reports, out):
+        print(f"wrote {path}")
+    print(f"{'method':<24} {'init':<7} {'devices':>7} {'rounds':>6} {'LFW acc':>8} {'TAR@1e-3':>9} {'to target':>9}")
+    for r in reports:
+        print(f"{r['method']:<24} {r['init']:<7} {r['devices']:>7} {r['rounds']:>6} {100 * r['accuracy']:7.2f}% {100 * r['tar_at_far']['1e-3']:8.2f}% {str(r['rounds_to_target']):>9}")
+    return 0
+
+
+def _cross_device(args: argparse.Namespace) -> int:
+    from device_sdk.training import LocalTrainingConfig
+    from facecore.data.lfw import parse_folds
+    from facecore.data.split import SplitManifest
+    from facecore.paths import data_root
+    from simulator.cross_device.config import CrossDeviceConfig
+    from simulator.cross_device.run import run_cross_device
+
+    local = LocalTrainingConfig(epochs=args.local_epochs, lr=args.local_lr, margin=args.margin, trainable_blocks=args.trainable_blocks)
+    config = CrossDeviceConfig(
+        devices=args.devices, rounds=args.rounds, per_round=args.per_round, method=args.method, init=args.init,
+        spreadout=args.spreadout, seed=args.seed, model=args.model, eval_every=args.eval_every,
+        eval_folds=parse_folds(args.folds), target_accuracy=args.target, local=local,
+    )
+    out = Path(args.out)
+    manifest = SplitManifest.load(args.split) if args.split else None
+    report = run_cross_device(config, data_root(args.data), out, manifest, resume=not args.fresh)
+    summary = {k: report[k] for k in ("method", "devices", "rounds", "accuracy", "tar_at_far", "rounds_to_target", "seconds_per_round")}
+    print(json.dumps(summary) if args.json else "\n".join(f"{k:>18}: {v}" for k, v in summary.items()))
+    return 0

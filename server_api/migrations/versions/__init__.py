@@ -1,0 +1,1 @@
+"""Alembic revisions; alembic skips this file."""

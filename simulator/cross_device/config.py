@@ -1,0 +1,47 @@
+"""Validated hyper-parameters of a cross-device simulation (defaults: the FedFace paper and its code)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from device_sdk.training import LocalTrainingConfig
+from facecore.losses import SpreadoutConfig
+
+METHODS = ("pretrained", "fedavg", "fedface", "central")
+
+
+@dataclass(frozen=True)
+class CrossDeviceConfig:
+    devices: int = 1000
+    rounds: int = 20
+    per_round: int = 100
+    method: str = "fedface"
+    init: str = "mean"  # class-embedding start: mean feature (FedFace) or random
+    spreadout: bool = True  # only meaningful for fedface; fedavg never spreads
+    seed: int = 0
+    model: str = "default"
+    eval_every: int = 5
+    eval_folds: tuple[int, ...] = (6, 7, 8, 9, 10)
+    target_accuracy: float | None = None  # for rounds_to_target
+    # Client: SGD lr 0.01, momentum 0.9, positive margin 0.9 (paper / official code).
+    local: LocalTrainingConfig = field(default_factory=lambda: LocalTrainingConfig(epochs=1, lr=0.01, momentum=0.9, margin=0.9, batch=32))
+    # Server: 10 spreadout SGD steps, lr 0.01, momentum 0.9, nu 0.3.
+    server_spreadout: SpreadoutConfig = field(default_factory=SpreadoutConfig)
+
+    def __post_init__(self) -> None:
+        problems = [
+            message for message, bad in (
+                ("devices must be >= 2", self.devices < 2), ("rounds must be >= 0", self.rounds < 0),
+                ("per_round must be >= 1", self.per_round < 1), (f"method must be one of {METHODS}", self.method not in METHODS),
+                ("init must be mean or random", self.init not in ("mean", "random")), ("eval_every must be >= 1", self.eval_every < 1),
+            ) if bad
+        ]
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    @property
+    def uses_spreadout(self) -> bool:
+        return self.method == "fedface" and self.spreadout
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

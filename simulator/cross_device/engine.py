@@ -1,0 +1,154 @@
+"""The in-process cross-device FedFace loop.
+
+Each round: sample devices, run the SDK's `train_local` on each, stream their backbone deltas into
+the server's strategy (`aggregate_train`), store each device's trained class embedding, then let
+the strategy process the full embedding matrix (spreadout for FedFace). Resumable per round.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from device_sdk.training import PrefixCache, mean_feature_embedding, prefix_cache, train_local
+from facecore.models.checkpoint import atomic_torch_save
+from facecore.models.preprocess import embed_faces
+from server_api.strategies import ClientUpdate, FedAvg, FedFace, Strategy
+from simulator.cross_device.config import CrossDeviceConfig
+from simulator.cross_device.population import Population
+
+Evaluator = Callable[[torch.nn.Module], dict[str, Any]]
+
+
+def mean_pairwise_cosine(W: np.ndarray) -> float:
+    """Spread of the class embeddings: 1.0 means every identity collapsed onto one direction."""
+    unit = W / np.linalg.norm(W, axis=1, keepdims=True)
+    gram = unit @ unit.T
+    n = len(W)
+    return float((gram.sum() - np.trace(gram)) / (n * (n - 1)))
+
+
+def to_numpy(state: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    return {k: v.detach().cpu().numpy() for k, v in state.items()}
+
+
+@dataclass
+class SimulationState:
+    round: int
+    model_state: dict[str, torch.Tensor]
+    W: np.ndarray
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+class CrossDeviceSimulation:
+    def __init__(self, config: CrossDeviceConfig, population: Population, model: torch.nn.Module, out_dir: Path, evaluate: Evaluator | None = None) -> None:
+        self.config = config
+        self.population = population
+        self.model = copy.deepcopy(model).eval()  # the caller's model stays the starting point
+        self.out = out_dir
+        self.evaluate = evaluate
+        self.strategy: Strategy = FedFace(config.server_spreadout) if config.uses_spreadout else FedAvg()
+        self._caches: dict[int, PrefixCache] = {}
+
+    # ---- state ---------------------------------------------------------------------------
+    def initial_embeddings(self) -> np.ndarray:
+        if self.config.init == "random":
+            rng = np.random.default_rng(self.config.seed)
+            W = rng.standard_normal((len(self.population.devices), self.model.embedding_dim)).astype(np.float32)
+            return W / np.linalg.norm(W, axis=1, keepdims=True)
+        # FedFace's init: each device enrolls with the mean feature of its own photos
+        return np.stack([mean_feature_embedding(embed_faces(self.model, d.faces)) for d in self.population.devices])
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.out / "checkpoint.pt"
+
+    def save(self, state: SimulationState) -> None:
+        atomic_torch_save({"round": state.round, "model_state": state.model_state, "W": torch.from_numpy(state.W),
+                           "history": state.history, "config": self.config.to_dict()}, self.checkpoint_path)
+
+    def load(self) -> SimulationState | None:
+        if not self.checkpoint_path.is_file():
+            return None
+        saved = torch.load(self.checkpoint_path, weights_only=False)
+        # a run may be extended (more rounds, other eval cadence); anything else changes its meaning
+        def key(c: dict[str, Any]) -> dict[str, Any]:
+            return {k: v for k, v in c.items() if k not in ("rounds", "eval_every", "target_accuracy")}
+
+        if key(saved["config"]) != key(self.config.to_dict()):
+            from facecore.errors import CheckpointError
+
+            raise CheckpointError(f"{self.checkpoint_path} belongs to a run with another configuration: use another --out")
+        return SimulationState(saved["round"], saved["model_state"], saved["W"].numpy(), saved["history"])
+
+    # ---- one round -----------------------------------------------------------------------
+    def _updates(self, round_number: int, chosen: list[int], state: SimulationState, losses: list[float]) -> Iterator[ClientUpdate]:
+        base = self.model.state_dict()
+        for index in tqdm(chosen, desc=f"round {round_number}", unit="device", leave=False):
+            device = self.population.devices[index]
+            cache = None
+            if self.config.local.trainable_blocks is not None:
+                cache = self._caches.get(index) or self._caches.setdefault(index, prefix_cache(self.model, device.faces, self.config.local.trainable_blocks))
+            seed = self.config.seed * 1_000_003 + round_number * 10_007 + index
+            update = train_local(self.model, state.W[index], device.faces, self.config.local, seed=seed, cache=cache)
+            state.W[index] = update.embedding.numpy()
+            losses.append(update.loss_after)
+            delta = {k: (update.state_dict[k] - base[k]).numpy() for k in base}
+            yield ClientUpdate(delta, update.n_samples, {"loss_before": update.loss_before, "loss_after": update.loss_after}, device.identity, kind="delta")
+
+    def run_round(self, round_number: int, state: SimulationState) -> dict[str, Any]:
+        started = time.perf_counter()
+        rng = np.random.default_rng([self.config.seed, round_number])
+        chosen = sorted(rng.choice(len(self.population.devices), min(self.config.per_round, len(self.population.devices)), replace=False).tolist())
+        losses: list[float] = []
+        base = to_numpy(self.model.state_dict())
+        result = self.strategy.aggregate_train(round_number, base, self._updates(round_number, chosen, state, losses))
+        self.model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in result.weights.items()})
+        if self.config.uses_spreadout:
+            state.W = self.strategy.aggregate_embeddings(state.W, self.config.server_spreadout).astype(np.float32)
+        state.round = round_number
+        state.model_state = {k: v.clone() for k, v in self.model.state_dict().items()}
+        return {
+            "round": round_number, "participants": len(chosen), "train_loss": float(np.mean(losses)),
+            "loss_before": result.metrics.get("loss_before"), "embedding_mean_cos": mean_pairwise_cosine(state.W),
+            "seconds": time.perf_counter() - started,
+        }
+
+    # ---- the whole run -------------------------------------------------------------------
+    def run(self, resume: bool = True) -> SimulationState:
+        self.out.mkdir(parents=True, exist_ok=True)
+        state = self.load() if resume else None
+        if state is None:
+            state = SimulationState(0, {k: v.clone() for k, v in self.model.state_dict().items()}, self.initial_embeddings())
+            state.history.append(self._evaluated({"round": 0, "embedding_mean_cos": mean_pairwise_cosine(state.W)}))
+            self._log(state, state.history[-1])
+        else:
+            self.model.load_state_dict(state.model_state)
+        rounds = 0 if self.config.method == "pretrained" else self.config.rounds
+        for round_number in range(state.round + 1, rounds + 1):
+            record = self.run_round(round_number, state)
+            if round_number % self.config.eval_every == 0 or round_number == rounds:
+                record = self._evaluated(record)
+            state.history.append(record)
+            self._log(state, record)
+        return state
+
+    def _evaluated(self, record: dict[str, Any]) -> dict[str, Any]:
+        if self.evaluate is None:
+            return record
+        return {**record, **self.evaluate(self.model)}
+
+    def _log(self, state: SimulationState, record: dict[str, Any]) -> None:
+        self.save(state)
+        with open(self.out / "rounds.jsonl", "a") as log:
+            log.write(json.dumps(record) + "\n")
+        shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in record.items() if not isinstance(v, dict | list)}
+        tqdm.write(" ".join(f"{k}={v}" for k, v in shown.items()))

@@ -1,0 +1,47 @@
+"""Simulated devices: one real identity each, all of its aligned photos."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from facecore.data.faces import load_labelled_faces
+from facecore.data.split import SplitManifest
+
+
+@dataclass(frozen=True)
+class SimDevice:
+    index: int
+    identity: str
+    faces: np.ndarray  # (n,112,112,3) uint8
+
+
+@dataclass(frozen=True)
+class Population:
+    devices: tuple[SimDevice, ...]
+    requested: int
+    excluded_photos: int
+
+    def notice(self) -> str | None:
+        if len(self.devices) < self.requested:
+            return (
+                f"asked for {self.requested} devices but the split has {len(self.devices)} real device identities "
+                f"with a detected face: simulating {len(self.devices)} (synthetic identities never enter accuracy claims)"
+            )
+        return None
+
+
+def load_population(manifest: SplitManifest, root: Path, requested: int, seed: int = 0, min_faces: int = 2) -> Population:
+    data = load_labelled_faces(manifest.images("devices", root), desc="aligning device faces")
+    devices = []
+    for label, identity in enumerate(data.classes):
+        faces = data.faces[data.labels == label]
+        if len(faces) >= min_faces:
+            devices.append((identity, faces))
+    if len(devices) > requested:
+        keep = sorted(np.random.default_rng(seed).choice(len(devices), requested, replace=False))
+        devices = [devices[i] for i in keep]
+    return Population(
+        tuple(SimDevice(i, identity, faces) for i, (identity, faces) in enumerate(devices)), requested, len(data.excluded)
+    )

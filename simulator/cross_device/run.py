@@ -1,0 +1,105 @@
+"""Run one cross-device experiment end to end and write its report, plots and markdown."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from facecore.data.split import SplitConfig, SplitManifest, build_split
+from facecore.eval.lfw import evaluate, load_lfw_faces
+from facecore.eval.plots import save_line_plot
+from facecore.models.checkpoint import load_backbone
+from facecore.models.preprocess import embed_faces
+from simulator.cross_device.config import CrossDeviceConfig
+from simulator.cross_device.engine import CrossDeviceSimulation, Evaluator
+from simulator.cross_device.population import load_population
+
+
+def lfw_evaluator(root: Path, folds: tuple[int, ...]) -> Evaluator:
+    data = load_lfw_faces(root / "lfw", folds)
+
+    def score(model: torch.nn.Module) -> dict[str, Any]:
+        report = evaluate(data, lambda faces: embed_faces(model, faces)).report
+        return {"accuracy": report.accuracy, "accuracy_std": report.accuracy_std, "auc": report.auc, "tar_at_far": report.tar_at_far}
+
+    return score
+
+
+def run_cross_device(config: CrossDeviceConfig, root: Path, out: Path, manifest: SplitManifest | None = None, resume: bool = True) -> dict[str, Any]:
+    manifest = manifest or build_split(root, SplitConfig(seed=0, eval_folds=config.eval_folds))
+    population = load_population(manifest, root, config.devices, config.seed)
+    if population.notice():
+        print(population.notice())
+    model = load_backbone(config.model)
+    evaluator = lfw_evaluator(root, config.eval_folds)
+    started = time.perf_counter()
+    if config.method == "central":
+        history = _central(config, population, model, evaluator, out)
+    else:
+        history = CrossDeviceSimulation(config, population, model, out, evaluator).run(resume=resume).history
+    report = summarize(config, population, history, time.perf_counter() - started, manifest)
+    (out / "report.json").write_text(json.dumps(report, indent=1))
+    write_plots([report], out)
+    return report
+
+
+def _central(config: CrossDeviceConfig, population, model, evaluator: Evaluator, out: Path) -> list[dict[str, Any]]:  # type: ignore[no-untyped-def]
+    """The non-private upper bound: pool every device's photos and fine-tune centrally (pretrain's fine-tune mode)."""
+    import numpy as np
+
+    from facecore.data.faces import LabelledFaces
+    from pretrain.config import PretrainConfig
+    from pretrain.trainer import Pretrainer
+
+    faces = np.concatenate([d.faces for d in population.devices])
+    labels = np.concatenate([np.full(len(d.faces), d.index) for d in population.devices])
+    data = LabelledFaces(faces, labels, tuple(d.identity for d in population.devices), tuple(), ())
+    epochs = max(1, config.rounds)
+    pre = PretrainConfig(backbone=model.name, embedding_dim=model.embedding_dim, epochs=epochs, batch=64, lr=config.local.lr * 10,
+                         warmup_epochs=0.5, role="devices", workers=0, eval_every=config.eval_every, seed=config.seed)
+    history = [{"round": 0, **evaluator(model)}]
+    trainer = Pretrainer(pre, data, out / "central", evaluate=evaluator, init_state=model.state_dict())
+    for record in trainer.fit().history:
+        history.append({"round": record["epoch"], "train_loss": record["loss"], "seconds": record["seconds"],
+                        **{k: v for k, v in record.items() if k in ("accuracy", "accuracy_std", "auc", "tar_at_far")}})
+    return history
+
+
+def summarize(config: CrossDeviceConfig, population, history: list[dict[str, Any]], seconds: float, manifest: SplitManifest) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    evaluated = [h for h in history if "accuracy" in h]
+    final = evaluated[-1]
+    target = config.target_accuracy
+    reached = next((h["round"] for h in evaluated if target is not None and h["accuracy"] >= target), None)
+    trained = [h["seconds"] for h in history if h.get("round", 0) > 0 and "seconds" in h]
+    return {
+        "method": config.method if config.method != "fedface" or config.spreadout else "fedface-no-spreadout",
+        "init": config.init, "devices": len(population.devices), "rounds": history[-1]["round"],
+        "per_round": config.per_round, "accuracy": final["accuracy"], "accuracy_std": final.get("accuracy_std"),
+        "tar_at_far": final["tar_at_far"], "initial_accuracy": evaluated[0]["accuracy"], "initial_tar_at_far": evaluated[0]["tar_at_far"],
+        "rounds_to_target": reached, "target_accuracy": target,
+        "seconds_per_round": sum(trained) / len(trained) if trained else 0.0, "wall_seconds": seconds,
+        "device_images": int(sum(len(d.faces) for d in population.devices)), "split_sizes": manifest.sizes(),
+        "seed": config.seed, "config": config.to_dict(), "history": history,
+    }
+
+
+def write_plots(reports: list[dict[str, Any]], out: Path) -> list[Path]:
+    def series(key: str, pick=lambda v: v) -> dict[str, tuple[list[int], list[float]]]:  # type: ignore[no-untyped-def]
+        return {
+            _label(r): ([h["round"] for h in r["history"] if key in h], [pick(h[key]) for h in r["history"] if key in h])
+            for r in reports
+        }
+
+    paths = [
+        save_line_plot(out / "accuracy.png", series("accuracy"), "round", "LFW accuracy", "LFW accuracy (identity-disjoint folds)"),
+        save_line_plot(out / "tar.png", series("tar_at_far", lambda t: t["1e-3"]), "round", "TAR@FAR=1e-3", "TAR at FAR 1e-3"),
+        save_line_plot(out / "embedding_spread.png", series("embedding_mean_cos"), "round", "mean pairwise cosine", "class-embedding spread"),
+    ]
+    return paths
+
+
+def _label(report: dict[str, Any]) -> str:
+    return f"{report['method']} ({report['init']} init)"

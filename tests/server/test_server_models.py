@@ -1,0 +1,108 @@
+"""Model downloads, health/metrics/docs, ONNX export, and migrations vs. models."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from server_api.main import create_app
+from server_api.models import Base
+from server_helpers import enrolled_devices, make_settings, open_round
+from server_testkit import load_backbone_bytes, make_delta, unit_vector, update_file
+
+
+def test_backbone_download_etag_dtype_and_pinning(client: TestClient, admin: dict, rng: np.random.Generator) -> None:
+    # Prepare: one finished round, so there are two versions.
+    (device,) = enrolled_devices(client, 1, rng)
+    round_ = open_round(client, admin, target_participants=1)
+    device.checkin()
+    v1 = round_["base_version"]
+    fp32 = device.backbone(v1)
+    device.upload(round_["id"], update_file(make_delta(load_backbone_bytes(fp32.content), rng), unit_vector(rng), v1, 5))
+    v2 = device.request("GET", "/v1/models/current").json()["version"]
+    # Execute
+    cached = device.backbone(v1, etag=fp32.headers["etag"])
+    fp16 = device.backbone(v1, dtype="fp16")
+    fp16_cached = device.backbone(v1, dtype="fp16", etag=fp16.headers["etag"])
+    stale_etag = device.backbone(v2, etag=fp32.headers["etag"])
+    bad_dtype = device.backbone(v1, dtype="int8")
+    unknown = device.backbone("f" * 64)
+    unsigned = client.get(f"/v1/models/{v1}/backbone")
+    # Assert
+    assert fp32.status_code == 200 and fp32.headers["etag"] == f'"{v1}"' and "immutable" in fp32.headers["cache-control"]
+    assert cached.status_code == 304 and cached.content == b""
+    assert fp16.status_code == 200 and fp16.headers["etag"] == f'"{v1}.fp16"'
+    assert {v.dtype for v in load_backbone_bytes(fp16.content).values() if v.dtype.kind == "f"} == {np.dtype(np.float16)}
+    assert len(fp16.content) < 0.6 * len(fp32.content)
+    assert fp16_cached.status_code == 304
+    assert v2 != v1 and stale_etag.status_code == 200 and stale_etag.headers["etag"] == f'"{v2}"'
+    assert bad_dtype.status_code == 422 and unknown.status_code == 404 and unsigned.status_code == 401
+
+
+def test_health_metrics_and_docs(client: TestClient, admin: dict, rng: np.random.Generator) -> None:
+    # Prepare
+    (device,) = enrolled_devices(client, 1, rng)
+    round_ = open_round(client, admin, target_participants=1)
+    device.checkin()
+    base = load_backbone_bytes(device.backbone(round_["base_version"]).content)
+    body = update_file(make_delta(base, rng), unit_vector(rng), round_["base_version"], 5)
+    device.upload(round_["id"], body)
+    # Execute
+    health, ready = client.get("/healthz"), client.get("/readyz")
+    metrics = client.get("/metrics").text
+    values = {sample.name: sample.value for family in text_string_to_metric_families(metrics) for sample in family.samples}
+    docs, spec = client.get("/docs"), client.get("/openapi.json").json()
+    # Assert
+    assert health.json() == {"status": "ok"} and ready.json() == {"status": "ready"}
+    assert 'fedface_rounds{status="completed"} 1.0' in metrics
+    assert values["fedface_upload_bytes_total"] == len(body) and values["fedface_updates_accepted_total"] == 1
+    assert values["fedface_aggregation_seconds_count"] == 1
+    assert docs.status_code == 200
+    assert {"/v1/devices", "/v1/rounds/{round_id}/updates", "/v1/admin/rounds", "/v1/models/{version}/backbone"} <= set(spec["paths"])
+
+
+def test_readyz_reports_an_unreachable_database(tmp_path: Path) -> None:
+    # Prepare: a working server whose database then disappears.
+    settings = make_settings(tmp_path / "data", f"sqlite:///{tmp_path / 'db.sqlite'}")
+    with TestClient(create_app(settings, run_scheduler=False)) as client:
+        client.app.state.ctx.engine.dispose()
+        (tmp_path / "db.sqlite").unlink()
+        (tmp_path / "db.sqlite").mkdir()  # a directory cannot be opened as a database
+        # Execute
+        response = client.get("/readyz")
+    # Assert
+    assert response.status_code == 503 and response.json()["status"] == "unavailable"
+
+
+def test_migrations_match_the_models(client: TestClient) -> None:
+    # Prepare: the app ran `alembic upgrade head` at startup.
+    engine = client.app.state.ctx.engine
+    # Execute
+    with engine.connect() as connection:
+        diff = compare_metadata(MigrationContext.configure(connection, opts={"compare_type": True}), Base.metadata)
+    # Assert
+    assert diff == []
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_onnx_export_is_served_and_runs(tmp_path: Path, db_url: str, rng: np.random.Generator) -> None:
+    # Prepare
+    import onnxruntime as ort
+
+    settings = make_settings(tmp_path / "data", db_url, export_onnx=True)
+    with TestClient(create_app(settings, run_scheduler=False)) as client:
+        (device,) = enrolled_devices(client, 1, rng)
+        current = device.request("GET", "/v1/models/current").json()
+        # Execute
+        onnx = device.request("GET", current["onnx_url"])
+        again = device.request("GET", current["onnx_url"], headers={"If-None-Match": onnx.headers["etag"]})
+    session = ort.InferenceSession(onnx.content, providers=["CPUExecutionProvider"])
+    (embedding,) = session.run(None, {"faces": np.zeros((2, 3, 112, 112), np.float32)})
+    # Assert
+    assert onnx.status_code == 200 and again.status_code == 304
+    assert embedding.shape == (2, 128)

@@ -1,0 +1,159 @@
+"""Round lifecycle through the API: aggregation maths, selection, deadlines, admin."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from fastapi.testclient import TestClient
+
+from facecore.losses import spreadout_optimize
+from server_helpers import enrolled_devices, open_round, shift_round, tick
+from server_testkit import load_backbone_bytes, make_delta, unit_vector, update_file
+
+
+def test_round_aggregates_fedavg_and_spreadout_without_unenrolled(client: TestClient, admin: dict, rng: np.random.Generator) -> None:
+    # Prepare: a, b train; c stays enrolled but idle; d unenrolls before aggregation.
+    a, b, c, d = enrolled_devices(client, 4, rng)
+    round_ = open_round(client, admin, target_participants=2, min_participants=2)
+    assert a.checkin().json()["status"] == "selected" and b.checkin().json()["status"] == "selected"
+    base_version = round_["base_version"]
+    base = load_backbone_bytes(a.backbone(base_version).content)
+    deltas = {a.id: make_delta(base, rng), b.id: make_delta(base, rng)}
+    uploaded = {a.id: unit_vector(rng), b.id: unit_vector(rng)}
+    samples = {a.id: 30, b.id: 10}
+    c_enrolled = np.asarray(c.embedding().json()["embedding"], dtype=np.float32)
+    assert d.request("DELETE", f"/v1/devices/{d.id}").status_code == 204
+    # Execute: the second upload reaches the target and triggers aggregation.
+    for device in (a, b):
+        body = update_file(deltas[device.id], uploaded[device.id], base_version, samples[device.id], {"loss": 0.1 * samples[device.id]})
+        assert device.upload(round_["id"], body).status_code == 201
+    status = client.get("/v1/admin/rounds/current", headers=admin).json()
+    # Assert: backbone = base + sample-weighted mean delta.
+    assert status["status"] == "completed" and status["summary"]["n_updates"] == 2 and status["summary"]["n_samples"] == 40
+    assert status["summary"]["metrics"]["loss"] == (0.1 * 30 * 30 + 0.1 * 10 * 10) / 40
+    new = load_backbone_bytes(a.backbone(status["result_version"]).content)
+    for key, value in base.items():
+        expected = value + (30 * deltas[a.id][key] + 10 * deltas[b.id][key]) / 40 if value.dtype.kind == "f" else value
+        np.testing.assert_allclose(new[key], expected, rtol=0, atol=1e-6, err_msg=key)
+    # Assert: W holds a's and b's uploads and c's enrollment (sorted by device id), not d.
+    rows = {a.id: uploaded[a.id], b.id: uploaded[b.id], c.id: c_enrolled}
+    order = sorted(rows)
+    W_new = spreadout_optimize(torch.from_numpy(np.stack([rows[i] for i in order])), steps=10, lr=0.01, momentum=0.9, nu=0.3).numpy()
+    for index, device in sorted((order.index(x.id), x) for x in (a, b, c)):
+        got = device.embedding().json()
+        assert got["round_id"] == round_["id"]
+        np.testing.assert_allclose(got["embedding"], W_new[index], atol=1e-6)
+    assert d.embedding().status_code == 404
+    assert status["summary"]["n_embeddings"] == 3
+
+
+def test_stale_round_upload_is_409_naming_current_round(client: TestClient, admin: dict, rng: np.random.Generator) -> None:
+    # Prepare: round 1 completes with one update, round 2 opens.
+    (device,) = enrolled_devices(client, 1, rng)
+    first = open_round(client, admin, target_participants=1)
+    device.checkin()
+    base = load_backbone_bytes(device.backbone(first["base_version"]).content)
+    body = update_file(make_delta(base, rng), unit_vector(rng), first["base_version"], 5)
+    assert device.upload(first["id"], body).status_code == 201
+    second = open_round(client, admin, target_participants=1)
+    # Execute
+    late = device.upload(first["id"], update_file(make_delta(base, rng), unit_vector(rng), first["base_version"], 5))
+    # Assert
+    assert late.status_code == 409
+    assert f"current round is {second['id']}" in late.json()["detail"]
+    assert second["base_version"] != first["base_version"]
+
+
+def test_too_few_by_deadline_fails_then_a_new_round_opens(client: TestClient, admin: dict, rng: np.random.Generator) -> None:
+    # Prepare
+    devices = enrolled_devices(client, 3, rng)
+    round_ = open_round(client, admin, target_participants=3, min_participants=2, deadline_s=60)
+    for device in devices:
+        device.checkin()
+    base = load_backbone_bytes(devices[0].backbone(round_["base_version"]).content)
+    devices[0].upload(round_["id"], update_file(make_delta(base, rng), unit_vector(rng), round_["base_version"], 5))
+    # Execute
+    before = tick(client)
+    shift_round(client, round_["id"], deadline_at=1)
+    after = tick(client)
+    status = client.get(f"/v1/admin/rounds/{round_['id']}", headers=admin).json()
+    reopened = client.post("/v1/admin/rounds", json={"target_participants": 2, "min_participants": 1}, headers=admin)
+    # Assert
+    assert (before, after) == ("not_due", "failed")
+    assert status["status"] == "failed" and "1 update(s), 2 required" in status["failure_reason"]
+    assert reopened.status_code == 201 and reopened.json()["id"] == round_["id"] + 1
+
+
+def test_dropouts_are_fine_while_min_is_met(client: TestClient, admin: dict, rng: np.random.Generator) -> None:
+    # Prepare: three selected, one never uploads.
+    devices = enrolled_devices(client, 3, rng)
+    round_ = open_round(client, admin, target_participants=3, min_participants=2)
+    for device in devices:
+        device.checkin()
+    base = load_backbone_bytes(devices[0].backbone(round_["base_version"]).content)
+    for device in devices[:2]:
+        assert device.upload(round_["id"], update_file(make_delta(base, rng), unit_vector(rng), round_["base_version"], 5)).status_code == 201
+    # Execute
+    shift_round(client, round_["id"], deadline_at=1)
+    outcome = tick(client)
+    # Assert
+    status = client.get(f"/v1/admin/rounds/{round_['id']}", headers=admin).json()
+    assert outcome == "completed" and status["status"] == "completed" and status["summary"]["n_updates"] == 2
+
+
+def test_selection_is_fair_and_rotates(client: TestClient, admin: dict, rng: np.random.Generator) -> None:
+    # Prepare
+    devices = enrolled_devices(client, 4, rng)
+    chosen: list[set[str]] = []
+    for _ in range(2):
+        round_ = open_round(client, admin, target_participants=2, min_participants=2, selection_window_s=60)
+        waiting = [device.checkin().json() for device in devices]
+        # Execute: the window closes; the scheduler picks.
+        shift_round(client, round_["id"], selection_at=1)
+        tick(client)
+        answers = {device.id: device.checkin().json()["status"] for device in devices}
+        selected = [device for device in devices if answers[device.id] == "selected"]
+        base = load_backbone_bytes(selected[0].backbone(round_["base_version"]).content)
+        for device in selected:
+            device.upload(round_["id"], update_file(make_delta(base, rng), unit_vector(rng), round_["base_version"], 5))
+        chosen.append({device.id for device in selected})
+        # Assert (per round)
+        assert {w["status"] for w in waiting} == {"waiting"} and all(w["retry_after_s"] > 0 for w in waiting)
+        assert sorted(answers.values()) == ["not_selected", "not_selected", "selected", "selected"]
+    # Assert: round 2 prefers the devices round 1 left out.
+    assert chosen[0].isdisjoint(chosen[1])
+
+
+def test_checkin_needs_open_round_and_enrollment(client: TestClient, admin: dict, rng: np.random.Generator) -> None:
+    # Prepare
+    (enrolled,) = enrolled_devices(client, 1, rng)
+    from server_testkit import Device
+
+    bare = Device(client)
+    bare.register()
+    # Execute
+    no_round = enrolled.checkin()
+    open_round(client, admin)
+    not_enrolled = bare.checkin()
+    # Assert
+    assert no_round.status_code == 409 and "no round is open" in no_round.json()["detail"]
+    assert not_enrolled.status_code == 409 and "not enrolled" in not_enrolled.json()["detail"]
+
+
+def test_admin_auth_and_round_config_validation(client: TestClient, admin: dict) -> None:
+    # Prepare
+    url = "/v1/admin/rounds"
+    # Execute
+    no_token = client.post(url, json={})
+    bad_token = client.post(url, json={}, headers={"Authorization": "Bearer " + "x" * 43})
+    unknown = client.post(url, json={"target_participants": 2, "surprise": 1}, headers=admin)
+    nested_unknown = client.post(url, json={"spreadout": {"nu": 0.3, "temperature": 2}}, headers=admin)
+    inverted = client.post(url, json={"target_participants": 2, "min_participants": 3}, headers=admin)
+    out_of_bounds = client.post(url, json={"deadline_s": -5, "local": {"lr": 0}}, headers=admin)
+    first = client.post(url, json={}, headers=admin)
+    second = client.post(url, json={}, headers=admin)
+    # Assert
+    assert no_token.status_code == 401 and bad_token.status_code == 401
+    assert [r.status_code for r in (unknown, nested_unknown, inverted, out_of_bounds)] == [422] * 4
+    assert first.status_code == 201 and first.json()["config"]["spreadout"] == {"nu": 0.3, "steps": 10, "lr": 0.01, "momentum": 0.9}
+    assert first.json()["config"]["local"]["margin"] == 0.9
+    assert second.status_code == 409 and f"round {first.json()['id']} is still open" in second.json()["detail"]

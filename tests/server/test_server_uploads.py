@@ -1,0 +1,114 @@
+"""Update uploads: validation of untrusted files, idempotency, selection checks."""
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select
+
+from server_api.models import IdempotencyRecord, Update
+from facecore import tensorfile
+from server_helpers import enrolled_devices, open_round
+from server_testkit import load_backbone_bytes, make_delta, unit_vector, update_file
+
+
+def _setup(client: TestClient, admin: dict, rng: np.random.Generator):  # type: ignore[no-untyped-def]
+    devices = enrolled_devices(client, 3, rng)
+    round_ = open_round(client, admin, target_participants=2, min_participants=2)
+    answers = [device.checkin().json()["status"] for device in devices]
+    base = load_backbone_bytes(devices[0].backbone(round_["base_version"]).content)
+    return devices, round_, answers, base
+
+
+def test_invalid_update_files_are_rejected(client: TestClient, admin: dict, rng: np.random.Generator) -> None:
+    # Prepare
+    (device, _, _), round_, _, base = _setup(client, admin, rng)
+    version, rid = round_["base_version"], round_["id"]
+    good = make_delta(base, rng)
+    first_float = next(k for k, v in good.items() if v.dtype.kind == "f")
+    nan_delta = good | {first_float: np.full_like(good[first_float], np.nan)}
+    missing = {k: v for k, v in good.items() if k != first_float}
+    reshaped = good | {first_float: good[first_float].reshape(-1)[:-1]}
+    huge = {k: v * 1e7 if v.dtype.kind == "f" else v for k, v in good.items()}
+    inf_embedding = unit_vector(rng)
+    inf_embedding[3] = np.inf
+    cases = {
+        "nan delta": update_file(nan_delta, unit_vector(rng), version, 5),
+        "missing tensor": update_file(missing, unit_vector(rng), version, 5),
+        "wrong shape": update_file(reshaped, unit_vector(rng), version, 5),
+        "norm bound": update_file(huge, unit_vector(rng), version, 5),
+        "inf embedding": update_file(good, inf_embedding, version, 5),
+        "unknown meta field": update_file(good, unit_vector(rng), version, 5, client_label="alice"),
+        "zero samples": update_file(good, unit_vector(rng), version, 0),
+        "not a tensor file": b"\x80\x04garbage pickle",
+        "header beyond file": struct.pack("<Q", 10**9) + b"{}",
+        "pickle dtype": struct.pack("<Q", 60) + json.dumps({"x": {"dtype": "O", "shape": [1], "data_offsets": [0, 8]}}).encode().ljust(60) + b"\0" * 8,
+    }
+    # Execute
+    answers = {name: device.upload(rid, body) for name, body in cases.items()}
+    wrong_base = device.upload(rid, update_file(good, unit_vector(rng), "0" * 64, 5))
+    no_key = device.request("POST", f"/v1/rounds/{rid}/updates", update_file(good, unit_vector(rng), version, 5))
+    # Assert
+    assert {name: r.status_code for name, r in answers.items()} == {name: 422 for name in cases}
+    assert "NaN" in answers["nan delta"].json()["detail"] and "norm" in answers["norm bound"].json()["detail"]
+    assert wrong_base.status_code == 409
+    assert no_key.status_code == 422 and "Idempotency-Key" in no_key.json()["detail"]
+    with client.app.state.ctx.sessions() as session:
+        assert session.execute(select(func.count()).select_from(Update)).scalar_one() == 0
+
+
+def test_duplicate_idempotency_key_returns_same_response_and_one_row(client: TestClient, admin: dict, rng: np.random.Generator) -> None:
+    # Prepare
+    (device, _, _), round_, _, base = _setup(client, admin, rng)
+    body = update_file(make_delta(base, rng), unit_vector(rng), round_["base_version"], 7)
+    # Execute
+    first = device.upload(round_["id"], body, key="upload-key-0001")
+    repeat = device.upload(round_["id"], body, key="upload-key-0001")
+    other_body = device.upload(round_["id"], update_file(make_delta(base, rng), unit_vector(rng), round_["base_version"], 7), key="upload-key-0001")
+    second_key = device.upload(round_["id"], body, key="upload-key-0002")
+    # Assert
+    assert first.status_code == 201 and repeat.status_code == 201 and repeat.json() == first.json()
+    assert other_body.status_code == 422
+    assert second_key.status_code == 409 and "already uploaded" in second_key.json()["detail"]
+    with client.app.state.ctx.sessions() as session:
+        assert session.execute(select(func.count()).select_from(Update)).scalar_one() == 1
+        assert session.execute(select(func.count()).select_from(IdempotencyRecord)).scalar_one() == 1
+
+
+def test_only_selected_devices_may_upload(client: TestClient, admin: dict, rng: np.random.Generator) -> None:
+    # Prepare: target 2, three check in with no window: the third is not selected.
+    devices, round_, answers, base = _setup(client, admin, rng)
+    body = update_file(make_delta(base, rng), unit_vector(rng), round_["base_version"], 5)
+    # Execute
+    response = devices[2].upload(round_["id"], body)
+    unknown_round = devices[0].upload(999, body)
+    # Assert
+    assert answers == ["selected", "selected", "not_selected"]
+    assert response.status_code == 403
+    assert unknown_round.status_code == 404
+
+
+def test_half_precision_deltas_are_accepted(client: TestClient, admin: dict, rng: np.random.Generator) -> None:
+    # Prepare
+    (device, _, _), round_, _, base = _setup(client, admin, rng)
+    delta = {k: v.astype(np.float16) if v.dtype.kind == "f" else v for k, v in make_delta(base, rng).items()}
+    body = tensorfile.dumps(
+        {f"backbone.{k}": v for k, v in delta.items()} | {"class_embedding": unit_vector(rng).astype(np.float16)},
+        {"fedface": json.dumps({"base_version": round_["base_version"], "n_samples": 3})},
+    )
+    # Execute
+    response = device.upload(round_["id"], body)
+    # Assert
+    assert response.status_code == 201, response.text
+
+
+def test_unenrolled_device_cannot_upload_a_template(client: TestClient, admin: dict, rng: np.random.Generator) -> None:
+    # Prepare: selected, then unenrolled before uploading.
+    (device, _, _), round_, _, base = _setup(client, admin, rng)
+    assert device.request("DELETE", f"/v1/devices/{device.id}").status_code == 204
+    # Execute
+    response = device.upload(round_["id"], update_file(make_delta(base, rng), unit_vector(rng), round_["base_version"], 5))
+    # Assert
+    assert response.status_code == 409 and "not enrolled" in response.json()["detail"]
