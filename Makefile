@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	@rm -f $(VENV)/.installed-* && touch $@
 
 run: $(STAMP)
-	$(BIN)/fedface eval lfw --baselines --out reports
+	$(BIN)/fedface demo --out reports/demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

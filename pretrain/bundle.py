@@ -27,11 +27,14 @@ def bundle(run_dir: Path) -> dict[str, object]:
     manifest = SplitManifest.load(run_dir / "split.json")
     model = load_backbone(run_dir / "backbone.pt")
     history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    meta = {"run": summary, "trained_epochs": len(history), "wall_seconds": round(sum(h["seconds"] for h in history), 1)}
-    save_backbone(model, DEFAULT_MODEL, meta=meta, half=True)
-    shipped = load_backbone("default")
     root = data_root()
     folds = manifest.config.eval_folds
+    meta = {
+        "run": summary, "trained_epochs": len(history), "wall_seconds": round(sum(h["seconds"] for h in history), 1),
+        "verification": calibrate_threshold(model, root, folds[:2]),
+    }
+    save_backbone(model, DEFAULT_MODEL, meta=meta, half=True)
+    shipped = load_backbone("default")
     data = load_lfw_faces(root / "lfw", folds)
     report = evaluate(data, lambda f: embed_faces(shipped, f)).report.to_json_dict()
     classical = evaluate(data, lbp_features).report.to_json_dict()
@@ -43,6 +46,20 @@ def bundle(run_dir: Path) -> dict[str, object]:
     (DEFAULT_MODEL.parent / "default.json").write_text(json.dumps(card, indent=1))
     (DEFAULT_MODEL.parent / "MODEL_CARD.md").write_text(model_card(card, history))
     return card
+
+
+def calibrate_threshold(model, root: Path, folds: tuple[int, ...], far: float = 1e-3) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    """The cosine threshold devices verify with: FAR 1e-3 over all impostor pairs of unseen people.
+
+    Calibrated on people the model never trained on (two evaluation folds), because impostor scores
+    among training identities are lower and would set the threshold too low. The threshold is one
+    scalar and every reported metric chooses its own thresholds, so no reported figure depends on it."""
+    from facecore.eval.metrics import all_pairs_scores, threshold_at_far
+
+    data = load_lfw_faces(root / "lfw", folds)
+    _, impostor = all_pairs_scores(embed_faces(model, data.faces), data.identities)
+    return {"threshold": threshold_at_far(impostor, far), "far": far,
+            "calibration": f"all {impostor.size:,} impostor pairs of LFW people folds {','.join(map(str, folds))}"}
 
 
 def model_card(card: dict, history: list[dict]) -> str:  # type: ignore[type-arg]
@@ -87,6 +104,9 @@ Accuracy: {lfw['pairs']} View-2 pairs, threshold chosen on the other folds. TAR@
 
 Against the FedFace paper's CASIA-WebFace CosFace model (99.15% on LFW): {100 * (PAPER_LFW - lfw['accuracy']):.2f} points
 lower, with about 1/50 of its training identities and about 1/60 of its images.
+
+Devices verify at cosine {card['verification']['threshold']:.4f}, the FAR {card['verification']['far']:g} threshold over
+{card['verification']['calibration']}; the server publishes it with every model version.
 
 Reproduce: `fedface eval lfw --model default --folds {folds[0]}-{folds[-1]} --json`.
 """

@@ -15,10 +15,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     export.add_argument("--runs", type=int, default=300)
     export.add_argument("--data")
     export.add_argument("--json", action="store_true")
+    server = targets.add_parser("server", help="N simulated devices through one round against a real `fedface server --dev` over HTTP")
+    server.add_argument("--devices", type=int, default=1000, help="participants in the measured round (default 1000)")
+    server.add_argument("--concurrency", type=int, default=16, help="requests in flight at once (default 16)")
+    server.add_argument("--backbone", default="mobilefacenet", help="random backbone the server starts with (default mobilefacenet)")
+    server.add_argument("--json", action="store_true", help="print one JSON object on stdout (progress stays on stderr)")
 
 
 def run(args: argparse.Namespace) -> int:
-    return {"export": _export}[args.target](args)
+    return {"export": _export, "server": _server}[args.target](args)
+
+
+def _device(args: argparse.Namespace) -> int:
+    """Real photos of one device identity (20 to enroll and train on, one more to verify)."""
+    from device_sdk.bench import bench_device
+    from facecore.data.split import SplitConfig, build_split
+    from facecore.paths import data_root
+    from simulator.local_server import LocalServer
+
+    root = data_root(args.data)
+    split = build_split(root, SplitConfig(seed=0))
+    photos = next([root / p for p in paths] for identity, paths in sorted(split.sets["devices"].items()) if identity.startswith("celeba:") and len(paths) >= 21)
+    with tempfile.TemporaryDirectory() as scratch, LocalServer(Path(scratch) / "server", args.model) as server:
+        def open_round() -> None:
+            server.admin("POST", "/v1/admin/rounds", json={"target_participants": 1, "min_participants": 1, "deadline_s": 300, "selection_window_s": 0})
+
+        result = bench_device(server.url, Path(scratch) / "device", photos[:20], photos[20], open_round, args.repeats)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for key, value in result.items():
+            print(f"{key:>28}: {value}")
+    return 0
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -41,3 +69,14 @@ def _export(args: argparse.Namespace) -> int:
     print(f"int8 vs fp32: {result.get('int8_speedup_vs_fp32', float('nan')):.2f}x; fp32 vs torch: {result['fp32_speedup_vs_torch']:.2f}x")
     print("bytes: " + ", ".join(f"{k} {v:,}" for k, v in result["bytes"].items()))
     return 0
+
+
+def _server(args: argparse.Namespace) -> int:
+    from server_api.bench import describe, run_server_bench
+
+    if args.devices < 1 or args.concurrency < 1:
+        raise SystemExit("fedface bench server: --devices and --concurrency must be at least 1")
+    result = run_server_bench(args.devices, args.concurrency, args.backbone)
+    print(json.dumps(result) if args.json else describe(result))
+    # Non-zero when the round itself broke (rejected uploads, no aggregation); missed goals are results, not errors.
+    return 0 if result["all_accepted"] and result["round_completed"] else 1

@@ -34,6 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cd.add_argument("--split", help="split manifest (default: the seed-0 split)")
     cd.add_argument("--fresh", action="store_true", help="ignore a checkpoint in --out instead of resuming from it")
     cd.add_argument("--out", default="runs/sim")
+    cd.add_argument("--http", type=int, default=None, metavar="N",
+                    help="end-to-end instead: start the real server and drive N real SDK devices through --rounds rounds")
     cd.add_argument("--json", action="store_true")
 
     compare = modes.add_parser("compare", help="plot several finished runs together (accuracy, TAR, embedding spread)")
@@ -68,6 +70,16 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _cross_device(args: argparse.Namespace) -> int:
+    if args.http:
+        from facecore.paths import data_root
+        from simulator.demo import run_demo
+
+        report = run_demo(data_root(args.data), Path(args.out), devices=args.http, rounds=args.rounds, model=args.model)
+        summary = {"method": "fedface-http", "devices": report["devices"], "rounds": report["rounds"],
+                   "accuracy": report["after"]["accuracy"], "tar_at_far": report["after"]["tar_at_far"],
+                   "initial_accuracy": report["before"]["accuracy"]}
+        print(json.dumps(summary) if args.json else "\n".join(f"{k:>18}: {v}" for k, v in summary.items()))
+        return 0
     from device_sdk.training import LocalTrainingConfig
     from facecore.data.lfw import parse_folds
     from facecore.data.split import SplitManifest

@@ -6,8 +6,8 @@ Round t, as in the paper's Algorithm 1 and the official code:
 3. `FedAvg.aggregate_train` averages those trainable parameters, weighted by node sample counts.
 After step 3 the server model holds the new averaged E_l next to the E_g it sent (the previous
 round's extractor); that pair, with the averaged fusion and classifier, is "the global model" whose
-test accuracy a round reports (``acc``). ``acc_refreshed`` is the same model after step 1 of the
-next round (E_g = E_l = new average), the model a new download gets without a second extractor.
+test accuracy a round reports (``acc``). The report's ``final_acc_refreshed`` is the final model
+after step 1 of a next round (E_g = E_l = last average): what a node downloading it would hold.
 """
 from __future__ import annotations
 

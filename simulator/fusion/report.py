@@ -56,10 +56,11 @@ def _saving(mine: int | None, base: int | None, cap: int) -> str:
         return "not reached"
     if base is None:
         return f"> {100 * (1 - mine / cap):.0f}% (FedAvg not reached)"
-    return f"{100 * (1 - mine / base):.0f}%"
+    saved = round(100 * (1 - mine / base))
+    return f"{saved + 0}%"  # + 0 turns -0 into 0
 
 
-def tables(reports: Sequence[dict[str, Any]], extra_targets: Sequence[float] = (0.85, 0.95)) -> str:
+def tables(reports: Sequence[dict[str, Any]], extra_targets: Sequence[float] = (0.8, 0.85, 0.9, 0.95, 0.97)) -> str:
     lines: list[str] = []
     for partition, group in _by_partition(reports).items():
         base = next((r for r in group if r["fusion"] == "none"), None)
@@ -80,8 +81,18 @@ def tables(reports: Sequence[dict[str, Any]], extra_targets: Sequence[float] = (
                 f"{reached if reached is not None else f'> {rounds}'} | {r['bytes_per_round']:,} | {mb} | "
                 f"{saved if r['fusion'] != 'none' else '(baseline)'} | {r['late_join']['epochs_to_target'] if r['late_join']['epochs_to_target'] is not None else 'not reached'} | {at} |"
             )
-        lines += ["", "rounds to other targets (same runs): " + "; ".join(
-            f"{r['fusion']}: " + ", ".join(f"{_pct(t)}% → {rounds_to(r, t) or '—'}" for t in extra_targets) for r in group), ""]
+        lines += ["", f"Rounds to other accuracy targets, same runs (communication saved vs FedAvg in brackets; rounds × bytes/round):", "",
+                  "| fusion | " + " | ".join(f"{_pct(t)}%" for t in extra_targets) + " |", "| --- |" + " ---: |" * len(extra_targets)]
+        for r in group:
+            cells = []
+            for t in extra_targets:
+                mine = rounds_to(r, t)
+                ref = rounds_to(base, t) if base else None
+                saved = "" if r["fusion"] == "none" or mine is None else " (" + _saving(
+                    mine * r["bytes_per_round"], None if ref is None else ref * base["bytes_per_round"], (rounds + 1) * base["bytes_per_round"]) + ")"
+                cells.append(("—" if mine is None else str(mine)) + saved)
+            lines.append(f"| {r['fusion']} | " + " | ".join(cells) + " |")
+        lines.append("")
     return "\n".join(lines)
 
 

@@ -31,7 +31,7 @@ def _args(data: Path, out: Path, *extra: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     command.add_arguments(parser)
     return parser.parse_args(["--data", str(data), "--out", str(out), "--nodes", "4", "--per-round", "2", "--rounds", "2",
-                              "--per-node", "30", "--test-size", "40", "--late-epochs", "2", "--json", *extra])
+                              "--per-node", "30", "--test-size", "40", "--late-per-node", "20", "--late-epochs", "2", "--json", *extra])
 
 
 @pytest.mark.parametrize("partition", ["pathological", "user-specific", "iid"])

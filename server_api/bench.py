@@ -1,0 +1,203 @@
+"""`fedface bench server`: N devices through one round against a real `fedface server --dev`.
+
+Each measured run gets a fresh server (SQLite in a temporary directory, ``--model random``)
+so the two peaks compare like with like: a 10-participant round first, then the N-participant
+round, and ``rss_growth_mb`` is the difference of the two peaks. The load comes from
+:mod:`server_api.bench_client` in a separate process; this process only starts and stops the
+server and samples its RSS, so sampling never steals the client's or the server's GIL.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+BASELINE_DEVICES = 10
+INGEST_GOAL_S = 15.0
+RSS_GROWTH_GOAL_MB = 300.0
+GOAL_DEVICES = 1000
+SAMPLE_INTERVAL_S = 0.05
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _status_kb(pid: int, field: str) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass  # the process ended between listing and reading
+    return 0
+
+
+def _group_pids(pgid: int) -> list[int]:
+    """Every process in the server's process group (it runs in its own session, so this is
+    the whole tree, uvicorn workers included); there is no psutil here and /proc/<pid>/children
+    is not available on every kernel, so scan /proc."""
+    pids = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                stat = Path(entry.path, "stat").read_text()
+            except OSError:
+                continue
+            # Fields after the parenthesised command: state, ppid, pgrp, ...
+            if int(stat.rsplit(")", 1)[1].split()[2]) == pgid:
+                pids.append(int(entry.name))
+    return pids
+
+
+class RssSampler(threading.Thread):
+    """Peak summed VmRSS of the server's process group, sampled every SAMPLE_INTERVAL_S."""
+
+    def __init__(self, pgid: int) -> None:
+        super().__init__(daemon=True)
+        self.pgid, self.peak_kb, self.stopped = pgid, 0, threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.is_set():
+            self.peak_kb = max(self.peak_kb, sum(_status_kb(pid, "VmRSS") for pid in _group_pids(self.pgid)))
+            self.stopped.wait(SAMPLE_INTERVAL_S)
+
+    def stop(self) -> float:
+        """Peak in MiB. The kernel's own high-water mark (VmHWM) of each process catches a spike
+        between two samples; per process it is exact, so the larger of the two is reported."""
+        hwm = sum(_status_kb(pid, "VmHWM") for pid in _group_pids(self.pgid))
+        self.stopped.set()
+        self.join()
+        return max(self.peak_kb, hwm) / 1024
+
+
+class BenchServer:
+    """`python -m fedface server --dev` on a free loopback port, in its own session."""
+
+    def __init__(self, data_dir: Path, backbone: str) -> None:
+        self.data_dir, self.port = data_dir, _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = data_dir.parent / "server.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FEDFACE_")}  # the operator's settings must not leak in
+        # The real backbone size; no ONNX export, so aggregate_seconds times FedAvg + spreadout, not the exporter.
+        env |= {"FEDFACE_RANDOM_BACKBONE": backbone, "FEDFACE_EXPORT_ONNX": "false", "FEDFACE_LOG_LEVEL": "INFO",
+                "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+        args = ["--dev", "--data-dir", str(data_dir), "--model", "random", "--port", str(self.port)]
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "fedface", "server", *args], cwd=REPO, env=env, stdout=log, stderr=log, start_new_session=True
+            )
+
+    def wait_ready(self, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.tail()}")
+            try:
+                if httpx.get(self.url + "/readyz", timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        raise RuntimeError(f"server not ready after {timeout} s:\n{self.tail()}")
+
+    def tail(self) -> str:
+        """Where the failure is: the server's ERROR records (a 500's traceback) if any, else the log's
+        end; the whole log is copied out of the temporary directory, which is about to be removed."""
+        text = self.log.read_text(errors="replace")
+        kept = Path(tempfile.gettempdir()) / f"fedface-bench-server-{self.port}.log"
+        kept.write_text(text)
+        errors = [line for line in text.splitlines() if '"level": "ERROR"' in line]
+        return f"(full log: {kept})\n" + ("\n".join(errors[-3:]) if errors else text)[-6000:]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=30)
+
+
+def bench_round(devices: int, concurrency: int, backbone: str) -> dict[str, Any]:
+    """One fresh server, one round with `devices` participants; the client's JSON plus peak RSS."""
+    with tempfile.TemporaryDirectory(prefix="fedface-bench-") as scratch:
+        server = BenchServer(Path(scratch) / "data", backbone)
+        client: subprocess.Popen[str] | None = None
+        sampler = RssSampler(server.process.pid)
+        sampler.start()
+        try:
+            print(f"bench server: starting a server and a client for {devices} devices", file=sys.stderr)
+            # Started together: the client's imports overlap the server's startup; it waits for /readyz itself.
+            client = subprocess.Popen(
+                [sys.executable, "-m", "server_api.bench_client", "--url", server.url, "--data-dir", str(server.data_dir),
+                 "--devices", str(devices), "--concurrency", str(concurrency)],
+                cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, text=True,
+            )
+            server.wait_ready()
+            stdout, _ = client.communicate()
+            peak_mb = sampler.stop()
+            if client.returncode != 0:
+                raise RuntimeError(f"bench client failed ({client.returncode}); server log:\n{server.tail()}")
+            result: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])
+        finally:
+            if client is not None and client.poll() is None:
+                client.kill()  # only on an error path: the server died or was never ready
+                client.wait()
+            sampler.stopped.set()
+            server.stop()
+    result["peak_rss_mb"] = round(peak_mb, 1)
+    return result
+
+
+def run_server_bench(devices: int = GOAL_DEVICES, concurrency: int = 16, backbone: str = "mobilefacenet") -> dict[str, Any]:
+    """The 10-participant baseline, then the `devices` round; flat JSON-ready results."""
+    base = bench_round(BASELINE_DEVICES, concurrency, backbone)
+    full = bench_round(devices, concurrency, backbone)
+    keys = ("ingest_seconds", "uploads_per_s", "p50_upload_ms", "p99_upload_ms", "aggregate_seconds", "completed_after_last_upload_s",
+            "setup_seconds", "checkin_seconds", "accepted", "status_codes", "errors", "transport_retries", "round_status", "update_bytes",
+            "concurrency")
+    growth = full["peak_rss_mb"] - base["peak_rss_mb"]
+    result: dict[str, Any] = {"devices": devices, "backbone": backbone, **{k: full[k] for k in keys}}
+    result |= {
+        "rss_growth_mb": round(growth, 1), "peak_rss_mb_10": base["peak_rss_mb"], "peak_rss_mb_n": full["peak_rss_mb"],
+        "baseline_10": {k: base[k] for k in ("ingest_seconds", "p99_upload_ms", "aggregate_seconds", "accepted", "round_status")},
+        "all_accepted": full["accepted"] == devices and base["accepted"] == BASELINE_DEVICES,
+        "round_completed": full["round_status"] == "completed" and base["round_status"] == "completed",
+        # Goals are stated for 1,000 devices; a smaller run says nothing about them.
+        "ingest_goal_met": (full["ingest_seconds"] or float("inf")) <= INGEST_GOAL_S if devices >= GOAL_DEVICES else None,
+        "rss_goal_met": growth <= RSS_GROWTH_GOAL_MB if devices >= GOAL_DEVICES else None,
+    }
+    return result
+
+
+def describe(result: dict[str, Any]) -> str:
+    def goal(met: bool | None) -> str:
+        return "n/a" if met is None else ("met" if met else "NOT met")
+
+    def num(key: str, decimals: int = 2) -> str:
+        return "n/a" if result.get(key) is None else f"{result[key]:.{decimals}f}"
+
+    return "\n".join((
+        f"{result['devices']} devices ({result['backbone']}, {result['update_bytes']:,} B updates, concurrency {result['concurrency']}): "
+        f"{result['accepted']} accepted, round {result['round_status']}",
+        f"  ingest {num('ingest_seconds')} s ({num('uploads_per_s', 1)} uploads/s; goal <= {INGEST_GOAL_S:.0f} s: "
+        f"{goal(result['ingest_goal_met'])}), upload p50 {num('p50_upload_ms', 0)} ms, p99 {num('p99_upload_ms', 0)} ms",
+        f"  aggregation {num('aggregate_seconds')} s (round closed {num('completed_after_last_upload_s')} s after the last upload)",
+        f"  peak RSS {result['peak_rss_mb_10']:.0f} MB (10 devices) -> {result['peak_rss_mb_n']:.0f} MB: growth "
+        f"{result['rss_growth_mb']:.0f} MB (goal <= {RSS_GROWTH_GOAL_MB:.0f} MB: {goal(result['rss_goal_met'])})",
+    ))

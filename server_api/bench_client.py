@@ -1,0 +1,255 @@
+"""Load generator for `fedface bench server`: N signing devices through one round over HTTP.
+
+Runs in its own process (``python -m server_api.bench_client``) so the client's CPU work
+(signing, hashing, HTTP framing) never shares an interpreter or GIL with the server or the
+RSS sampler. It speaks the documented wire protocol (server_api/README.md) with plain httpx
++ cryptography instead of server internals. Progress goes to stderr; one JSON object to stdout.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import hashlib
+import io
+import json
+import re
+import secrets
+import sys
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from tqdm import tqdm
+
+from facecore import tensorfile
+
+DELTA_SCALE = 1e-3  # ~1M params * (1e-3)^2 -> L2 norm ~1, far below FEDFACE_MAX_DELTA_NORM (1000)
+REQUEST_TIMEOUT_S = 600.0  # generous: the bench may share a loaded machine
+READY_TIMEOUT_S = 300.0
+MAX_ATTEMPTS = 4
+RETRIES: Counter[str] = Counter()  # transport-level resends, reported so they are never hidden
+
+
+async def resend(method: str, send: Callable[[], Awaitable[httpx.Response]]) -> httpx.Response:
+    """`send()` again, as a real device would, after a transport error (a keep-alive connection the
+    server closed while idle fails on reuse) or a 5xx (SQLite "database is locked" after its busy
+    timeout is a 500). Every request here is safe to resend: registration returns the known device,
+    uploads carry an Idempotency-Key, the rest are reads. Each resend is counted in the output."""
+    for attempt in range(MAX_ATTEMPTS):
+        last = attempt == MAX_ATTEMPTS - 1
+        try:
+            response = await send()
+        except httpx.TransportError as error:
+            if last:
+                raise
+            RETRIES[f"{method} {type(error).__name__}"] += 1
+        else:
+            if response.status_code < 500 or last:
+                return response
+            RETRIES[f"{method} {response.status_code}"] += 1
+        await asyncio.sleep(0.5 * 2**attempt)
+    raise AssertionError("unreachable")
+
+
+class BenchDevice:
+    def __init__(self) -> None:
+        self.key = Ed25519PrivateKey.generate()
+        self.public_key = base64.b64encode(self.key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)).decode()
+        self.id = "register"
+
+    def headers(self, method: str, path: str, body_sha256: str) -> dict[str, str]:
+        timestamp, nonce = str(int(time.time())), secrets.token_urlsafe(18)
+        message = "\n".join(("FEDFACE-V1", self.id, method, path, timestamp, nonce, body_sha256)).encode()
+        signed = {"X-Timestamp": timestamp, "X-Nonce": nonce, "X-Signature": base64.b64encode(self.key.sign(message)).decode()}
+        return signed if self.id == "register" else {**signed, "X-Device-Id": self.id}
+
+    async def call(self, http: httpx.AsyncClient, method: str, path: str, payload: Any = None, extra: dict[str, str] | None = None,
+                   raw: bytes | None = None, body_sha256: str | None = None) -> httpx.Response:
+        """A signed request; each attempt is signed afresh (a nonce is single use)."""
+        body = raw if raw is not None else (b"" if payload is None else json.dumps(payload).encode())
+        digest = body_sha256 or hashlib.sha256(body).hexdigest()
+        kind = {"Content-Type": "application/json"} if payload is not None else {}
+        return await resend(method, lambda: http.request(method, path, content=body, headers=self.headers(method, path, digest) | kind | (extra or {})))
+
+
+def expect(response: httpx.Response, *codes: int) -> dict[str, Any]:
+    if response.status_code not in codes:
+        raise RuntimeError(f"{response.request.method} {response.request.url.path}: {response.status_code} {response.text[:300]}")
+    return response.json()
+
+
+async def bounded(items: Sequence[BenchDevice], concurrency: int, label: str, job: Callable[[BenchDevice], Awaitable[None]]) -> float:
+    """Run job over items with at most `concurrency` in flight; returns the wall seconds."""
+    queue: asyncio.Queue[BenchDevice] = asyncio.Queue()
+    for item in items:
+        queue.put_nowait(item)
+    bar = tqdm(total=len(items), desc=label, file=sys.stderr, unit="dev", leave=False, mininterval=1.0)
+
+    async def worker() -> None:
+        while not queue.empty():
+            await job(queue.get_nowait())
+            bar.update(1)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(items)))))
+    bar.close()
+    return time.perf_counter() - started
+
+
+async def plain(http: httpx.AsyncClient, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    return await resend(method, lambda: http.request(method, path, **kwargs))
+
+
+def expect_ok(response: httpx.Response) -> bytes:
+    if response.status_code != 200:
+        raise RuntimeError(f"GET {response.request.url.path}: {response.status_code} {response.text[:300]}")
+    return response.content
+
+
+def update_template(state: dict[str, np.ndarray], embedding_dim: int, base_version: str) -> bytes:
+    """One valid update file (fp16 deltas, integer buffers zero) with `class_embedding` stored
+    last, so each device only swaps the final embedding bytes: 1,000 x 2 MB never sits in memory."""
+    rng = np.random.default_rng(0)
+    tensors = {
+        f"backbone.{k}": (rng.standard_normal(v.shape) * DELTA_SCALE).astype("<f2") if v.dtype.kind == "f" else np.zeros(v.shape, v.dtype)
+        for k, v in state.items()
+    }
+    tensors["class_embedding"] = np.zeros(embedding_dim, "<f4")
+    meta = {"base_version": base_version, "n_samples": 32, "metrics": {"loss": 0.5}}
+    data = tensorfile.dumps(tensors, {"fedface": json.dumps(meta)})
+    header = tensorfile.read_header(io.BytesIO(data), len(data))
+    embedding_at = header.data_start + header.tensors["class_embedding"].begin
+    assert embedding_at == len(data) - embedding_dim * 4, "class_embedding must be the last tensor"
+    return data[:embedding_at]
+
+
+def unit(rng: np.random.Generator, dim: int) -> np.ndarray:
+    v = rng.standard_normal(dim).astype("<f4")
+    return v / np.linalg.norm(v)
+
+
+async def wait_ready(http: httpx.AsyncClient, timeout: float) -> None:
+    """This process starts with the server, so its own imports (torch) overlap the server's startup."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if (await http.get("/readyz", timeout=5)).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        await asyncio.sleep(0.3)
+    raise RuntimeError(f"server at {http.base_url} not ready after {timeout} s")
+
+
+async def run(url: str, data_dir: Path, n_devices: int, concurrency: int) -> dict[str, Any]:
+    import torch  # only to read the backbone file (torch.load, weights_only=True) for the tensor spec
+
+    async with httpx.AsyncClient(base_url=url) as probe_http:
+        await wait_ready(probe_http, READY_TIMEOUT_S)
+    admin = {"Authorization": f"Bearer {(data_dir / 'admin_token').read_text().strip()}"}
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    rng = np.random.default_rng(1)
+    devices = [BenchDevice() for _ in range(n_devices)]
+    async with httpx.AsyncClient(base_url=url, timeout=REQUEST_TIMEOUT_S, limits=limits) as http:
+        probe = BenchDevice()  # reads the model spec; registered but never enrolled, so not in W
+        probe.id = expect(await probe.call(http, "POST", "/v1/devices", {"public_key": probe.public_key}), 201)["device_id"]
+        model = expect(await probe.call(http, "GET", "/v1/models/current"), 200)
+        dim, version = int(model["embedding_dim"]), str(model["version"])
+        raw = await probe.call(http, "GET", f"/v1/models/{version}/backbone?dtype=fp16")
+        state = {k: v.numpy() for k, v in torch.load(io.BytesIO(expect_ok(raw)), map_location="cpu", weights_only=True)["state_dict"].items()}
+        prefix = update_template(state, dim, version)
+        prefix_hash = hashlib.sha256(prefix)  # copied per device: hash 2 MB once, not 1,000 times
+
+        # Setup, untimed for the goals: register and enroll every device.
+        async def enroll(device: BenchDevice) -> None:
+            device.id = expect(await device.call(http, "POST", "/v1/devices", {"public_key": device.public_key}), 201, 200)["device_id"]
+            vector = [float(x) for x in unit(rng, dim)]
+            expect(await device.call(http, "PUT", f"/v1/devices/{device.id}/embedding", {"embedding": vector}), 201)
+
+        setup_s = await bounded(devices, concurrency, "register+enroll", enroll)
+        config = {"target_participants": n_devices, "min_participants": n_devices, "deadline_s": 3600, "selection_window_s": 0}
+        round_id = int(expect(await plain(http, "POST", "/v1/admin/rounds", json=config, headers=admin), 201)["id"])
+        statuses: Counter[str] = Counter()
+
+        async def checkin(device: BenchDevice) -> None:
+            statuses[expect(await device.call(http, "POST", "/v1/rounds/current/checkin"), 200)["status"]] += 1
+
+        checkin_s = await bounded(devices, concurrency, "check-in", checkin)
+
+        latencies: list[float] = []
+        codes: Counter[int] = Counter()
+        errors: list[str] = []
+        first_sent: list[float] = []
+        last_accepted = [0.0, 0.0]  # perf_counter, wall clock (compared with the server's closed_at)
+        path = f"/v1/rounds/{round_id}/updates"
+
+        async def upload(device: BenchDevice) -> None:
+            embedding = unit(rng, dim).tobytes()
+            digest = prefix_hash.copy()
+            digest.update(embedding)
+            extra = {"Content-Type": "application/octet-stream", "Idempotency-Key": secrets.token_hex(16)}
+            body = prefix + embedding
+            sent = time.perf_counter()
+            first_sent.append(sent)
+            response = await device.call(http, "POST", path, extra=extra, raw=body, body_sha256=digest.hexdigest())
+            done = time.perf_counter()
+            latencies.append(done - sent)
+            codes[response.status_code] += 1
+            if response.status_code == 201:
+                if done > last_accepted[0]:
+                    last_accepted[:] = [done, time.time()]
+            elif len(errors) < 5:
+                errors.append(f"{response.status_code} {response.text[:200]}")
+
+        await bounded(devices, concurrency, "upload", upload)
+        ingest_s = last_accepted[0] - min(first_sent) if codes[201] else float("nan")
+
+        # Aggregation starts in the server once the target-th update is in; wait for the round's end.
+        deadline, final = time.monotonic() + REQUEST_TIMEOUT_S, {}
+        while time.monotonic() < deadline:
+            final = expect(await plain(http, "GET", f"/v1/admin/rounds/{round_id}", headers=admin), 200)
+            if final["status"] in ("completed", "failed"):
+                break
+            await asyncio.sleep(0.1)
+        metrics = (await plain(http, "GET", "/metrics")).text
+
+    closed = final.get("closed_at")
+    after_last = datetime.fromisoformat(closed).timestamp() - last_accepted[1] if closed and codes[201] else float("nan")
+    agg = re.search(r"^fedface_aggregation_seconds_sum ([0-9.eE+-]+)$", metrics, re.M)
+    ms = np.asarray(latencies or [float("nan")]) * 1000
+    result = {
+        "devices": n_devices, "concurrency": concurrency, "update_bytes": len(prefix) + dim * 4,
+        "setup_seconds": round(setup_s, 3), "checkin_seconds": round(checkin_s, 3), "checkin_statuses": dict(statuses),
+        "accepted": codes[201], "transport_retries": dict(RETRIES), "status_codes": {str(k): v for k, v in codes.items()}, "errors": errors,
+        "ingest_seconds": round(ingest_s, 3), "uploads_per_s": round(codes[201] / ingest_s, 2) if codes[201] else 0.0,
+        "p50_upload_ms": round(float(np.percentile(ms, 50)), 1), "p99_upload_ms": round(float(np.percentile(ms, 99)), 1),
+        # The server times compute + finalize itself (Prometheus histogram; one round per fresh server).
+        "aggregate_seconds": round(float(agg.group(1)), 3) if agg else float("nan"),
+        "completed_after_last_upload_s": round(after_last, 3),
+        "round_status": final.get("status"), "round_uploaded": final.get("n_uploaded"), "round_summary": final.get("summary"),
+    }
+    # Strict JSON: a quantity that could not be measured (nothing accepted, no aggregation) is null, not NaN.
+    return {k: None if isinstance(v, float) and v != v else v for k, v in result.items()}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--data-dir", type=Path, required=True, help="the --dev server's data dir (admin_token)")
+    parser.add_argument("--devices", type=int, default=1000)
+    parser.add_argument("--concurrency", type=int, default=16)
+    args = parser.parse_args(argv)
+    print(json.dumps(asyncio.run(run(args.url, args.data_dir, args.devices, args.concurrency))))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,123 @@
+"""The CPU smoke experiment behind simulator/CROSS_SILO.md (tiny net, 32x32 real faces).
+
+Every method trains on the same three silos from the same initial backbone for the same
+number of local steps per trainer; FV runs synchronously so the run is reproducible.
+Run: ``nice -n 19 python -m simulator.cross_silo.experiment --out runs/cross-silo-smoke``.
+It answers "is it wired right and which way do the effects point on a tiny budget", not the
+paper's numbers (see the document for the GPU-sized configurations).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from facecore.paths import data_root
+from simulator.cross_silo.config import CrossSiloConfig
+from simulator.cross_silo.data import RealData
+from simulator.cross_silo.engine import CrossSiloSimulation
+from simulator.cross_silo.models import TINY_INPUT, build_backbone, configure_cpu_threads
+from simulator.cross_silo.trainer import BatchStream, SiloTrainer
+
+
+def step_overhead(silo: Any, template: torch.nn.Module, batch: int, repeats: int, seed: int = 0) -> dict[str, float]:
+    """PFM vs FedAvg local steps, interleaved one by one on the same batches so load swings hit both alike."""
+    from facecore.losses import make_margin_head
+
+    def trainer(use_pfm: bool) -> SiloTrainer:
+        torch.manual_seed(seed)
+        head = make_margin_head("arcface", template.embedding_dim, silo.classes)
+        return SiloTrainer(silo.name, copy.deepcopy(template), head, BatchStream(silo, batch, seed), use_pfm=use_pfm)
+
+    pfm, fedavg = trainer(True), trainer(False)
+    term = [torch.full_like(p, 1e-6) for p in pfm.params.values()]  # a non-zero eta * beta * M / K
+    times: dict[str, list[float]] = {"pfm": [], "fedavg": []}
+    for _ in range(repeats):
+        for name, t in (("fedavg", fedavg), ("pfm", pfm)):
+            tick = time.perf_counter()
+            t.step(0.01, term if t.use_pfm else None)
+            times[name].append(time.perf_counter() - tick)
+    med = {k: float(np.median(v)) for k, v in times.items()}
+    return {"pfm_step_s": med["pfm"], "fedavg_step_s": med["fedavg"], "ratio": med["pfm"] / med["fedavg"], "repeats": repeats}
+
+
+def update_overhead(backbone: str, repeats: int) -> dict[str, float]:
+    """The trainers' own update code alone (no forward/backward) on a real backbone: where PFM and FedAvg differ."""
+    from facecore.losses import make_margin_head
+
+    model = build_backbone(backbone)
+    trainers = {m: SiloTrainer(m, copy.deepcopy(model), make_margin_head("arcface", model.embedding_dim, 8), lambda: None, use_pfm=m == "pfm") for m in ("fedavg", "pfm")}  # type: ignore[arg-type,return-value]
+    grads = [torch.randn_like(p) for p in model.parameters()]
+    head_grads = [torch.randn_like(p) for p in trainers["pfm"].head_params]
+    term = [torch.randn_like(p) for p in model.parameters()]
+    times: dict[str, list[float]] = {"pfm": [], "fedavg": []}
+    for _ in range(repeats):
+        for name, t in trainers.items():
+            tick = time.perf_counter()
+            t.apply_update(grads, head_grads, 0.01, term if t.use_pfm else None)
+            times[name].append(time.perf_counter() - tick)
+    med = {k: float(np.median(v)) for k, v in times.items()}
+    return {"backbone": backbone, "parameters": int(sum(p.numel() for p in model.parameters())), "pfm_update_s": med["pfm"], "fedavg_update_s": med["fedavg"], "repeats": repeats}
+
+
+def summarize(run: dict[str, Any]) -> dict[str, Any]:
+    keep = ("method", "wall_seconds", "loss_ema", "eval", "initial_eval", "weighting", "seconds_per_local_step", "seconds_per_step")
+    out = {k: run[k] for k in keep if k in run}
+    out["K"] = run["config"]["K"]
+    out["fv_searches"] = len(run.get("fv", []))
+    out["fv_moves"] = sum(1 for s in run.get("fv", []) if s["chosen"] != 0)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", default="runs/cross-silo-smoke")
+    parser.add_argument("--steps", type=int, default=200, help="local steps per trainer (every method)")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--Ks", default="10,40")
+    parser.add_argument("--fv-every", type=int, default=4)
+    parser.add_argument("--loss", default="arcface")
+    parser.add_argument("--methods", default="solo,central,fedavg,pfm,fedavg+fv,pfm+fv")
+    parser.add_argument("--overhead-repeats", type=int, default=60)
+    args = parser.parse_args()
+    configure_cpu_threads("cpu")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    spec = RealData(str(data_root()), size=TINY_INPUT)
+    silos = [spec.trainer(i) for i in range(3)]
+    validators = [spec.validator(i) for i in range(2)]
+    evaluation = spec.evaluation()
+    results: dict[str, Any] = {
+        "plan": spec.plan.describe(), "data_seconds": time.perf_counter() - started,
+        "silos": {s.name: {"faces": len(s.labels), "classes": s.classes} for s in silos},
+        "validators": {v.name: v.sizes() for v in validators}, "evaluation": evaluation.sizes() if evaluation else None, "runs": [],
+    }
+    Ks = [int(k) for k in args.Ks.split(",")]
+    base = CrossSiloConfig(backbone="tiny", batch=args.batch, lr=0.1, loss=args.loss, K=Ks[0], rounds=args.steps // Ks[0], fv_mode="sync", fv_every=args.fv_every)
+    plan = [(m, Ks[0]) for m in args.methods.split(",") if m in ("solo", "central")]
+    plan += [(m, K) for K in Ks for m in args.methods.split(",") if m in ("fedavg", "pfm")]
+    plan += [(m, Ks[0]) for m in args.methods.split(",") if m.endswith("+fv")]
+    for method, K in plan:
+        config = dataclasses.replace(base, method=method, K=K, rounds=args.steps // K)
+        run = CrossSiloSimulation(config, silos, validators if config.uses_fv else [], evaluation).run()
+        results["runs"].append(summarize(run))
+        print(json.dumps(results["runs"][-1], default=float), flush=True)
+        (out / "results.json").write_text(json.dumps(results, indent=1, default=float))
+    results["step_overhead_tiny"] = step_overhead(silos[0], build_backbone("tiny"), args.batch, args.overhead_repeats)
+    print(json.dumps(results["step_overhead_tiny"]), flush=True)
+    results["update_overhead"] = [update_overhead(name, 10) for name in ("mobilefacenet_s", "iresnet18")]
+    print(json.dumps(results["update_overhead"]), flush=True)
+    results["total_seconds"] = time.perf_counter() - started
+    (out / "results.json").write_text(json.dumps(results, indent=1, default=float))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""FaceDevice against a real server process, with real faces through the real detector."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import open_round, round_status
+from PIL import Image
+
+from device_sdk.device import FaceDevice
+from device_sdk.errors import AuthError, NoFaceFound, NotEnrolled, RoundClosed, ServerUnavailable
+
+
+def _wait_for(server, round_id: int, status: str, timeout: float = 120) -> dict:  # type: ignore[no-untyped-def,type-arg]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        current = round_status(server, round_id)
+        if current["status"] == status:
+            return current
+        time.sleep(0.5)
+    raise AssertionError(f"round {round_id} stayed {current['status']}")
+
+
+@pytest.fixture(scope="module")
+def fleet(server, owners: list[list[Path]], tmp_path_factory: pytest.TempPathFactory) -> list[FaceDevice]:  # type: ignore[no-untyped-def]
+    devices = []
+    for photos in owners:
+        device = FaceDevice(server.url, tmp_path_factory.mktemp("device"), retries=2)
+        device.register()
+        device.enroll(photos[:-2])  # the last two photos stay held out for verify
+        devices.append(device)
+    return devices
+
+
+def test_register_enroll_and_two_rounds(server, fleet: list[FaceDevice]) -> None:  # type: ignore[no-untyped-def]
+    for round_number in range(2):
+        # Prepare
+        opened = open_round(server, target=len(fleet), minimum=len(fleet))
+        # Execute
+        summaries = [device.train_round(wait=30) for device in fleet]
+        # Assert
+        assert {s.round_id for s in summaries} == {opened["id"]}
+        assert all(s.loss_after < s.loss_before for s in summaries)
+        assert all(s.bytes_up > 0 for s in summaries)
+        done = _wait_for(server, opened["id"], "completed")
+        assert done["result_version"] != opened["base_version"]
+    # the second round downloaded a new model version: a new ONNX/backbone, not a cached one
+    assert len(list(fleet[0].state.models_dir().glob("*.fp16.pt"))) == 2
+
+
+def test_verify_accepts_the_owner_and_rejects_another_identity(fleet: list[FaceDevice], owners: list[list[Path]]) -> None:
+    # Execute
+    own = [fleet[0].verify(photo) for photo in owners[0][-2:]]
+    other = [fleet[0].verify(photo) for photo in owners[1][-2:]]
+    # Assert
+    assert max(r.score for r in own) > max(r.score for r in other)
+    assert any(r.match for r in own)
+    assert not any(r.match for r in other)
+    assert all(r.match == (r.score >= r.threshold) for r in own + other)
+
+
+def test_photos_without_faces_raise_no_face_found(server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # Prepare
+    blank = []
+    for k in range(3):
+        blank.append(tmp_path / f"wall{k}.jpg")
+        Image.fromarray(np.full((200, 200, 3), 90 + k, np.uint8)).save(blank[-1])
+    device = FaceDevice(server.url, tmp_path / "state")
+    device.register()
+    # Execute / Assert
+    with pytest.raises(NoFaceFound) as caught:
+        device.enroll(blank)
+    assert set(caught.value.files) == {str(p) for p in blank}
+
+
+def test_training_before_enrolling_raises_not_enrolled(server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    device = FaceDevice(server.url, tmp_path)
+    device.register()
+    with pytest.raises(NotEnrolled):
+        device.train_round()
+
+
+def test_no_open_round_raises_round_closed(fleet: list[FaceDevice]) -> None:
+    with pytest.raises(RoundClosed):
+        fleet[0].train_round(wait=0)
+
+
+def test_a_foreign_key_gets_auth_error(server, fleet: list[FaceDevice], tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: a device state that claims fleet[0]'s id but holds another key
+    impostor = FaceDevice(server.url, tmp_path)
+    impostor.state.signing_key(create=True)
+    impostor.state.update_info(device_id=fleet[0].device_id, enrolled=True)
+    # Execute / Assert
+    with pytest.raises(AuthError):
+        impostor._model()
+
+
+def test_unreachable_server_raises_server_unavailable(tmp_path: Path) -> None:
+    device = FaceDevice("http://127.0.0.1:9", tmp_path, retries=1, timeout=2)
+    with pytest.raises(ServerUnavailable):
+        device.register()
+
+
+def test_server_restarted_mid_round_and_unenroll(server, fleet: list[FaceDevice]) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: a round, one device uploads, then the server goes down before the others
+    opened = open_round(server, target=2, minimum=2, deadline=300)
+    fleet[0].train_round(wait=30)
+    server.stop()
+    # Execute: a device trying now fails cleanly; after the restart the round still completes
+    with pytest.raises(ServerUnavailable):
+        FaceDevice(server.url, fleet[1].state.dir, retries=1, timeout=2).train_round()
+    server.start()
+    fleet[1].train_round(wait=30)
+    # Assert
+    done = _wait_for(server, opened["id"], "completed")
+    assert done["status"] == "completed"
+    fleet[2].unenroll()
+    with pytest.raises(NotEnrolled):
+        fleet[2].train_round()
