@@ -22,7 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "admin": ("fedface.commands.admin", "operate a round server: open rounds, show their status"),
     "device": ("fedface.commands.device", "the on-device client: register, enroll, train, verify, unenroll"),
     "demo": ("fedface.commands.demo", "the whole system on one machine: server + real-face devices over HTTP (make run)"),
-    "sim": ("fedface.commands.sim", "simulate many devices: cross-device FedFace"),
+    "sim": ("fedface.commands.sim", "simulations: cross-device FedFace (in process or --http), FedFusion, ..."),
     "bench": ("fedface.commands.bench", "benchmarks (medians and ratios from one run): export, ..."),
 }
 

@@ -38,12 +38,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     help="end-to-end instead: start the real server and drive N real SDK devices through --rounds rounds")
     cd.add_argument("--json", action="store_true")
 
+    from fedface.commands import fusion as fusion_command
+
+    fusion_command.add_arguments(modes.add_parser("fusion", help="FedFusion: fuse global and local features on an image .npz"))
+
     compare = modes.add_parser("compare", help="plot several finished runs together (accuracy, TAR, embedding spread)")
     compare.add_argument("runs", nargs="+", help="run folders holding report.json")
     compare.add_argument("--out", required=True)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.mode == "fusion":
+        from fedface.commands.fusion import run as run_fusion
+
+        return run_fusion(args)
     if args.mode == "compare":
         return _compare(args)
     return _cross_device(args)
