@@ -79,6 +79,8 @@ def run_distributed(config: CrossSiloConfig, spec: DataSpec, weights_out: Path |
 def _entry(rank: int, world: int, port: int, config: CrossSiloConfig, spec: DataSpec, result: str, weights_out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     configure_cpu_threads(config.device)
+    if config.device == "cuda":  # one GPU per rank when there are enough, else ranks share them
+        torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group("gloo", rank=rank, world_size=world)
     parties = config.n_parties
     try:

@@ -41,6 +41,7 @@ class FVServer:
         self.history: list[dict[str, Any]] = []
         self._lock = threading.Condition()
         self._latest: list[Weights] | None = None
+        self._round = 0  # the round whose backbones _latest holds
         self._generation = 0
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -58,7 +59,7 @@ class FVServer:
 
     def search_once(self) -> None:
         with self._lock:
-            snapshot, seen_round = self._latest, getattr(self, "_round", 0)
+            snapshot, seen_round = self._latest, self._round
         if snapshot is None:
             return
         started = time.perf_counter()
