@@ -20,10 +20,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--concurrency", type=int, default=16, help="requests in flight at once (default 16)")
     server.add_argument("--backbone", default="mobilefacenet", help="random backbone the server starts with (default mobilefacenet)")
     server.add_argument("--json", action="store_true", help="print one JSON object on stdout (progress stays on stderr)")
+    device = targets.add_parser("device", help="enroll / one local round / verify on this CPU, against a local server")
+    device.add_argument("--model", default="default")
+    device.add_argument("--data")
+    device.add_argument("--repeats", type=int, default=3)
+    device.add_argument("--json", action="store_true")
 
 
 def run(args: argparse.Namespace) -> int:
-    return {"export": _export, "server": _server}[args.target](args)
+    return {"export": _export, "server": _server, "device": _device}[args.target](args)
 
 
 def _device(args: argparse.Namespace) -> int:
@@ -38,7 +43,19 @@ def _device(args: argparse.Namespace) -> int:
     photos = next([root / p for p in paths] for identity, paths in sorted(split.sets["devices"].items()) if identity.startswith("celeba:") and len(paths) >= 21)
     with tempfile.TemporaryDirectory() as scratch, LocalServer(Path(scratch) / "server", args.model) as server:
         def open_round() -> None:
-            server.admin("POST", "/v1/admin/rounds", json={"target_participants": 1, "min_participants": 1, "deadline_s": 300, "selection_window_s": 0})
+            import time
+
+            import httpx
+
+            for _ in range(240):  # the previous round may still be aggregating: one active round at a time
+                try:
+                    server.admin("POST", "/v1/admin/rounds", json={"target_participants": 1, "min_participants": 1, "deadline_s": 300, "selection_window_s": 0})
+                    return
+                except httpx.HTTPStatusError as error:
+                    if error.response.status_code != 409:
+                        raise
+                    time.sleep(0.5)
+            raise RuntimeError("the previous round never finished")
 
         result = bench_device(server.url, Path(scratch) / "device", photos[:20], photos[20], open_round, args.repeats)
     if args.json:

@@ -93,13 +93,13 @@ def _compute_and_finalize(ctx: ServerContext, round_id: int) -> bool:
         strategy, config = strategy_for(round_.strategy, round_.config), dict(round_.config)
         base_hash, backbone, dim = base.version_hash, base.backbone, base.embedding_dim
 
-    base_meta, base_weights = load_weights(ctx.store, base_hash)
+    base_header, base_weights = load_weights(ctx.store, base_hash)
     result = strategy.aggregate_train(round_id, base_weights, _stream(ctx, updates))
     del base_weights
     model = build_model(backbone, dim, result.weights)
     # No face data lives on the server, so a federated version keeps the threshold its ancestor was
     # calibrated with (on public faces, offline) until an operator recalibrates.
-    meta = {"source": f"round {round_id}", "round_id": round_id, "parent": base_hash, "verification": base_meta.get("verification")}
+    meta = {"source": f"round {round_id}", "round_id": round_id, "parent": base_hash, "verification": base_header.get("meta", {}).get("verification")}
     blobs = store_model(ctx.store, model, ctx.settings.export_onnx, meta=meta)
 
     embeddings = _new_embeddings(ctx, strategy, config, updates, enrolled, dim)

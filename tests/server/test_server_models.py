@@ -106,3 +106,22 @@ def test_onnx_export_is_served_and_runs(tmp_path: Path, db_url: str, rng: np.ran
     # Assert
     assert onnx.status_code == 200 and again.status_code == 304
     assert embedding.shape == (2, 128)
+
+
+def test_the_verification_threshold_survives_aggregation(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: a stored model version whose file carries a calibrated threshold
+    import torch
+
+    from facecore.models import get_backbone
+    from server_api.services.model_store import load_weights, store_model
+    from server_api.storage.blobs import LocalBlobStore
+
+    store = LocalBlobStore(tmp_path / "blobs")
+    model = get_backbone("mobilefacenet_s")
+    calibrated = {"threshold": 0.42, "far": 1e-3}
+    # Execute
+    first = store_model(store, model, export_onnx=False, meta={"verification": calibrated})
+    header, _ = load_weights(store, first.version_hash)
+    second = store_model(store, model.to(torch.float32), export_onnx=False, meta={"verification": header.get("meta", {}).get("verification")})
+    # Assert
+    assert first.verification == second.verification == calibrated
