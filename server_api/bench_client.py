@@ -80,10 +80,11 @@ class BenchDevice:
         return await resend(method, lambda: http.request(method, path, content=body, headers=self.headers(method, path, digest) | kind | (extra or {})))
 
 
-def expect(response: httpx.Response, *codes: int) -> dict[str, Any]:
+def expect(response: httpx.Response, *codes: int) -> Any:
+    """The decoded body (bytes unless JSON) of a response with one of `codes`; anything else stops the bench."""
     if response.status_code not in codes:
         raise RuntimeError(f"{response.request.method} {response.request.url.path}: {response.status_code} {response.text[:300]}")
-    return response.json()
+    return response.json() if response.headers.get("content-type", "").startswith("application/json") else response.content
 
 
 async def bounded(items: Sequence[BenchDevice], concurrency: int, label: str, job: Callable[[BenchDevice], Awaitable[None]]) -> float:
@@ -106,12 +107,6 @@ async def bounded(items: Sequence[BenchDevice], concurrency: int, label: str, jo
 
 async def plain(http: httpx.AsyncClient, method: str, path: str, **kwargs: Any) -> httpx.Response:
     return await resend(method, lambda: http.request(method, path, **kwargs))
-
-
-def expect_ok(response: httpx.Response) -> bytes:
-    if response.status_code != 200:
-        raise RuntimeError(f"GET {response.request.url.path}: {response.status_code} {response.text[:300]}")
-    return response.content
 
 
 def update_template(state: dict[str, np.ndarray], embedding_dim: int, base_version: str) -> bytes:
@@ -164,7 +159,7 @@ async def run(url: str, data_dir: Path, n_devices: int, concurrency: int) -> dic
         model = expect(await probe.call(http, "GET", "/v1/models/current"), 200)
         dim, version = int(model["embedding_dim"]), str(model["version"])
         raw = await probe.call(http, "GET", f"/v1/models/{version}/backbone?dtype=fp16")
-        state = {k: v.numpy() for k, v in torch.load(io.BytesIO(expect_ok(raw)), map_location="cpu", weights_only=True)["state_dict"].items()}
+        state = {k: v.numpy() for k, v in torch.load(io.BytesIO(expect(raw, 200)), map_location="cpu", weights_only=True)["state_dict"].items()}
         prefix = update_template(state, dim, version)
         prefix_hash = hashlib.sha256(prefix)  # copied per device: hash 2 MB once, not 1,000 times
 

@@ -8,9 +8,14 @@ from pathlib import Path
 from typing import Any
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from simulator.cross_silo.config import BACKBONES, FV_MODES, METHODS
+# Copies of simulator.cross_silo.config's lists (cli_test checks they agree): importing it here would
+# import torch whenever any `fedface` command builds its parser.
+METHODS = ("central", "solo", "fedavg", "fedavg+fv", "pfm", "pfm+fv")
+BACKBONES = ("iresnet18", "iresnet34", "mobilefacenet", "mobilefacenet_s", "tiny")
+FV_MODES = ("sync", "thread")
 
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trainers", type=int, default=3, help="source silos: lfw-many, lfw-few, celeba (in that order)")
     parser.add_argument("--parties", type=int, default=None, help="trainers after splitting each silo by identity (12 = the paper's 12-party setting)")
     parser.add_argument("--validators", type=int, default=2, help="0-2: LFW View-2 pairs of folds 1-2, then CelebA pairs")
@@ -69,7 +74,9 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    if args.processes:
+    if args.processes and config.method in ("central", "solo"):
+        print(f"note: {config.method} has no parties to distribute; running it in one process")
+    if args.processes and config.method not in ("central", "solo"):
         from simulator.cross_silo.distributed import run_distributed
 
         report = run_distributed(config, spec, weights_out=out / "backbone.npz")

@@ -28,6 +28,12 @@ def test_synthetic_run_writes_a_report_and_the_backbone(tmp_path: Path, capsys: 
     assert np.load(tmp_path / "backbone.npz").files
 
 
+def test_choices_match_the_config() -> None:
+    from simulator.cross_silo import config
+
+    assert (cross_silo.METHODS, cross_silo.BACKBONES, cross_silo.FV_MODES) == (config.METHODS, config.BACKBONES, config.FV_MODES)
+
+
 def test_paper_defaults_and_invalid_settings() -> None:
     args = parse()
     assert (args.trainers, args.validators, args.K, args.backbone, args.loss, args.method) == (3, 2, 100, "iresnet18", "arcface", "pfm+fv")

@@ -29,7 +29,7 @@ import torch.multiprocessing as mp
 
 from server_api.strategies.base import Weights
 from server_api.strategies.fedval import FederatedValidation
-from simulator.cross_silo.config import CrossSiloConfig
+from simulator.cross_silo.config import FEDERATED, CrossSiloConfig
 from simulator.cross_silo.data import DataSpec
 from simulator.cross_silo.engine import FVServer, federated_loop, make_trainer
 from simulator.cross_silo.models import build_backbone, configure_cpu_threads, place
@@ -67,6 +67,8 @@ def run_distributed(config: CrossSiloConfig, spec: DataSpec, weights_out: Path |
 
     ``weights_out``: where the server saves the final global backbone (``.npz``).
     """
+    if config.method not in FEDERATED:
+        raise ValueError(f"{config.method} is not federated: run it in-process")
     validators = config.validators if config.uses_fv else 0
     world = 1 + config.n_parties + validators
     with tempfile.TemporaryDirectory() as folder:

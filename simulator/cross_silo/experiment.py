@@ -27,8 +27,26 @@ from simulator.cross_silo.models import TINY_INPUT, build_backbone, configure_cp
 from simulator.cross_silo.trainer import BatchStream, SiloTrainer
 
 
-def step_overhead(silo: Any, template: torch.nn.Module, batch: int, repeats: int, seed: int = 0) -> dict[str, float]:
-    """PFM vs FedAvg local steps, interleaved one by one on the same batches so load swings hit both alike."""
+def _interleaved(contenders: dict[str, Any], repeats: int) -> dict[str, dict[str, float]]:
+    """Median wall and CPU seconds per call, alternating which contender goes first.
+
+    CPU time (this thread's) is the robust number on a shared machine: a preempted call
+    gets longer wall time but not more CPU time. Torch runs one intra-op thread here.
+    """
+    wall: dict[str, list[float]] = {k: [] for k in contenders}
+    cpu: dict[str, list[float]] = {k: [] for k in contenders}
+    names = list(contenders)
+    for i in range(repeats):
+        for name in names if i % 2 == 0 else names[::-1]:
+            w, c = time.perf_counter(), time.thread_time()
+            contenders[name]()
+            cpu[name].append(time.thread_time() - c)
+            wall[name].append(time.perf_counter() - w)
+    return {k: {"wall_s": float(np.median(wall[k])), "cpu_s": float(np.median(cpu[k]))} for k in names}
+
+
+def step_overhead(silo: Any, template: torch.nn.Module, batch: int, repeats: int, seed: int = 0) -> dict[str, Any]:
+    """Whole PFM vs FedAvg local steps (forward, backward, update) on the same batches."""
     from facecore.losses import make_margin_head
 
     def trainer(use_pfm: bool) -> SiloTrainer:
@@ -38,17 +56,11 @@ def step_overhead(silo: Any, template: torch.nn.Module, batch: int, repeats: int
 
     pfm, fedavg = trainer(True), trainer(False)
     term = [torch.full_like(p, 1e-6) for p in pfm.params.values()]  # a non-zero eta * beta * M / K
-    times: dict[str, list[float]] = {"pfm": [], "fedavg": []}
-    for _ in range(repeats):
-        for name, t in (("fedavg", fedavg), ("pfm", pfm)):
-            tick = time.perf_counter()
-            t.step(0.01, term if t.use_pfm else None)
-            times[name].append(time.perf_counter() - tick)
-    med = {k: float(np.median(v)) for k, v in times.items()}
-    return {"pfm_step_s": med["pfm"], "fedavg_step_s": med["fedavg"], "ratio": med["pfm"] / med["fedavg"], "repeats": repeats}
+    med = _interleaved({"pfm": lambda: pfm.step(0.01, term), "fedavg": lambda: fedavg.step(0.01, None)}, repeats)
+    return {**med, "cpu_ratio": med["pfm"]["cpu_s"] / med["fedavg"]["cpu_s"], "repeats": repeats, "silo": silo.name, "batch": batch}
 
 
-def update_overhead(backbone: str, repeats: int) -> dict[str, float]:
+def update_overhead(backbone: str, repeats: int) -> dict[str, Any]:
     """The trainers' own update code alone (no forward/backward) on a real backbone: where PFM and FedAvg differ."""
     from facecore.losses import make_margin_head
 
@@ -57,14 +69,8 @@ def update_overhead(backbone: str, repeats: int) -> dict[str, float]:
     grads = [torch.randn_like(p) for p in model.parameters()]
     head_grads = [torch.randn_like(p) for p in trainers["pfm"].head_params]
     term = [torch.randn_like(p) for p in model.parameters()]
-    times: dict[str, list[float]] = {"pfm": [], "fedavg": []}
-    for _ in range(repeats):
-        for name, t in trainers.items():
-            tick = time.perf_counter()
-            t.apply_update(grads, head_grads, 0.01, term if t.use_pfm else None)
-            times[name].append(time.perf_counter() - tick)
-    med = {k: float(np.median(v)) for k, v in times.items()}
-    return {"backbone": backbone, "parameters": int(sum(p.numel() for p in model.parameters())), "pfm_update_s": med["pfm"], "fedavg_update_s": med["fedavg"], "repeats": repeats}
+    med = _interleaved({name: (lambda t=t: t.apply_update(grads, head_grads, 0.01, term if t.use_pfm else None)) for name, t in trainers.items()}, repeats)
+    return {"backbone": backbone, "parameters": int(sum(p.numel() for p in model.parameters())), **med, "repeats": repeats}
 
 
 def summarize(run: dict[str, Any]) -> dict[str, Any]:
@@ -88,13 +94,20 @@ def main() -> None:
     parser.add_argument("--fv-every", type=int, default=4)
     parser.add_argument("--loss", default="arcface")
     parser.add_argument("--methods", default="solo,central,fedavg,pfm,fedavg+fv,pfm+fv")
-    parser.add_argument("--overhead-repeats", type=int, default=60)
+    parser.add_argument("--overhead-repeats", type=int, default=200)
+    parser.add_argument("--overhead-only", action="store_true", help="skip the training runs (loads one silo only)")
     args = parser.parse_args()
     configure_cpu_threads("cpu")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     spec = RealData(str(data_root()), size=TINY_INPUT)
+    if args.overhead_only:
+        report = {"step_overhead_tiny": step_overhead(spec.trainer(0), build_backbone("tiny"), args.batch, args.overhead_repeats),
+                  "update_overhead": [update_overhead(name, 20) for name in ("mobilefacenet_s", "iresnet18")]}
+        print(json.dumps(report, indent=1))
+        (out / "overhead.json").write_text(json.dumps(report, indent=1))
+        return
     silos = [spec.trainer(i) for i in range(3)]
     validators = [spec.validator(i) for i in range(2)]
     evaluation = spec.evaluation()
@@ -118,7 +131,7 @@ def main() -> None:
         (out / "results.json").write_text(json.dumps(results, indent=1, default=float))
     results["step_overhead_tiny"] = step_overhead(silos[0], build_backbone("tiny"), args.batch, args.overhead_repeats)
     print(json.dumps(results["step_overhead_tiny"]), flush=True)
-    results["update_overhead"] = [update_overhead(name, 10) for name in ("mobilefacenet_s", "iresnet18")]
+    results["update_overhead"] = [update_overhead(name, 20) for name in ("mobilefacenet_s", "iresnet18")]
     print(json.dumps(results["update_overhead"]), flush=True)
     results["total_seconds"] = time.perf_counter() - started
     (out / "results.json").write_text(json.dumps(results, indent=1, default=float))
