@@ -42,12 +42,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     fusion_command.add_arguments(modes.add_parser("fusion", help="FedFusion: fuse global and local features on an image .npz"))
 
+    from fedface.commands import cross_silo
+
+    cross_silo.add_arguments(modes.add_parser("cross-silo", help="PFM + FV over heterogeneous silos (Bai et al. 2021)"))
+
     compare = modes.add_parser("compare", help="plot several finished runs together (accuracy, TAR, embedding spread)")
     compare.add_argument("runs", nargs="+", help="run folders holding report.json")
     compare.add_argument("--out", required=True)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.mode == "cross-silo":
+        from fedface.commands import cross_silo
+
+        return cross_silo.run(args)
     if args.mode == "fusion":
         from fedface.commands.fusion import run as run_fusion
 

@@ -12,7 +12,12 @@ materialise all updates, which the ``Iterable`` argument allows.
 from server_api.strategies.base import AggregateResult, ClientUpdate, Strategy, TrainInstructions
 from server_api.strategies.fedavg import FedAvg, RunningWeightedSum
 from server_api.strategies.fedface import FedFace
+from server_api.strategies.fedval import FederatedValidation, FVConfig, FVStep
+from server_api.strategies.pfm import PFM, PFMResult, WeightedFedAvg
 
 STRATEGIES: dict[str, type[Strategy]] = {"fedavg": FedAvg, "fedface": FedFace}
 
-__all__ = ["STRATEGIES", "AggregateResult", "ClientUpdate", "FedAvg", "FedFace", "RunningWeightedSum", "Strategy", "TrainInstructions"]
+__all__ = [
+    "PFM", "STRATEGIES", "AggregateResult", "ClientUpdate", "FVConfig", "FVStep", "FedAvg", "FedFace", "FederatedValidation",
+    "PFMResult", "RunningWeightedSum", "Strategy", "TrainInstructions", "WeightedFedAvg",
+]
