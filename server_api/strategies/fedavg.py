@@ -9,7 +9,13 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-from server_api.strategies.base import AggregateResult, ClientUpdate, Strategy, UpdateKind, Weights
+from server_api.strategies.base import (
+    AggregateResult,
+    ClientUpdate,
+    Strategy,
+    UpdateKind,
+    Weights,
+)
 
 
 class RunningWeightedSum:
@@ -62,6 +68,10 @@ class FedAvg(Strategy):
 
     name = "fedavg"
 
+    def _weight(self, update: ClientUpdate) -> float:
+        """How much one update counts; subclasses (FV's weighted FedAvg) override only this."""
+        return float(update.n_samples)
+
     def aggregate_train(self, server_round: int, base: Mapping[str, np.ndarray], results: Iterable[ClientUpdate]) -> AggregateResult:
         total = RunningWeightedSum()
         kind: UpdateKind | None = None
@@ -72,8 +82,12 @@ class FedAvg(Strategy):
             kind = update.kind
             if update.weights.keys() != base.keys():
                 raise ValueError(f"update from {update.client_id or '?'} does not match the base model's parameters")
-            total.add(update.weights, update.n_samples, update.metrics)
+            weight = self._weight(update)
             n_samples += update.n_samples
+            if weight > 0:  # a zero weight (FV) leaves a client out of this aggregate
+                total.add(update.weights, weight, update.metrics)
+        if total.count == 0 and n_samples > 0:
+            raise ValueError("no client with a positive weight took part in this round")
         mean = total.mean()
         if kind == "delta":
             weights: Weights = {k: cast_like(np.asarray(base[k], dtype=np.float64) + mean[k], np.asarray(base[k])) for k in base}

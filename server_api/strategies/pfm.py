@@ -27,8 +27,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from server_api.strategies.base import AggregateResult, ClientUpdate, TrainInstructions, UpdateKind, Weights
-from server_api.strategies.fedavg import FedAvg, RunningWeightedSum, cast_like
+from server_api.strategies.base import (
+    AggregateResult,
+    ClientUpdate,
+    TrainInstructions,
+    Weights,
+)
+from server_api.strategies.fedavg import FedAvg, cast_like
 
 LearningRate = float | Callable[[int], float]
 
@@ -63,29 +68,6 @@ class WeightedFedAvg(FedAvg):
         if update.client_id not in self.weighting:
             raise ValueError(f"client {update.client_id!r} has no weight in the weighting {sorted(self.weighting)}")
         return self.weighting[update.client_id]
-
-    def aggregate_train(self, server_round: int, base: Mapping[str, np.ndarray], results: Iterable[ClientUpdate]) -> AggregateResult:
-        total = RunningWeightedSum()
-        kind: UpdateKind | None = None
-        n_samples = 0
-        for update in results:
-            if kind is not None and update.kind != kind:
-                raise ValueError("a round cannot mix delta and full updates")
-            kind = update.kind
-            if update.weights.keys() != base.keys():
-                raise ValueError(f"update from {update.client_id or '?'} does not match the base model's parameters")
-            weight = self._weight(update)
-            n_samples += update.n_samples
-            if weight > 0:
-                total.add(update.weights, weight, update.metrics)
-        if total.count == 0:
-            raise ValueError("no client with a positive weight took part in this round")
-        mean = total.mean()
-        if kind == "delta":
-            weights: Weights = {k: cast_like(np.asarray(base[k], dtype=np.float64) + mean[k], np.asarray(base[k])) for k in base}
-        else:
-            weights = {k: cast_like(mean[k], np.asarray(base[k])) for k in base}
-        return AggregateResult(weights=weights, n_clients=total.count, n_samples=n_samples, metrics=total.metric_means())
 
 
 @dataclass(frozen=True)
