@@ -76,19 +76,27 @@ def read_header(handle: BinaryIO, file_size: int, max_header_bytes: int = 1 << 2
 
 
 def _tensor_info(name: str, entry: object) -> TensorInfo:
-    if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
+    # Plain loops, not set()/all(genexpr): a header has hundreds of entries and sits on the upload path.
+    if type(entry) is not dict or len(entry) != 3 or "dtype" not in entry or "shape" not in entry or "data_offsets" not in entry:
         raise TensorFileError(f"tensor {name!r}: entry needs exactly dtype, shape and data_offsets")
     dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
     if dtype not in DTYPES:
         raise TensorFileError(f"tensor {name!r}: unsupported dtype {dtype!r} (supported: {', '.join(DTYPES)})")
-    if not (isinstance(shape, list) and len(shape) <= MAX_DIMS and all(type(d) is int and d >= 0 for d in shape)):
+    if type(shape) is not list or len(shape) > MAX_DIMS or not _non_negative_ints(shape):
         raise TensorFileError(f"tensor {name!r}: shape must be a list of at most {MAX_DIMS} non-negative integers")
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int and o >= 0 for o in offsets)):
+    if type(offsets) is not list or len(offsets) != 2 or not _non_negative_ints(offsets):
         raise TensorFileError(f"tensor {name!r}: data_offsets must be two non-negative integers")
     begin, end = offsets
     if end - begin != math.prod(shape) * DTYPES[dtype].itemsize:
         raise TensorFileError(f"tensor {name!r}: {end - begin} bytes do not fit shape {shape} of {dtype}")
     return TensorInfo(dtype=dtype, shape=tuple(shape), begin=begin, end=end)
+
+
+def _non_negative_ints(values: list[object]) -> bool:
+    for value in values:
+        if type(value) is not int or value < 0:  # type(), not isinstance: JSON true must not pass as 1
+            return False
+    return True
 
 
 def _check_layout(tensors: Mapping[str, TensorInfo], data_bytes: int) -> None:

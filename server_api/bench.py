@@ -87,7 +87,7 @@ class RssSampler(threading.Thread):
 class BenchServer:
     """`python -m fedface server --dev` on a free loopback port, in its own session."""
 
-    def __init__(self, data_dir: Path, backbone: str) -> None:
+    def __init__(self, data_dir: Path, backbone: str, workers: int = 1) -> None:
         self.data_dir, self.port = data_dir, _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = data_dir.parent / "server.log"
@@ -95,7 +95,7 @@ class BenchServer:
         # The real backbone size; no ONNX export, so aggregate_seconds times FedAvg + spreadout, not the exporter.
         env |= {"FEDFACE_RANDOM_BACKBONE": backbone, "FEDFACE_EXPORT_ONNX": "false", "FEDFACE_LOG_LEVEL": "INFO",
                 "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-        args = ["--dev", "--data-dir", str(data_dir), "--model", "random", "--port", str(self.port)]
+        args = ["--dev", "--data-dir", str(data_dir), "--model", "random", "--port", str(self.port), "--workers", str(workers)]
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "fedface", "server", *args], cwd=REPO, env=env, stdout=log, stderr=log, start_new_session=True
@@ -133,10 +133,10 @@ class BenchServer:
                 self.process.wait(timeout=30)
 
 
-def bench_round(devices: int, concurrency: int, backbone: str) -> dict[str, Any]:
+def bench_round(devices: int, concurrency: int, backbone: str, workers: int = 1) -> dict[str, Any]:
     """One fresh server, one round with `devices` participants; the client's JSON plus peak RSS."""
     with tempfile.TemporaryDirectory(prefix="fedface-bench-") as scratch:
-        server = BenchServer(Path(scratch) / "data", backbone)
+        server = BenchServer(Path(scratch) / "data", backbone, workers)
         client: subprocess.Popen[str] | None = None
         sampler = RssSampler(server.process.pid)
         sampler.start()
@@ -164,15 +164,15 @@ def bench_round(devices: int, concurrency: int, backbone: str) -> dict[str, Any]
     return result
 
 
-def run_server_bench(devices: int = GOAL_DEVICES, concurrency: int = 16, backbone: str = "mobilefacenet") -> dict[str, Any]:
+def run_server_bench(devices: int = GOAL_DEVICES, concurrency: int = 16, backbone: str = "mobilefacenet", workers: int = 1) -> dict[str, Any]:
     """The 10-participant baseline, then the `devices` round; flat JSON-ready results."""
-    base = bench_round(BASELINE_DEVICES, concurrency, backbone)
-    full = bench_round(devices, concurrency, backbone)
+    base = bench_round(BASELINE_DEVICES, concurrency, backbone, workers)
+    full = bench_round(devices, concurrency, backbone, workers)
     keys = ("ingest_seconds", "uploads_per_s", "p50_upload_ms", "p99_upload_ms", "aggregate_seconds", "completed_after_last_upload_s",
             "setup_seconds", "checkin_seconds", "accepted", "status_codes", "errors", "transport_retries", "round_status", "update_bytes",
             "concurrency")
     growth = full["peak_rss_mb"] - base["peak_rss_mb"]
-    result: dict[str, Any] = {"devices": devices, "backbone": backbone, **{k: full[k] for k in keys}}
+    result: dict[str, Any] = {"devices": devices, "backbone": backbone, "workers": workers, **{k: full[k] for k in keys}}
     result |= {
         "rss_growth_mb": round(growth, 1), "peak_rss_mb_10": base["peak_rss_mb"], "peak_rss_mb_n": full["peak_rss_mb"],
         "baseline_10": {k: base[k] for k in ("ingest_seconds", "p99_upload_ms", "aggregate_seconds", "accepted", "round_status")},
@@ -193,7 +193,8 @@ def describe(result: dict[str, Any]) -> str:
         return "n/a" if result.get(key) is None else f"{result[key]:.{decimals}f}"
 
     return "\n".join((
-        f"{result['devices']} devices ({result['backbone']}, {result['update_bytes']:,} B updates, concurrency {result['concurrency']}): "
+        f"{result['devices']} devices ({result['backbone']}, {result['update_bytes']:,} B updates, concurrency {result['concurrency']}, "
+        f"{result['workers']} server worker(s)): "
         f"{result['accepted']} accepted, round {result['round_status']}",
         f"  ingest {num('ingest_seconds')} s ({num('uploads_per_s', 1)} uploads/s; goal <= {INGEST_GOAL_S:.0f} s: "
         f"{goal(result['ingest_goal_met'])}), upload p50 {num('p50_upload_ms', 0)} ms, p99 {num('p99_upload_ms', 0)} ms",

@@ -77,7 +77,9 @@ class ModelVersion(Base):
     version_hash: Mapped[str] = mapped_column(String(64), unique=True)  # sha256 of the fp32 backbone blob
     backbone: Mapped[str] = mapped_column(String(64))
     embedding_dim: Mapped[int]
-    spec: Mapped[dict[str, Any]]  # {param name: [dtype, shape]}: what uploads are validated against
+    # {param name: [dtype, shape]}: what uploads are validated against. Deferred: it is hundreds of
+    # entries of JSON, and check-ins and downloads read the version row without needing it.
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON, deferred=True)
     fp16_blob: Mapped[str] = mapped_column(String(64))
     onnx_blob: Mapped[str | None] = mapped_column(String(64), default=None)
     verification: Mapped[dict[str, Any] | None] = mapped_column(default=None)  # published verify threshold

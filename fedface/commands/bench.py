@@ -19,6 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--devices", type=int, default=1000, help="participants in the measured round (default 1000)")
     server.add_argument("--concurrency", type=int, default=16, help="requests in flight at once (default 16)")
     server.add_argument("--backbone", default="mobilefacenet", help="random backbone the server starts with (default mobilefacenet)")
+    server.add_argument("--workers", type=int, default=1, help="server worker processes, as `fedface server --workers` (default 1)")
     server.add_argument("--json", action="store_true", help="print one JSON object on stdout (progress stays on stderr)")
     device = targets.add_parser("device", help="enroll / one local round / verify on this CPU, against a local server")
     device.add_argument("--model", default="default")
@@ -91,9 +92,9 @@ def _export(args: argparse.Namespace) -> int:
 def _server(args: argparse.Namespace) -> int:
     from server_api.bench import describe, run_server_bench
 
-    if args.devices < 1 or args.concurrency < 1:
-        raise SystemExit("fedface bench server: --devices and --concurrency must be at least 1")
-    result = run_server_bench(args.devices, args.concurrency, args.backbone)
+    if min(args.devices, args.concurrency, args.workers) < 1:
+        raise SystemExit("fedface bench server: --devices, --concurrency and --workers must be at least 1")
+    result = run_server_bench(args.devices, args.concurrency, args.backbone, args.workers)
     print(json.dumps(result) if args.json else describe(result))
     # Non-zero when the round itself broke (rejected uploads, no aggregation); missed goals are results, not errors.
     return 0 if result["all_accepted"] and result["round_completed"] else 1

@@ -1,6 +1,7 @@
 """The one place where domain errors become HTTP status codes."""
 from __future__ import annotations
 
+import sqlalchemy.exc
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -41,7 +42,26 @@ async def _request_validation(request: Request, error: RequestValidationError) -
     return JSONResponse({"detail": detail}, status_code=422)
 
 
+BUSY_RETRY_AFTER_S = 2
+
+
+def is_database_busy(error: Exception) -> bool:
+    """The database could not take this request now (pool exhausted, or SQLite locked by another
+    process past busy_timeout): a retry will succeed, so the client must hear 503, not 500."""
+    if isinstance(error, sqlalchemy.exc.TimeoutError):
+        return True
+    return isinstance(error, sqlalchemy.exc.OperationalError) and "database is locked" in str(error.orig)
+
+
+async def _database_error(request: Request, error: Exception) -> JSONResponse:
+    if is_database_busy(error):
+        return JSONResponse({"detail": "the database is busy; retry"}, status_code=503, headers={"Retry-After": str(BUSY_RETRY_AFTER_S)})
+    raise error  # anything else is a real fault: let the server log it as one
+
+
 def install(app: FastAPI) -> None:
+    app.add_exception_handler(sqlalchemy.exc.TimeoutError, _database_error)
+    app.add_exception_handler(sqlalchemy.exc.OperationalError, _database_error)
     app.add_exception_handler(RequestValidationError, _request_validation)  # type: ignore[arg-type]
     app.add_exception_handler(ServerError, _domain_error)
     app.add_exception_handler(CheckpointError, _domain_error)

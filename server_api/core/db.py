@@ -20,8 +20,10 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, select, text
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import QueuePool
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[1] / "migrations"
+SQLITE_POOL_TIMEOUT_S = 60.0  # past this a request fails with 503 (see api.handlers), never hangs
 STARTUP_LOCK_KEY = 0x46454446  # "FEDF": advisory lock id for migrations and bootstrap
 
 
@@ -32,7 +34,15 @@ def make_engine(url: str) -> Engine:
 
 
 def _sqlite_engine(url: str) -> Engine:
-    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+    # One pooled connection: BEGIN IMMEDIATE already makes every transaction hold the whole
+    # database, so a second connection adds no parallelism, only contention; and threads that
+    # queue on the pool wake in order the moment it is free, while threads that queue inside
+    # SQLite sleep in its busy handler's back-off (up to 100 ms a try), which made a busy upload
+    # round 3x slower. busy_timeout still covers other processes (--workers, the admin CLI).
+    engine = create_engine(
+        url, connect_args={"check_same_thread": False, "timeout": 30},
+        poolclass=QueuePool, pool_size=1, max_overflow=0, pool_timeout=SQLITE_POOL_TIMEOUT_S,
+    )
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:

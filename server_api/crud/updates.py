@@ -4,14 +4,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from server_api.core.db import lock_round
 from server_api.crud import audit
 from server_api.errors import Conflict, Forbidden, StaleRound
-from server_api.models import Enrollment, IdempotencyRecord, Participation, Update
+from server_api.models import Enrollment, IdempotencyRecord, Participation, Round, Update
 
 
 def get_idempotency(session: Session, device_id: str, key: str) -> IdempotencyRecord | None:
@@ -50,10 +50,12 @@ def record_update(
     session: Session, *, round_id: int, device_id: str, blob_sha256: str, size_bytes: int, n_samples: int,
     metrics: dict[str, float], embedding_ciphertext: bytes, idempotency_key: str, request_sha256: str,
     response: Any, now: datetime,
-) -> tuple[Update | None, IdempotencyRecord]:
+) -> tuple[Update | None, IdempotencyRecord, bool]:
     """Insert the update, mark the participation and store the idempotent response, atomically.
 
-    Returns (None, existing record) when a concurrent duplicate with the same key won."""
+    Returns (update, record, due): due when this update reached the round's target, so the
+    caller starts aggregation only then (the scheduler handles deadlines). (None, existing
+    record, False) when a concurrent duplicate with the same key won."""
     try:
         part = _check(session, round_id, device_id, now, locked=True)
     except Exception:
@@ -69,6 +71,11 @@ def record_update(
     body = response(update)
     record = IdempotencyRecord(device_id=device_id, key=idempotency_key, request_sha256=request_sha256, status_code=201, response=body)
     session.add(record)
+    uploaded = session.scalar(
+        select(func.count()).select_from(Participation).where(Participation.round_id == round_id, Participation.status == "uploaded")
+    )
+    round_ = session.get(Round, round_id)  # locked by _check, already in the identity map
+    due = round_ is not None and (uploaded or 0) >= round_.target_participants
     audit.record(session, f"device:{device_id}", "update.accepted", round_id=round_id, device_id=device_id, n_samples=n_samples, bytes=size_bytes)
     try:
         session.commit()
@@ -77,8 +84,8 @@ def record_update(
         existing = get_idempotency(session, device_id, idempotency_key)
         if existing is None:
             raise Conflict(f"device {device_id} already uploaded an update for round {round_id}") from None
-        return None, existing
-    return update, record
+        return None, existing, False
+    return update, record, due
 
 
 def round_updates(session: Session, round_id: int) -> list[Update]:

@@ -1,8 +1,9 @@
 """Everything a request or background job needs, built once per app from Settings."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import torch
 from sqlalchemy import Engine, func, select
@@ -19,6 +20,14 @@ from server_api.storage.blobs import LocalBlobStore
 log = get_logger("startup")
 
 
+class VersionSpec(NamedTuple):
+    """What an upload against a version is checked with."""
+
+    spec: dict[str, Any]
+    embedding_dim: int
+    version_hash: str
+
+
 @dataclass
 class ServerContext:
     settings: Settings
@@ -29,6 +38,19 @@ class ServerContext:
     admin_token: str
     metrics: Metrics
     last_nonce_prune: float = 0.0
+    # Model versions are immutable, so their upload spec is read (and JSON-decoded) once per process.
+    _version_specs: dict[int, VersionSpec] = field(default_factory=dict)
+
+    def version_spec(self, session: Session, version_id: int) -> VersionSpec:
+        from server_api.crud import versions
+
+        cached = self._version_specs.get(version_id)
+        if cached is None:
+            version = versions.get(session, version_id)
+            if version is None:
+                raise LookupError(f"model version {version_id} does not exist")
+            cached = self._version_specs[version_id] = VersionSpec(version.spec, version.embedding_dim, version.version_hash)
+        return cached
 
     @classmethod
     def create(cls, settings: Settings, secrets: Secrets) -> ServerContext:

@@ -17,7 +17,6 @@ from sqlalchemy.orm import Session
 from server_api.core.logging import get_logger
 from server_api.crud import rounds as round_crud
 from server_api.crud import updates as update_crud
-from server_api.crud import versions as version_crud
 from server_api.errors import InvalidInput, NotFound
 from server_api.models import Device, Update, utcnow
 from server_api.schemas import UpdatePublic
@@ -33,6 +32,7 @@ class UploadOutcome:
     status_code: int
     body: dict[str, Any]
     created: bool
+    round_due: bool = False  # this update reached the round's target: aggregate now
 
 
 def accept_upload(
@@ -51,15 +51,12 @@ def accept_upload(
     round_ = round_crud.get_round(session, round_id)
     if round_ is None:
         raise NotFound(f"round {round_id} does not exist")
+    spec, dim, base_hash = ctx.version_spec(session, round_.base_version_id)
+    # Commits the read transaction before the slow part: on SQLite every transaction holds the write lock.
     update_crud.check_can_upload(session, round_id, device.id, now)
-    base = version_crud.get(session, round_.base_version_id)
-    assert base is not None
-    spec, dim, base_hash = base.spec, base.embedding_dim, base.version_hash
-    # End the read transaction before the slow part: on SQLite every transaction holds the write lock.
-    session.commit()  # read-only; commit (unlike rollback) keeps loaded objects usable
     with spool.open("rb") as handle:
         parsed = parse_update(handle, size, spec, dim, base_hash, ctx.settings.max_delta_norm)
-    blob = ctx.store.put_file(spool)
+    blob = ctx.store.adopt(spool, body_sha256)  # the route hashed the body as it arrived
     ciphertext = ctx.cipher.encrypt(parsed.embedding.astype("<f4").tobytes(), device.id, "update")
 
     def response(update: Update) -> dict[str, Any]:
@@ -69,7 +66,7 @@ def accept_upload(
         )
         return public.model_dump(mode="json")
 
-    update, record = update_crud.record_update(
+    update, record, due = update_crud.record_update(
         session, round_id=round_id, device_id=device.id, blob_sha256=blob, size_bytes=size,
         n_samples=parsed.meta.n_samples, metrics=dict(parsed.meta.metrics), embedding_ciphertext=ciphertext,
         idempotency_key=idempotency_key, request_sha256=body_sha256, response=response, now=now,
@@ -78,4 +75,4 @@ def accept_upload(
         ctx.metrics.updates.inc()
         ctx.metrics.upload_bytes.inc(size)
         log.info("update accepted", extra={"fields": {"round_id": round_id, "device_id": device.id, "n_samples": update.n_samples, "bytes": size}})
-    return UploadOutcome(record.status_code, record.response, created=update is not None)
+    return UploadOutcome(record.status_code, record.response, created=update is not None, round_due=due)

@@ -8,15 +8,17 @@ every entry of the model's state_dict, as the delta trained - base, plus
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 import numpy as np
+import torch
 from pydantic import ValidationError
 
 from server_api.errors import Conflict, InvalidInput
 from server_api.schemas import UpdateMeta
-from facecore.tensorfile import TensorFileError, TensorFileHeader, iter_tensors, read_header, read_tensor
+from facecore.tensorfile import DTYPES, TensorFileError, TensorFileHeader, read_header, read_tensor
 
 EMBEDDING_KEY = "class_embedding"
 BACKBONE_PREFIX = "backbone."
@@ -25,6 +27,7 @@ UNIT_NORM_TOLERANCE = 1e-3
 EMBEDDING_NORM_RANGE = (1e-3, 1e3)
 _FLOAT_WIRE = {"F16", "F32"}
 _INT_WIRE = {"I32", "I64"}
+_F16_EXPONENT = 0x7C00
 
 
 @dataclass(frozen=True)
@@ -56,14 +59,7 @@ def parse_update(handle: BinaryIO, size: int, spec: dict[str, Any], embedding_di
     if meta.base_version != base_version:
         raise Conflict(f"update was trained from model {meta.base_version[:12]}, but this round's base is {base_version[:12]}")
     _check_names_and_shapes(header, spec, embedding_dim)
-    squared = 0.0
-    for name, tensor in iter_tensors(handle, header, prefix=BACKBONE_PREFIX):
-        if tensor.dtype.kind == "f":
-            if not np.isfinite(tensor).all():
-                raise InvalidInput(f"backbone.{name} contains NaN or Inf")
-            flat = tensor.astype(np.float64).ravel()
-            squared += float(flat @ flat)
-    delta_norm = math.sqrt(squared)
+    delta_norm = math.sqrt(_backbone_squared_norm(handle, header))
     if delta_norm > max_delta_norm:
         raise InvalidInput(f"backbone delta L2 norm {delta_norm:.3g} exceeds the bound {max_delta_norm:.3g}")
     embedding = read_tensor(handle, header, EMBEDDING_KEY).astype(np.float32)
@@ -73,6 +69,52 @@ def parse_update(handle: BinaryIO, size: int, spec: dict[str, Any], embedding_di
     if not EMBEDDING_NORM_RANGE[0] <= norm <= EMBEDDING_NORM_RANGE[1]:
         raise InvalidInput(f"class_embedding norm {norm:.3g} is outside {EMBEDDING_NORM_RANGE}")
     return ParsedUpdate(meta=meta, header=header, embedding=embedding, delta_norm=delta_norm)
+
+
+def _float_spans(header: TensorFileHeader, prefix: str) -> Iterator[tuple[str, int, int, list[str]]]:
+    """Maximal runs of adjacent float tensors of one wire dtype: (dtype, begin, end, names).
+    Tensors are packed without holes in header order, so a run is one contiguous read."""
+    run: list[str] = []
+    for name, info in header.tensors.items():
+        if name.startswith(prefix) and info.dtype in _FLOAT_WIRE and run and header.tensors[run[-1]].dtype == info.dtype \
+                and header.tensors[run[-1]].end == info.begin:
+            run.append(name)
+            continue
+        if run:
+            yield header.tensors[run[0]].dtype, header.tensors[run[0]].begin, header.tensors[run[-1]].end, run
+        run = [name] if name.startswith(prefix) and info.dtype in _FLOAT_WIRE else []
+    if run:
+        yield header.tensors[run[0]].dtype, header.tensors[run[0]].begin, header.tensors[run[-1]].end, run
+
+
+def _non_finite(values: np.ndarray) -> np.ndarray:
+    if values.dtype == np.float16:
+        # numpy has no vectorised half-precision isfinite; an all-ones exponent is Inf or NaN.
+        return (values.view(np.uint16) & _F16_EXPONENT) == _F16_EXPONENT
+    return ~np.isfinite(values)
+
+
+def _backbone_squared_norm(handle: BinaryIO, header: TensorFileHeader) -> float:
+    """Sum of squares of every float backbone tensor, refusing NaN/Inf.
+
+    A span at a time rather than a tensor at a time: a mobilefacenet update has 333 tensors, and
+    per-tensor reads and casts made validation the slowest step of an upload."""
+    squared = 0.0
+    for dtype, begin, end, names in _float_spans(header, BACKBONE_PREFIX):
+        buffer = bytearray(end - begin)  # writable, so torch can wrap it without a copy
+        handle.seek(header.data_start + begin)
+        if handle.readinto(buffer) != len(buffer):
+            raise InvalidInput("update is truncated")
+        values = np.frombuffer(buffer, dtype=DTYPES[dtype])
+        bad = _non_finite(values)
+        if bad.any():
+            first = begin + int(np.argmax(bad)) * values.itemsize
+            name = next(n for n in names if header.tensors[n].begin <= first < header.tensors[n].end)
+            raise InvalidInput(f"{name} contains NaN or Inf")
+        # torch's half->float cast is vectorised (numpy's is 20x slower); float64 accumulation.
+        wide = torch.from_numpy(values).float().numpy() if values.dtype == np.float16 else values
+        squared += float(np.square(wide).sum(dtype=np.float64))
+    return squared
 
 
 def _parse_meta(header: TensorFileHeader) -> UpdateMeta:

@@ -13,7 +13,7 @@ import re
 import shutil
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
@@ -31,6 +31,13 @@ class BlobStore(Protocol):
 
     def put_file(self, path: Path) -> str:
         """Store a local file's content (streamed), return its digest; the file is left alone."""
+
+    def adopt(self, path: Path, digest: str) -> str:
+        """Take over a scratch file from :meth:`temp_file` whose sha256 the caller computed
+        while writing it (an upload hashed as it streamed in): no second read or copy."""
+
+    def temp_file(self) -> AbstractContextManager[Path]:
+        """A scratch path that is removed on exit unless :meth:`adopt` took it."""
 
     def get(self, digest: str) -> bytes: ...
 
@@ -126,6 +133,23 @@ class LocalBlobStore:
             _fsync_dir(final.parent)
         finally:
             Path(temp).unlink(missing_ok=True)
+        return digest
+
+    def adopt(self, path: Path, digest: str) -> str:
+        final = self.path(digest)
+        if final.is_file():
+            return digest
+        if path.parent != self.tmp:
+            raise ValueError(f"{path} is not a scratch file of this store")
+        final.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # the bytes are durable before any row can name them
+        finally:
+            os.close(fd)
+        os.chmod(path, 0o444)
+        os.replace(path, final)
+        _fsync_dir(final.parent)
         return digest
 
     def clean_temp(self, older_than_s: float = 3600.0) -> int:

@@ -49,6 +49,6 @@ async def upload_update(round_id: int, request: Request, background: BackgroundT
         outcome = await run_in_threadpool(
             accept_upload, ctx, session, device, round_id, spool, size, digest.hexdigest(), request.headers.get("idempotency-key")
         )
-    if outcome.created:
-        background.add_task(try_aggregate, ctx, round_id)  # aggregates at once if this was the target-th update
+    if outcome.round_due:
+        background.add_task(try_aggregate, ctx, round_id)  # the target-th update; deadlines are the scheduler's
     return JSONResponse(outcome.body, status_code=outcome.status_code)
