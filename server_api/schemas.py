@@ -50,6 +50,16 @@ class SpreadoutSettings(StrictModel):
     momentum: float = Field(default=0.9, ge=0, lt=1)
 
 
+class AggregationSettings(StrictModel):
+    """How backbone updates are combined. ``fedavg`` streams; ``median`` and ``trimmed_mean``
+    resist a minority of malicious devices but hold the round's updates in memory;
+    ``norm_bounded`` clips each delta to ``max_update_norm`` and still streams."""
+
+    method: Literal["fedavg", "median", "trimmed_mean", "norm_bounded"] = "fedavg"
+    trim_beta: float = Field(default=0.2, ge=0, lt=0.5, description="trimmed_mean: fraction dropped at each end")
+    max_update_norm: float = Field(default=1.0, gt=0, le=1e6, description="norm_bounded: L2 bound on each delta")
+
+
 class RoundCreate(StrictModel):
     target_participants: int = Field(default=10, ge=1, le=100_000)
     min_participants: int = Field(default=2, ge=1, le=100_000)
@@ -60,6 +70,7 @@ class RoundCreate(StrictModel):
     strategy: Literal["fedface", "fedavg"] = "fedface"
     local: LocalTrainingConfig = Field(default_factory=LocalTrainingConfig)
     spreadout: SpreadoutSettings = Field(default_factory=SpreadoutSettings)
+    aggregation: AggregationSettings = Field(default_factory=AggregationSettings)
 
     @model_validator(mode="after")
     def _consistent(self) -> RoundCreate:

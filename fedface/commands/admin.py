@@ -32,6 +32,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     open_.add_argument("--selection-window", type=float, default=5, help="seconds of check-ins before fair selection (default 5)")
     open_.add_argument("--local-epochs", type=int, default=1)
     open_.add_argument("--lr", type=float, default=0.01, help="local learning rate")
+    open_.add_argument("--aggregation", choices=("fedavg", "median", "trimmed_mean", "norm_bounded"), default="fedavg",
+                       help="backbone aggregation: fedavg (default) or a robust one against malicious devices")
+    open_.add_argument("--trim-beta", type=float, default=0.2, help="trimmed_mean: fraction dropped at each end (default 0.2)")
+    open_.add_argument("--max-update-norm", type=float, default=1.0, help="norm_bounded: L2 bound on each delta (default 1.0)")
     status.add_argument("--round", type=int, help="a round id instead of the current one")
 
 
@@ -87,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
         config = {
             "min_participants": args.min, "target_participants": args.target, "deadline_s": args.deadline,
             "selection_window_s": args.selection_window, "local": {"epochs": args.local_epochs, "lr": args.lr},
+            "aggregation": {"method": args.aggregation, "trim_beta": args.trim_beta, "max_update_norm": args.max_update_norm},
         }
         result = _call(args, "POST", "/v1/admin/rounds", config)
     else:

@@ -49,6 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     compare = modes.add_parser("compare", help="plot several finished runs together (accuracy, TAR, embedding spread)")
     compare.add_argument("runs", nargs="+", help="run folders holding report.json")
     compare.add_argument("--out", required=True)
+    compare.add_argument("--loss-target", type=float, default=None, help="also report rounds until the devices' round-start loss reaches this")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
+    from simulator.cross_device.markdown import summary_table, write_markdown
     from simulator.cross_device.run import write_plots
 
     reports = []
@@ -77,11 +79,10 @@ def _compare(args: argparse.Namespace) -> int:
         reports.append(json.loads((folder / "report.json").read_text()))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for path in write_plots(reports, out):
-        print(f"wrote {path}")
-    print(f"{'method':<24} {'init':<7} {'devices':>7} {'rounds':>6} {'LFW acc':>8} {'TAR@1e-3':>9} {'to target':>9}")
-    for r in reports:
-        print(f"{r['method']:<24} {r['init']:<7} {r['devices']:>7} {r['rounds']:>6} {100 * r['accuracy']:7.2f}% {100 * r['tar_at_far']['1e-3']:8.2f}% {str(r['rounds_to_target']):>9}")
+    plots = write_plots(reports, out)
+    report = write_markdown(reports, out, plots, args.loss_target)
+    print(summary_table(reports, args.loss_target))
+    print("wrote " + ", ".join(str(p) for p in (*plots, report)))
     return 0
 
 

@@ -29,7 +29,7 @@ from server_api.services.context import ServerContext
 from server_api.services.model_store import build_model, load_weights, store_model
 from server_api.services.validation import BACKBONE_PREFIX
 from facecore.tensorfile import iter_tensors, read_header
-from server_api.strategies import STRATEGIES, ClientUpdate, FedFace, Strategy
+from server_api.strategies import STRATEGIES, ClientUpdate, FedFace, Strategy, backbone_aggregator
 
 log = get_logger("aggregation")
 
@@ -67,8 +67,13 @@ def try_aggregate(ctx: ServerContext, round_id: int) -> str:
 
 def strategy_for(name: str, config: dict) -> Strategy:
     """The round's strategy object, built from its stored config."""
+    # Rounds stored before robust aggregation existed have no "aggregation" entry: FedAvg.
+    settings = config.get("aggregation") or {"method": "fedavg"}
+    backbone = backbone_aggregator(**settings)
     if name == "fedface":
-        return FedFace(SpreadoutConfig(**config["spreadout"]))
+        return FedFace(SpreadoutConfig(**config["spreadout"]), backbone=backbone)
+    if name == "fedavg":
+        return backbone
     return STRATEGIES[name]()
 
 

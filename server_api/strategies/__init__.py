@@ -3,21 +3,37 @@ shared by the round server and the simulator (Flower-style: configure, then aggr
 
 - :mod:`.base`: the :class:`Strategy` ABC and the typed records passed to it.
 - :mod:`.fedavg`: FedAvg as a streaming weighted running sum.
-- :mod:`.fedface`: FedAvg for the backbone plus spreadout on the class embeddings.
-
-Later algorithms (PFM/FV for cross-silo, coordinate median and other robust
-aggregators) are new modules implementing the same ABC; robust ones may need to
-materialise all updates, which the ``Iterable`` argument allows.
+- :mod:`.fedface`: FedAvg (or a robust aggregator) for the backbone plus spreadout on the class embeddings.
+- :mod:`.coordinate`: coordinate-wise median and trimmed mean (hold a round's updates in memory).
+- :mod:`.norm_bounded`: FedAvg of deltas clipped to an L2 bound (streams).
+- :mod:`.pfm`, :mod:`.fedval`: cross-silo PFM and Federated Validation.
 """
 from server_api.strategies.base import AggregateResult, ClientUpdate, Strategy, TrainInstructions
+from server_api.strategies.coordinate import CoordinateMedian, TrimmedMean
 from server_api.strategies.fedavg import FedAvg, RunningWeightedSum
 from server_api.strategies.fedface import FedFace
+from server_api.strategies.norm_bounded import NormBoundedFedAvg
 from server_api.strategies.fedval import FederatedValidation, FVConfig, FVStep
 from server_api.strategies.pfm import PFM, PFMResult, WeightedFedAvg
 
 STRATEGIES: dict[str, type[Strategy]] = {"fedavg": FedAvg, "fedface": FedFace}
 
+
+def backbone_aggregator(method: str, trim_beta: float = 0.2, max_update_norm: float = 1.0) -> Strategy:
+    """The backbone step a round asked for (see server_api.schemas.AggregationSettings)."""
+    if method == "fedavg":
+        return FedAvg()
+    if method == "median":
+        return CoordinateMedian()
+    if method == "trimmed_mean":
+        return TrimmedMean(trim_beta)
+    if method == "norm_bounded":
+        return NormBoundedFedAvg(max_update_norm)
+    raise ValueError(f"unknown backbone aggregation {method!r}")
+
+
 __all__ = [
-    "PFM", "STRATEGIES", "AggregateResult", "ClientUpdate", "FVConfig", "FVStep", "FedAvg", "FedFace", "FederatedValidation",
-    "PFMResult", "RunningWeightedSum", "Strategy", "TrainInstructions", "WeightedFedAvg",
+    "PFM", "STRATEGIES", "AggregateResult", "ClientUpdate", "CoordinateMedian", "FVConfig", "FVStep", "FedAvg", "FedFace",
+    "FederatedValidation", "NormBoundedFedAvg", "PFMResult", "RunningWeightedSum", "Strategy", "TrainInstructions", "TrimmedMean",
+    "WeightedFedAvg", "backbone_aggregator",
 ]

@@ -72,6 +72,10 @@ class FedAvg(Strategy):
         """How much one update counts; subclasses (FV's weighted FedAvg) override only this."""
         return float(update.n_samples)
 
+    def _prepare(self, update: ClientUpdate) -> Mapping[str, np.ndarray]:
+        """The weights that enter the mean; norm-bounded FedAvg clips them here."""
+        return update.weights
+
     def aggregate_train(self, server_round: int, base: Mapping[str, np.ndarray], results: Iterable[ClientUpdate]) -> AggregateResult:
         total = RunningWeightedSum()
         kind: UpdateKind | None = None
@@ -85,7 +89,7 @@ class FedAvg(Strategy):
             weight = self._weight(update)
             n_samples += update.n_samples
             if weight > 0:  # a zero weight (FV) leaves a client out of this aggregate
-                total.add(update.weights, weight, update.metrics)
+                total.add(self._prepare(update), weight, update.metrics)
         if total.count == 0 and n_samples > 0:
             raise ValueError("no client with a positive weight took part in this round")
         mean = total.mean()

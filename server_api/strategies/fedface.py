@@ -2,20 +2,30 @@
 on the matrix of every enrolled identity's class embedding so identities stay apart."""
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict
 
 import numpy as np
 import torch
 
 from facecore.losses import SpreadoutConfig, spreadout_optimize
+from server_api.strategies.base import AggregateResult, ClientUpdate, Strategy
 from server_api.strategies.fedavg import FedAvg
 
 
 class FedFace(FedAvg):
+    """``backbone``: another strategy for the backbone step (a robust one); FedAvg when None."""
+
     name = "fedface"
 
-    def __init__(self, spreadout: SpreadoutConfig | None = None) -> None:
+    def __init__(self, spreadout: SpreadoutConfig | None = None, backbone: Strategy | None = None) -> None:
         self.spreadout = spreadout or SpreadoutConfig()
+        self.backbone = backbone
+
+    def aggregate_train(self, server_round: int, base: Mapping[str, np.ndarray], results: Iterable[ClientUpdate]) -> AggregateResult:
+        if self.backbone is None:
+            return super().aggregate_train(server_round, base, results)
+        return self.backbone.aggregate_train(server_round, base, results)
 
     def aggregate_embeddings(self, W: np.ndarray, config: SpreadoutConfig | None = None) -> np.ndarray:
         """``spreadout_optimize`` on ``W`` (C, D); rows are returned un-normalised, like the core does."""

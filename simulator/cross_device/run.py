@@ -15,6 +15,7 @@ from facecore.models.checkpoint import load_backbone
 from facecore.models.preprocess import embed_faces
 from simulator.cross_device.config import CrossDeviceConfig
 from simulator.cross_device.engine import CrossDeviceSimulation, Evaluator
+from simulator.cross_device.markdown import label, write_markdown
 from simulator.cross_device.population import load_population
 
 
@@ -42,7 +43,7 @@ def run_cross_device(config: CrossDeviceConfig, root: Path, out: Path, manifest:
         history = CrossDeviceSimulation(config, population, model, out, evaluator).run(resume=resume).history
     report = summarize(config, population, history, time.perf_counter() - started, manifest)
     (out / "report.json").write_text(json.dumps(report, indent=1))
-    write_plots([report], out)
+    write_markdown([report], out, write_plots([report], out))
     return report
 
 
@@ -89,7 +90,7 @@ def summarize(config: CrossDeviceConfig, population, history: list[dict[str, Any
 def write_plots(reports: list[dict[str, Any]], out: Path) -> list[Path]:
     def series(key: str, pick=lambda v: v) -> dict[str, tuple[list[int], list[float]]]:  # type: ignore[no-untyped-def]
         return {
-            _label(r): ([h["round"] for h in r["history"] if key in h], [pick(h[key]) for h in r["history"] if key in h])
+            label(r): ([h["round"] for h in r["history"] if key in h], [pick(h[key]) for h in r["history"] if key in h])
             for r in reports
         }
 
@@ -97,9 +98,6 @@ def write_plots(reports: list[dict[str, Any]], out: Path) -> list[Path]:
         save_line_plot(out / "accuracy.png", series("accuracy"), "round", "LFW accuracy", "LFW accuracy (identity-disjoint folds)"),
         save_line_plot(out / "tar.png", series("tar_at_far", lambda t: t["1e-3"]), "round", "TAR@FAR=1e-3", "TAR at FAR 1e-3"),
         save_line_plot(out / "embedding_spread.png", series("embedding_mean_cos"), "round", "mean pairwise cosine", "class-embedding spread"),
+        save_line_plot(out / "train_loss.png", series("loss_before"), "round", "positive loss at round start", "device training loss"),
     ]
     return paths
-
-
-def _label(report: dict[str, Any]) -> str:
-    return f"{report['method']} ({report['init']} init)"

@@ -157,3 +157,25 @@ def test_admin_auth_and_round_config_validation(client: TestClient, admin: dict)
     assert first.status_code == 201 and first.json()["config"]["spreadout"] == {"nu": 0.3, "steps": 10, "lr": 0.01, "momentum": 0.9}
     assert first.json()["config"]["local"]["margin"] == 0.9
     assert second.status_code == 409 and f"round {first.json()['id']} is still open" in second.json()["detail"]
+
+
+def test_round_with_median_aggregation_ignores_one_wild_update(client: TestClient, admin: dict, rng: np.random.Generator) -> None:
+    # Prepare: three participants; c's delta is 100x the others' scale.
+    a, b, c = enrolled_devices(client, 3, rng)
+    round_ = open_round(client, admin, target_participants=3, min_participants=3, aggregation={"method": "median"})
+    for device in (a, b, c):
+        assert device.checkin().json()["status"] == "selected"
+    base = load_backbone_bytes(a.backbone(round_["base_version"]).content)
+    deltas = {a.id: make_delta(base, rng), b.id: make_delta(base, rng), c.id: make_delta(base, rng, scale=0.1)}
+    # Execute
+    for device in (a, b, c):
+        body = update_file(deltas[device.id], unit_vector(rng), round_["base_version"], 10, {"loss": 0.1})
+        assert device.upload(round_["id"], body).status_code == 201
+    status = client.get("/v1/admin/rounds/current", headers=admin).json()
+    # Assert: every float coordinate moved by the median of the three deltas, not by their mean.
+    assert status["status"] == "completed" and status["config"]["aggregation"]["method"] == "median"
+    new = load_backbone_bytes(a.backbone(status["result_version"]).content)
+    for key, value in base.items():
+        if value.dtype.kind == "f":
+            median = np.median(np.stack([deltas[d][key] for d in deltas]).astype(np.float32), axis=0)
+            np.testing.assert_allclose(new[key], value + median, rtol=0, atol=1e-6, err_msg=key)

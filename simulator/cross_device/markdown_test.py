@@ -1,0 +1,48 @@
+"""The markdown report reads the numbers runs recorded, and convergence is counted from them."""
+from pathlib import Path
+
+from simulator.cross_device.markdown import label, rounds_to_loss, summary_table, write_markdown
+
+
+def _report(method: str = "fedface", losses: tuple[float, ...] = (0.5, 0.3, 0.1)) -> dict:
+    history = [{"round": 0, "embedding_mean_cos": 0.1, "accuracy": 0.80, "tar_at_far": {"1e-3": 0.1, "1e-4": 0.05}}]
+    history += [{"round": i + 1, "loss_before": loss, "train_loss": loss / 2, "embedding_mean_cos": 0.1 * (i + 2), "seconds": 2.0}
+                for i, loss in enumerate(losses)]
+    history[-1] |= {"accuracy": 0.82, "tar_at_far": {"1e-3": 0.2, "1e-4": 0.07}}
+    return {
+        "method": method, "init": "mean", "devices": 5, "rounds": len(losses), "per_round": 2, "accuracy": 0.82,
+        "tar_at_far": {"1e-3": 0.2, "1e-4": 0.07}, "initial_accuracy": 0.80, "initial_tar_at_far": {"1e-3": 0.1, "1e-4": 0.05},
+        "rounds_to_target": None, "target_accuracy": None, "seconds_per_round": 2.0, "wall_seconds": 60.0, "device_images": 50,
+        "split_sizes": {"devices": 5}, "seed": 0, "history": history,
+        "config": {"local": {"epochs": 1, "lr": 0.01, "momentum": 0.9, "margin": 0.9, "batch": 32, "trainable_blocks": None}},
+    }
+
+
+def test_rounds_to_loss_is_the_first_round_at_or_below_the_target() -> None:
+    # Prepare
+    report = _report(losses=(0.5, 0.3, 0.1))
+    # Execute / Assert
+    assert rounds_to_loss(report, 0.3) == 2
+    assert rounds_to_loss(report, 0.05) is None
+
+
+def test_summary_row_shows_start_and_end_figures() -> None:
+    # Prepare
+    reports = [_report(), _report("central")]
+    # Execute
+    table = summary_table(reports, loss_target=0.3)
+    # Assert
+    assert "80.00 → 82.00" in table and "10.00 → 20.00" in table and "0.100 → 0.400" in table
+    assert label(reports[1]) == "central" and "| central |" in table
+    assert table.splitlines()[2].split("|")[-3].strip() == "2"  # rounds to loss <= 0.3
+
+
+def test_write_markdown_names_seed_split_and_plots(tmp_path: Path) -> None:
+    # Prepare
+    plot = tmp_path / "accuracy.png"
+    # Execute
+    path = write_markdown([_report()], tmp_path, [plot])
+    # Assert
+    text = path.read_text()
+    assert "Seed(s): [0]" in text and "'devices': 5" in text and "![accuracy](accuracy.png)" in text
+    assert "| 3 | 0.1000 → 0.0500 | 0.4000 | 82.00 | 20.00 | 2.0 |" in text
