@@ -33,7 +33,7 @@ def _pct(value: float | None) -> str:
 
 def _final_spread(report: dict[str, Any]) -> str:
     spreads = [h["embedding_mean_cos"] for h in report["history"] if "embedding_mean_cos" in h]
-    return f"{spreads[0]:.3f} → {spreads[-1]:.3f}" if spreads else "n/a"
+    return f"{spreads[0]:.5f} → {spreads[-1]:.5f}" if spreads else "n/a"  # collapse starts in the 4th decimal
 
 
 def summary_table(reports: Sequence[dict[str, Any]], loss_target: float | None = None) -> str:

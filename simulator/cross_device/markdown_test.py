@@ -32,7 +32,7 @@ def test_summary_row_shows_start_and_end_figures() -> None:
     # Execute
     table = summary_table(reports, loss_target=0.3)
     # Assert
-    assert "80.00 → 82.00" in table and "10.00 → 20.00" in table and "0.100 → 0.400" in table
+    assert "80.00 → 82.00" in table and "10.00 → 20.00" in table and "0.10000 → 0.40000" in table
     assert label(reports[1]) == "central" and "| central |" in table
     assert table.splitlines()[2].split("|")[-3].strip() == "2"  # rounds to loss <= 0.3
 
