@@ -39,6 +39,10 @@ class LocalTrainingConfig:
     flip: bool = True
     bn_mode: str = "frozen"  # or "train"
     trainable_blocks: int | None = None  # None: the whole backbone; k: only the last k blocks + head
+    # True: loss_before/loss_after are full passes over the faces (what a phone reports). False:
+    # they are the mean batch loss of the first and of the last epoch, computed during training
+    # anyway; a simulator of thousands of devices saves two forward passes per device.
+    exact_losses: bool = True
 
     def __post_init__(self) -> None:
         problems = [
@@ -124,18 +128,30 @@ def _mean_loss(forward: nn.Module, embedding: Tensor, inputs: Tensor, margin: fl
     return float(sum(losses) / len(inputs))
 
 
+def _weighted_mean(losses: list[tuple[float, int]]) -> float:
+    count = sum(n for _, n in losses)
+    return sum(loss * n for loss, n in losses) / count if count else math.nan
+
+
 def train_local(
     backbone: nn.Module, embedding: np.ndarray | Tensor, faces: np.ndarray, config: LocalTrainingConfig, seed: int = 0,
-    dtype: torch.dtype = torch.float32, cache: PrefixCache | None = None,
+    dtype: torch.dtype = torch.float32, cache: PrefixCache | None = None, workspace: nn.Module | None = None,
 ) -> LocalUpdate:
     """One round of local training on the owner's aligned faces. `backbone` is not modified.
 
     With `config.trainable_blocks`, only the last blocks and the head train; their input comes
-    from `cache` (computed here when not given) instead of running the frozen prefix each step."""
+    from `cache` (computed here when not given) instead of running the frozen prefix each step.
+    `workspace`: a model of the same architecture and dtype to train in, overwritten with
+    `backbone`'s weights; reusing one across devices saves a deep copy per device."""
     if len(faces) == 0:
         raise FaceCoreError("local training needs at least one aligned face")
     started = time.perf_counter()
-    model = copy.deepcopy(backbone).to(dtype=dtype)
+    if workspace is None:
+        model = copy.deepcopy(backbone).to(dtype=dtype)
+    else:
+        model = workspace
+        with torch.no_grad():
+            model.load_state_dict(backbone.state_dict())
     for p in model.parameters():
         p.requires_grad_(True)
     _, suffix = split_backbone(model, config.trainable_blocks)
@@ -149,11 +165,13 @@ def train_local(
     w = nn.Parameter(torch.as_tensor(np.asarray(embedding), dtype=dtype).clone())
     optimizer = torch.optim.SGD([*suffix.parameters(), w], lr=config.lr, momentum=config.momentum)
     generator = torch.Generator().manual_seed(seed)
-    loss_before = _mean_loss(suffix, w.detach(), plain, config.margin, config.batch)
+    loss_before = _mean_loss(suffix, w.detach(), plain, config.margin, config.batch) if config.exact_losses else math.nan
     _set_mode(suffix, config.bn_mode)
     steps = 0
     limit = config.steps or math.inf
+    epoch_losses: list[list[tuple[float, int]]] = []
     for _ in range(config.epochs):
+        epoch_losses.append([])
         order = torch.randperm(len(plain), generator=generator)
         for start in range(0, len(order), config.batch):
             if steps >= limit:
@@ -167,8 +185,12 @@ def train_local(
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
+            epoch_losses[-1].append((float(loss.detach()), len(index)))
             steps += 1
-    loss_after = _mean_loss(suffix, w.detach(), plain, config.margin, config.batch)
+    if config.exact_losses:
+        loss_after = _mean_loss(suffix, w.detach(), plain, config.margin, config.batch)
+    else:
+        loss_before, loss_after = _weighted_mean(epoch_losses[0]), _weighted_mean([x for e in epoch_losses[-1:] for x in e])
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     if not (math.isfinite(loss_after) and all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())):
         raise TrainingDiverged(f"local training diverged (loss {loss_after}); lower the learning rate")

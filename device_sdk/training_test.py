@@ -1,3 +1,5 @@
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -107,3 +109,33 @@ def test_prefix_and_suffix_compose_to_the_full_backbone_and_the_cache_matches(ow
     a = train_local(model, embedding, faces, config, seed=1, cache=cache)
     b = train_local(model, embedding, faces, config, seed=1)
     assert all(torch.equal(a.state_dict[k], b.state_dict[k]) for k in a.state_dict)
+
+
+@pytest.mark.parametrize("trainable_blocks", [None, 2])
+def test_a_reused_workspace_gives_the_same_update_as_a_fresh_copy(owner, trainable_blocks) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: the workspace has just trained another device, so stale weights, grads and modes are in it
+    model, faces, embedding = owner
+    config = LocalTrainingConfig(epochs=2, batch=4, trainable_blocks=trainable_blocks)
+    workspace = copy.deepcopy(model)
+    train_local(model, -embedding, faces[::-1].copy(), config, seed=3, workspace=workspace)
+    # Execute
+    fresh = train_local(model, embedding, faces, config, seed=7)
+    reused = train_local(model, embedding, faces, config, seed=7, workspace=workspace)
+    # Assert
+    assert all(torch.equal(fresh.state_dict[k], reused.state_dict[k]) for k in fresh.state_dict)
+    assert torch.equal(fresh.embedding, reused.embedding) and fresh.loss_after == reused.loss_after
+
+
+def test_training_losses_come_from_the_first_and_last_epoch_without_extra_passes(owner) -> None:  # type: ignore[no-untyped-def]
+    # Prepare
+    model, faces, embedding = owner
+    exact = LocalTrainingConfig(epochs=3, batch=4, flip=False)
+    cheap = LocalTrainingConfig(epochs=3, batch=4, flip=False, exact_losses=False)
+    # Execute
+    a = train_local(model, embedding, faces, exact, seed=1)
+    b = train_local(model, embedding, faces, cheap, seed=1)
+    # Assert: the same training; the first batch of epoch 1 is scored before any step, so the
+    # cheap round-start loss starts from the exact one and lies between the exact before/after.
+    assert all(torch.equal(a.state_dict[k], b.state_dict[k]) for k in a.state_dict)
+    assert a.loss_after < b.loss_before <= a.loss_before + 1e-6
+    assert a.loss_after <= b.loss_after < b.loss_before

@@ -58,7 +58,7 @@ def lr_factor(config: PretrainConfig, step: int, steps_per_epoch: int) -> float:
 class Pretrainer:
     def __init__(
         self, config: PretrainConfig, data: LabelledFaces, out_dir: str | Path, evaluate: EvalFn | None = None,
-        init_state: dict[str, torch.Tensor] | None = None,
+        init_state: dict[str, torch.Tensor] | None = None, init_head: torch.Tensor | None = None,
     ) -> None:
         self.config = config
         self.data = data
@@ -72,6 +72,11 @@ class Pretrainer:
         self.model.to(self.device, memory_format=torch.channels_last)
         head_options = {k: v for k, v in (("s", config.scale), ("m", config.margin)) if v is not None}
         self.head = make_margin_head(config.loss, self.model.embedding_dim, len(data.classes), **head_options).to(self.device)
+        if init_head is not None:  # (classes, dim), e.g. each class's mean feature: no random head to recover from
+            if tuple(init_head.shape) != tuple(self.head.weight.shape):
+                raise FaceCoreError(f"init_head has shape {tuple(init_head.shape)}, the head needs {tuple(self.head.weight.shape)}")
+            with torch.no_grad():
+                self.head.weight.copy_(init_head.to(self.head.weight))
         params = list(self.model.parameters()) + list(self.head.parameters())
         self.optimizer = torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
         self.steps_per_epoch = self._steps_per_epoch()

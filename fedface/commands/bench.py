@@ -26,10 +26,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     device.add_argument("--data")
     device.add_argument("--repeats", type=int, default=3)
     device.add_argument("--json", action="store_true")
+    sim = targets.add_parser("sim", help="one simulated FedFace round vs the compute floor (same images and steps as one stream)")
+    sim.add_argument("--devices", default="10,100,1000", help="comma-separated device counts (default 10,100,1000)")
+    sim.add_argument("--trainable-blocks", type=int, default=2, help="frozen-prefix option: train the last K blocks + head (default 2)")
+    sim.add_argument("--repeats", type=int, default=3, help="rounds timed per device count; the median is reported (default 3)")
+    sim.add_argument("--model", default="default")
+    sim.add_argument("--data")
+    sim.add_argument("--json", action="store_true")
 
 
 def run(args: argparse.Namespace) -> int:
-    return {"export": _export, "server": _server, "device": _device}[args.target](args)
+    return {"export": _export, "server": _server, "device": _device, "sim": _sim}[args.target](args)
+
+
+def _sim(args: argparse.Namespace) -> int:
+    from facecore.data.split import SplitConfig, build_split
+    from facecore.models.checkpoint import load_backbone
+    from facecore.paths import data_root
+    from simulator.bench import bench_sim, describe
+    from simulator.cross_device.population import load_population
+
+    try:
+        counts = tuple(int(x) for x in args.devices.split(","))
+    except ValueError:
+        raise SystemExit(f"fedface bench sim: --devices must be comma-separated integers, got {args.devices!r}") from None
+    if min(counts) < 2 or args.repeats < 1 or args.trainable_blocks < 0:
+        raise SystemExit("fedface bench sim: device counts must be >= 2, --repeats >= 1, --trainable-blocks >= 0")
+    root = data_root(args.data)
+    population = load_population(build_split(root, SplitConfig(seed=0)), root, requested=max(counts))
+    results = bench_sim(population, load_backbone(args.model), counts, args.trainable_blocks, args.repeats)
+    print(json.dumps(results if len(results) > 1 else results[0]) if args.json else describe(results))
+    return 0
 
 
 def _device(args: argparse.Namespace) -> int:

@@ -56,7 +56,8 @@ class CrossDeviceSimulation:
         self.out = out_dir
         self.evaluate = evaluate
         self.strategy: Strategy = FedFace(config.server_spreadout) if config.uses_spreadout else FedAvg()
-        self._caches: dict[int, PrefixCache] = {}
+        self.caches: dict[int, PrefixCache] = {}  # frozen-prefix activations per device, valid for the whole run
+        self.workspace = copy.deepcopy(self.model)  # every device trains in this one copy: no per-device deep copy
 
     # ---- state ---------------------------------------------------------------------------
     def initial_embeddings(self) -> np.ndarray:
@@ -66,6 +67,15 @@ class CrossDeviceSimulation:
             return W / np.linalg.norm(W, axis=1, keepdims=True)
         # FedFace's init: each device enrolls with the mean feature of its own photos
         return np.stack([mean_feature_embedding(embed_faces(self.model, d.faces)) for d in self.population.devices])
+
+    def prepare_caches(self) -> None:
+        """Compute every device's frozen-prefix activations now instead of on first selection."""
+        blocks = self.config.local.trainable_blocks
+        if blocks is None:
+            return
+        for device in tqdm(self.population.devices, desc="prefix caches", unit="device", leave=False):
+            if device.index not in self.caches:
+                self.caches[device.index] = prefix_cache(self.model, device.faces, blocks)
 
     @property
     def checkpoint_path(self) -> Path:
@@ -96,9 +106,9 @@ class CrossDeviceSimulation:
             device = self.population.devices[index]
             cache = None
             if self.config.local.trainable_blocks is not None:
-                cache = self._caches.get(index) or self._caches.setdefault(index, prefix_cache(self.model, device.faces, self.config.local.trainable_blocks))
+                cache = self.caches.get(index) or self.caches.setdefault(index, prefix_cache(self.model, device.faces, self.config.local.trainable_blocks))
             seed = self.config.seed * 1_000_003 + round_number * 10_007 + index
-            update = train_local(self.model, state.W[index], device.faces, self.config.local, seed=seed, cache=cache)
+            update = train_local(self.model, state.W[index], device.faces, self.config.local, seed=seed, cache=cache, workspace=self.workspace)
             state.W[index] = update.embedding.numpy()
             losses.append(update.loss_after)
             delta = {k: (update.state_dict[k] - base[k]).numpy() for k in base}
