@@ -3,6 +3,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from export.pipeline import ExportError, export_model, sha256
@@ -80,3 +81,31 @@ def test_a_failed_export_leaves_nothing_behind(tmp_path: Path, real_data: Path, 
         export_model("default", tmp_path / "out", real_data, int8=True)
     # Assert
     assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_prelu_decomposition_computes_the_same_function() -> None:
+    # Prepare: a PRelu with a negative and a positive per-channel slope, as mobilefacenet has
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from export.onnx_model import PRELU_TAG, decompose_prelu, float_nodes
+
+    slope = numpy_helper.from_array(np.array([-0.3, 0.5], np.float32).reshape(2, 1, 1), "slope")
+    graph = helper.make_graph(
+        [helper.make_node("PRelu", ["x", "slope"], ["y"], name="act")], "prelu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3, 3])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 3, 3])],
+        [slope],
+    )
+    original = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.random.default_rng(0).standard_normal((1, 2, 3, 3)).astype(np.float32)
+
+    def run(model) -> np.ndarray:  # type: ignore[no-untyped-def]
+        return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+    expected = run(original)
+    # Execute
+    decomposed = decompose_prelu(original)
+    # Assert
+    np.testing.assert_allclose(run(decomposed), expected, rtol=0, atol=1e-7)
+    assert [n.op_type for n in decomposed.graph.node] == ["Relu", "Sub", "Mul", "Add"]
+    assert len(float_nodes(decomposed)) == 4 and all(PRELU_TAG in name for name in float_nodes(decomposed))
