@@ -104,7 +104,10 @@ class PrefixCache:
 @torch.no_grad()
 def prefix_cache(backbone: nn.Module, faces: np.ndarray, trainable_blocks: int, dtype: torch.dtype = torch.float32, batch: int = 64) -> PrefixCache:
     prefix, _ = split_backbone(backbone, trainable_blocks)
-    prefix = copy.deepcopy(prefix).to(dtype=dtype).eval()
+    if prefix.training or any(p.dtype != dtype for p in prefix.parameters()):
+        # Only then is a copy needed, to leave the caller's model in its own mode and dtype; a
+        # simulator calls this once per device on an eval-mode model, where the copy was most of the cost.
+        prefix = copy.deepcopy(prefix).to(dtype=dtype).eval()
     inputs = faces_to_tensor(faces).to(dtype)
     plain = torch.cat([prefix(inputs[i : i + batch]) for i in range(0, len(inputs), batch)])
     flipped = torch.cat([prefix(inputs[i : i + batch].flip(3)) for i in range(0, len(inputs), batch)])

@@ -94,7 +94,7 @@ def bench_sim(
         round_s, floor_s = statistics.median(ours), statistics.median(floor)
         results.append({
             "devices": count, "real_identities": len(population.devices), "trainable_blocks": trainable_blocks, "repeats": repeats,
-            "round_seconds": round(round_s, 3), "floor_seconds": round(floor_s, 3), "floor_ratio": round(floor_s / round_s, 3),
+            "round_seconds": round(round_s, 4), "floor_seconds": round(floor_s, 4), "floor_ratio": round(floor_s / round_s, 3),
             "per_device_overhead_ms": round(1000 * (round_s - floor_s) / count, 2),
             "flower_seconds": None, "flower_ratio": None,  # Flower + Ray is not installed in this project's environment
             "torch_threads": torch.get_num_threads(), "images_per_round": int(sum(len(d.faces) for d in simulation.population.devices)),

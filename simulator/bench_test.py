@@ -31,7 +31,7 @@ def test_bench_reports_both_timings_and_their_ratio() -> None:
     assert [r["devices"] for r in results] == [2, 4]
     for r in results:
         assert r["round_seconds"] > 0 and r["floor_seconds"] > 0
-        # the reported seconds are rounded to 1 ms, so their ratio matches the exact one only to a few %
+        # the reported seconds are rounded to 0.1 ms, so their ratio matches the exact one only to a few %
         assert r["floor_ratio"] == pytest.approx(r["floor_seconds"] / r["round_seconds"], rel=0.05)
         assert r["images_per_round"] == 5 * r["devices"]
 

@@ -18,7 +18,7 @@ import json
 import os
 import socket
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -143,16 +143,23 @@ def _server(config: CrossSiloConfig, spec: DataSpec, template: torch.nn.Module, 
         np.savez(weights_out, **final)
 
 
-def _trainer(config: CrossSiloConfig, spec: DataSpec, index: int, template: torch.nn.Module, flat: Flat, train: Any) -> None:
-    trainer = make_trainer(config, spec.trainer(index), index, template)
-    momentum_flat = Flat({k: v.numpy() for k, v in template.state_dict().items()}, list(trainer.params))
-    header = torch.zeros(2, dtype=torch.float64)
+def _serve(flat: Flat, group: Any, header_size: int, work: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+    """A worker's loop: receive a header (STOP ends it) and the flat weights, send back `work`'s result."""
+    header = torch.zeros(header_size, dtype=torch.float64)
     while True:
-        dist.broadcast(header, 0, group=train)
+        dist.broadcast(header, 0, group=group)
         if header[0].item() == STOP:
             return
         weights = torch.zeros(flat.size, dtype=torch.float64)
-        dist.broadcast(weights, 0, group=train)
+        dist.broadcast(weights, 0, group=group)
+        dist.gather(work(header, weights), None, dst=0, group=group)
+
+
+def _trainer(config: CrossSiloConfig, spec: DataSpec, index: int, template: torch.nn.Module, flat: Flat, train: Any) -> None:
+    trainer = make_trainer(config, spec.trainer(index), index, template)
+    momentum_flat = Flat({k: v.numpy() for k, v in template.state_dict().items()}, list(trainer.params))
+
+    def work(header: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         momentum = None
         if config.uses_pfm:
             m = torch.zeros(momentum_flat.size, dtype=torch.float64)
@@ -160,17 +167,11 @@ def _trainer(config: CrossSiloConfig, spec: DataSpec, index: int, template: torc
             momentum = momentum_flat.unpack(m)
         res = trainer.train_round(flat.unpack(weights), momentum, float(header[1]), config.K)
         tail = torch.tensor([*res.losses, res.n_samples], dtype=torch.float64)
-        dist.gather(torch.cat([flat.pack(res.weights), tail]), None, dst=0, group=train)
+        return torch.cat([flat.pack(res.weights), tail])
+
+    _serve(flat, train, 2, work)
 
 
 def _validator(config: CrossSiloConfig, spec: DataSpec, index: int, template: torch.nn.Module, flat: Flat, validate: Any) -> None:
     validator = Validator(spec.validator(index), place(template, config.device), config.device)
-    header = torch.zeros(1, dtype=torch.float64)
-    while True:
-        dist.broadcast(header, 0, group=validate)
-        if header[0].item() == STOP:
-            return
-        weights = torch.zeros(flat.size, dtype=torch.float64)
-        dist.broadcast(weights, 0, group=validate)
-        score = validator.score(flat.unpack(weights))
-        dist.gather(torch.tensor([score], dtype=torch.float64), None, dst=0, group=validate)
+    _serve(flat, validate, 1, lambda header, weights: torch.tensor([validator.score(flat.unpack(weights))], dtype=torch.float64))
