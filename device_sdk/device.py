@@ -17,7 +17,9 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from device_sdk.errors import NoFaceFound, NotEnrolled, NotRegistered, RoundClosed
 from device_sdk.inference import OnnxEmbedder
+from device_sdk.personal import PersonalConfig, PersonalVerifier, load_verifier, save_verifier, saved_model_version, train_personal_verifier
 from device_sdk.state import DeviceState, write_atomic
+from device_sdk.template_noise import noisy_template, sigma_for_cosine
 from device_sdk.training import LocalTrainingConfig, mean_feature_embedding, train_local
 from device_sdk.transport import Transport
 from facecore import tensorfile
@@ -49,17 +51,35 @@ class VerifyResult:
     score: float
     match: bool
     threshold: float
+    personal: bool = False
+
+
+@dataclass(frozen=True)
+class PersonalizeResult:
+    fusion: str
+    faces: int
+    loss_before: float
+    loss_after: float
+    seconds: float
+    model_version: str
+    fusion_summary: dict[str, float]
 
 
 class FaceDevice:
     def __init__(
         self, server_url: str, state_dir: str | Path, min_photos: int = 3, timeout: float = 30.0, retries: int = 4,
         aligner: FaceAligner | None = None, verify_tls: bool | str = True, upload_fp16: bool = True,
+        template_noise_cos: float | None = None,
     ) -> None:
+        """`template_noise_cos`: blur every template sent to the server so that it keeps about this
+        cosine with the true one (device_sdk.template_noise); the device keeps the clean one."""
         self.state = DeviceState(state_dir)
         self.transport = Transport(server_url, timeout=timeout, retries=retries, verify=verify_tls)
         self.min_photos = min_photos
         self.upload_fp16 = upload_fp16
+        if template_noise_cos is not None:
+            sigma_for_cosine(template_noise_cos, 1)  # refuse a bad setting now, not at the first upload
+        self.template_noise_cos = template_noise_cos
         self._aligner = aligner
         self._embedders: dict[str, OnnxEmbedder] = {}  # by model version: a session takes ~0.1 s to build
 
@@ -128,7 +148,7 @@ class FaceDevice:
             raise NoFaceFound(missing or [f"(only {len(faces)} usable photos, {self.min_photos} needed)"])
         model = self._model()
         embedding = mean_feature_embedding(self._embedder(model).embed(faces))
-        self._request("PUT", f"/v1/devices/{self.device_id}/embedding", body={"embedding": embedding.tolist()}, expect=(200, 201))
+        self._request("PUT", f"/v1/devices/{self.device_id}/embedding", body={"embedding": self._shared_template(embedding).tolist()}, expect=(200, 201))
         self.state.save_faces(faces)
         self.state.save_template(embedding)
         self.state.update_info(enrolled=True, model_version=model["version"])
@@ -161,7 +181,24 @@ class FaceDevice:
         return RoundSummary(checkin["round_id"], update.loss_before, update.loss_after, time.perf_counter() - started,
                             self.transport.bytes_up - up0, self.transport.bytes_down - down0, update.steps)
 
-    def verify(self, photo: str | Path) -> VerifyResult:
+    def personalize(self, config: PersonalConfig | None = None, cohort: np.ndarray | None = None) -> PersonalizeResult:
+        """Opt-in: train the fused personal verifier (FedFusion) on the owner's faces, on the
+        current global model. `cohort`: aligned public impostor faces to train against. Nothing
+        is sent to the server; the result is stored encrypted and used by verify(personal=True)."""
+        faces = self.state.faces()
+        if faces is None or not self.state.info().get("enrolled"):
+            raise NotEnrolled()
+        model = self._model()
+        backbone = self._load_backbone(model["backbone_url"], model["version"])
+        verifier, report = train_personal_verifier(backbone, faces, config, cohort=cohort)
+        self.state.save_personal(save_verifier(verifier, model["version"]))
+        return PersonalizeResult(report.fusion, report.faces, report.loss_before, report.loss_after, report.seconds, model["version"], report.fusion_summary)
+
+    def verify(self, photo: str | Path, personal: bool = False, threshold: float | None = None) -> VerifyResult:
+        """Score a photo against the owner. `personal`: with the fused verifier of personalize().
+        `threshold` defaults to the server's, which is calibrated for the global model: fused
+        scores of owners and of impostors both run higher (simulator/FEDFUSION.md), so calibrate
+        your own for an operating point you need."""
         template = self.state.template()
         if template is None:
             raise NotEnrolled()
@@ -169,11 +206,23 @@ class FaceDevice:
         if len(faces) == 0:
             raise NoFaceFound(missing)
         model = self._model()
-        threshold = model.get("verify_threshold")
+        if threshold is None:
+            threshold = model.get("verify_threshold")
         if threshold is None:
             raise RoundClosed("the server publishes no verification threshold for the current model")
-        score = float(self._embedder(model).embed(faces)[0] @ (template / np.linalg.norm(template)))
-        return VerifyResult(score, score >= threshold, float(threshold))
+        if personal:
+            score = float(self._personal_verifier().score(faces)[0])
+        else:
+            score = float(self._embedder(model).embed(faces)[0] @ (template / np.linalg.norm(template)))
+        return VerifyResult(score, score >= threshold, float(threshold), personal)
+
+    def _personal_verifier(self) -> PersonalVerifier:
+        payload = self.state.personal()
+        if payload is None:
+            raise NotEnrolled("this device has no personalised verifier: run personalize first")
+        version = saved_model_version(payload)
+        backbone = self._load_backbone(f"/v1/models/{version}/backbone", version)
+        return load_verifier(payload, backbone)
 
     def unenroll(self) -> None:
         self._request("DELETE", f"/v1/devices/{self.device_id}", expect=(204,))
@@ -227,6 +276,12 @@ class FaceDevice:
         model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in payload["state_dict"].items()})
         return model.eval()
 
+    def _shared_template(self, embedding: np.ndarray) -> np.ndarray:
+        """The template as the server may see it: blurred when the owner asked for template noise."""
+        if self.template_noise_cos is None:
+            return np.asarray(embedding, np.float32)
+        return noisy_template(embedding, self.template_noise_cos, np.random.default_rng(secrets.randbits(128)))
+
     def _update_file(self, backbone: torch.nn.Module, update: Any, base_version: str) -> bytes:
         base = backbone.state_dict()
         wire = np.float16 if self.upload_fp16 else np.float32
@@ -234,11 +289,11 @@ class FaceDevice:
         for name, value in update.state_dict.items():
             delta = (value - base[name]).numpy()
             tensors[f"backbone.{name}"] = delta.astype(wire) if np.issubdtype(delta.dtype, np.floating) else delta
-        tensors["class_embedding"] = update.embedding.numpy().astype(np.float32)
+        tensors["class_embedding"] = self._shared_template(update.embedding.numpy())
         meta = {"base_version": base_version, "n_samples": update.n_samples, "metrics": {"loss": update.loss_after, "loss_before": update.loss_before}}
         buffer = io.BytesIO()
         tensorfile.write(buffer, tensors, {"fedface": json.dumps(meta)})
         return buffer.getvalue()
 
 
-__all__ = ["EnrollResult", "FaceDevice", "RoundSummary", "VerifyResult"]
+__all__ = ["EnrollResult", "FaceDevice", "PersonalizeResult", "RoundSummary", "VerifyResult"]

@@ -99,8 +99,15 @@ class DeviceState:
         raw = self._open("faces")
         return None if raw is None else np.load(io.BytesIO(raw), allow_pickle=False)
 
+    def save_personal(self, payload: bytes) -> None:
+        """The personalised verifier (a torch file): trained on the owner's faces, so sealed too."""
+        self._seal("personal", payload)
+
+    def personal(self) -> bytes | None:
+        return self._open("personal")
+
     def forget_owner(self) -> None:
-        for name in ("template", "faces"):
+        for name in ("template", "faces", "personal"):
             (self.dir / f"{name}.enc").unlink(missing_ok=True)
 
     # ---- plain metadata (no biometrics) ------------------------------------------------

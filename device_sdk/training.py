@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from facecore.errors import FaceCoreError
-from facecore.losses import positive_loss
+from facecore.losses import impostor_loss, positive_loss
 from facecore.models.preprocess import faces_to_tensor
 
 
@@ -136,6 +137,59 @@ def _weighted_mean(losses: list[tuple[float, int]]) -> float:
     return sum(loss * n for loss, n in losses) / count if count else math.nan
 
 
+@dataclass(frozen=True)
+class Cohort:
+    """Public impostor faces (prefix activations) and the hinge mean(max(0, cos - margin)^2) on them."""
+
+    activations: Tensor
+    margin: float = 0.2
+    weight: float = 1.0
+
+
+def fit_positive(
+    forward: nn.Module, w: nn.Parameter, params: list[nn.Parameter], plain: Tensor, flipped: Tensor | None,
+    config: LocalTrainingConfig, seed: int, after_step: Callable[[], None] | None = None, cohort: Cohort | None = None,
+) -> tuple[float, float, int]:
+    """SGD on `params` and `w` for the positive-only loss of forward(inputs) against w.
+
+    `flipped` holds the mirrored inputs (prefix activations) when mirroring cannot be done on
+    `plain` itself. With a `cohort`, each step also pushes a batch of public impostor faces below
+    the cohort margin (the reported losses stay the positive loss). Returns (loss_before,
+    loss_after, optimizer steps)."""
+    optimizer = torch.optim.SGD([*params, w], lr=config.lr, momentum=config.momentum)
+    generator = torch.Generator().manual_seed(seed)
+    loss_before = _mean_loss(forward, w.detach(), plain, config.margin, config.batch) if config.exact_losses else math.nan
+    _set_mode(forward, config.bn_mode)
+    steps = 0
+    limit = config.steps or math.inf
+    epoch_losses: list[list[tuple[float, int]]] = []
+    for _ in range(config.epochs):
+        epoch_losses.append([])
+        order = torch.randperm(len(plain), generator=generator)
+        for start in range(0, len(order), config.batch):
+            if steps >= limit:
+                break
+            index = order[start : start + config.batch]
+            batch = plain[index]
+            if config.flip:
+                mirror = (torch.rand(len(index), generator=generator) < 0.5)[:, None, None, None]
+                batch = torch.where(mirror, batch.flip(3) if flipped is None else flipped[index], batch)
+            loss = positive_loss(forward(batch), w, config.margin)
+            if cohort is not None:
+                picked = torch.randint(len(cohort.activations), (config.batch,), generator=generator)
+                loss = loss + cohort.weight * impostor_loss(forward(cohort.activations[picked]), w, cohort.margin)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            if after_step is not None:
+                after_step()
+            epoch_losses[-1].append((float(loss.detach()), len(index)))
+            steps += 1
+    if config.exact_losses:
+        return loss_before, _mean_loss(forward, w.detach(), plain, config.margin, config.batch), steps
+    return _weighted_mean(epoch_losses[0]), _weighted_mean([x for e in epoch_losses[-1:] for x in e]), steps
+
+
 def train_local(
     backbone: nn.Module, embedding: np.ndarray | Tensor, faces: np.ndarray, config: LocalTrainingConfig, seed: int = 0,
     dtype: torch.dtype = torch.float32, cache: PrefixCache | None = None, workspace: nn.Module | None = None,
@@ -166,34 +220,7 @@ def train_local(
             cache = prefix_cache(model, faces, config.trainable_blocks, dtype)
         plain, flipped = cache.plain.to(dtype), cache.flipped.to(dtype)
     w = nn.Parameter(torch.as_tensor(np.asarray(embedding), dtype=dtype).clone())
-    optimizer = torch.optim.SGD([*suffix.parameters(), w], lr=config.lr, momentum=config.momentum)
-    generator = torch.Generator().manual_seed(seed)
-    loss_before = _mean_loss(suffix, w.detach(), plain, config.margin, config.batch) if config.exact_losses else math.nan
-    _set_mode(suffix, config.bn_mode)
-    steps = 0
-    limit = config.steps or math.inf
-    epoch_losses: list[list[tuple[float, int]]] = []
-    for _ in range(config.epochs):
-        epoch_losses.append([])
-        order = torch.randperm(len(plain), generator=generator)
-        for start in range(0, len(order), config.batch):
-            if steps >= limit:
-                break
-            index = order[start : start + config.batch]
-            batch = plain[index]
-            if config.flip:
-                mirror = (torch.rand(len(index), generator=generator) < 0.5)[:, None, None, None]
-                batch = torch.where(mirror, batch.flip(3) if flipped is None else flipped[index], batch)
-            loss = positive_loss(suffix(batch), w, config.margin)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            epoch_losses[-1].append((float(loss.detach()), len(index)))
-            steps += 1
-    if config.exact_losses:
-        loss_after = _mean_loss(suffix, w.detach(), plain, config.margin, config.batch)
-    else:
-        loss_before, loss_after = _weighted_mean(epoch_losses[0]), _weighted_mean([x for e in epoch_losses[-1:] for x in e])
+    loss_before, loss_after, steps = fit_positive(suffix, w, list(suffix.parameters()), plain, flipped, config, seed)
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     if not (math.isfinite(loss_after) and all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())):
         raise TrainingDiverged(f"local training diverged (loss {loss_after}); lower the learning rate")

@@ -99,6 +99,16 @@ def make_margin_head(loss: str, embedding_dim: int, num_classes: int, **kwargs: 
     raise ValueError(f"unknown loss {loss!r}; valid names: {', '.join(MARGIN_LOSSES)}")
 
 
+def impostor_loss(features: Tensor, class_embedding: Tensor, margin: float = 0.2) -> Tensor:
+    """``mean_i max(0, cos(f_i, w) - margin)**2``: impostor faces pushed below ``margin`` of one
+    identity's embedding ``w`` (D,). The mirror image of `positive_loss`, for a device that holds
+    public impostor faces next to its owner's."""
+    if features.dim() != 2 or class_embedding.shape != features.shape[-1:]:
+        raise ValueError(f"need (N, D) features and a (D,) embedding, got {tuple(features.shape)} and {tuple(class_embedding.shape)}")
+    cos = torch.nn.functional.normalize(features, dim=1) @ torch.nn.functional.normalize(class_embedding, dim=0)
+    return torch.clamp(cos - margin, min=0).pow(2).mean()
+
+
 def positive_loss(features: Tensor, class_embedding: Tensor, margin: float = 0.9) -> Tensor:
     """FedFace positive-only loss ``mean_i max(0, margin - cos(f_i, w_i))**2``.
 

@@ -10,6 +10,7 @@ from facecore.losses import (
     ArcFaceHead,
     CosFaceHead,
     SpreadoutConfig,
+    impostor_loss,
     make_margin_head,
     positive_loss,
     spreadout_loss,
@@ -274,3 +275,15 @@ def test_spreadout_config_rejects_bad_values(kwargs: dict[str, float]) -> None:
         SpreadoutConfig(**kwargs)
     with pytest.raises(ValueError):
         spreadout_optimize(torch.randn(3, 4), **kwargs)
+
+
+def test_impostor_loss_is_zero_below_the_margin_and_squared_above_it() -> None:
+    # Prepare: cosines 0.0 and 0.8 with w = x axis
+    w = torch.tensor([1.0, 0.0])
+    features = torch.tensor([[0.0, 2.0], [0.8, 0.6]])
+    # Execute
+    loss = impostor_loss(features, w, margin=0.2)
+    # Assert: mean(0, (0.8 - 0.2)^2) = 0.18
+    assert float(loss) == pytest.approx(0.18, abs=1e-6)
+    with pytest.raises(ValueError, match="embedding"):
+        impostor_loss(features, torch.ones(3))

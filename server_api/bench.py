@@ -133,7 +133,7 @@ class BenchServer:
                 self.process.wait(timeout=30)
 
 
-def bench_round(devices: int, concurrency: int, backbone: str, workers: int = 1) -> dict[str, Any]:
+def bench_round(devices: int, concurrency: int, backbone: str, workers: int = 1, drop_fraction: float = 0.0) -> dict[str, Any]:
     """One fresh server, one round with `devices` participants; the client's JSON plus peak RSS."""
     with tempfile.TemporaryDirectory(prefix="fedface-bench-") as scratch:
         server = BenchServer(Path(scratch) / "data", backbone, workers)
@@ -145,7 +145,7 @@ def bench_round(devices: int, concurrency: int, backbone: str, workers: int = 1)
             # Started together: the client's imports overlap the server's startup; it waits for /readyz itself.
             client = subprocess.Popen(
                 [sys.executable, "-m", "server_api.bench_client", "--url", server.url, "--data-dir", str(server.data_dir),
-                 "--devices", str(devices), "--concurrency", str(concurrency)],
+                 "--devices", str(devices), "--concurrency", str(concurrency), "--drop-fraction", str(drop_fraction)],
                 cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, text=True,
             )
             server.wait_ready()
@@ -154,6 +154,7 @@ def bench_round(devices: int, concurrency: int, backbone: str, workers: int = 1)
             if client.returncode != 0:
                 raise RuntimeError(f"bench client failed ({client.returncode}); server log:\n{server.tail()}")
             result: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])
+            result["server_errors"] = [line for line in server.log.read_text(errors="replace").splitlines() if '"level": "ERROR"' in line][:5]
         finally:
             if client is not None and client.poll() is None:
                 client.kill()  # only on an error path: the server died or was never ready

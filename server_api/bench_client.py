@@ -18,7 +18,7 @@ import secrets
 import sys
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -61,6 +61,7 @@ async def resend(method: str, send: Callable[[], Awaitable[httpx.Response]]) -> 
 
 class BenchDevice:
     def __init__(self) -> None:
+        self.drops = False
         self.key = Ed25519PrivateKey.generate()
         self.public_key = base64.b64encode(self.key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)).decode()
         self.id = "register"
@@ -144,7 +145,18 @@ async def wait_ready(http: httpx.AsyncClient, timeout: float) -> None:
     raise RuntimeError(f"server at {http.base_url} not ready after {timeout} s")
 
 
-async def run(url: str, data_dir: Path, n_devices: int, concurrency: int) -> dict[str, Any]:
+class DroppedMidUpload(Exception):
+    """A device lost its connection halfway through its upload body (and never retried)."""
+
+
+async def half_then_drop(body: bytes, chunk: int = 65536) -> AsyncIterator[bytes]:
+    for start in range(0, len(body) // 2, chunk):
+        yield body[start : min(start + chunk, len(body) // 2)]
+        await asyncio.sleep(0)
+    raise DroppedMidUpload()
+
+
+async def run(url: str, data_dir: Path, n_devices: int, concurrency: int, drop_fraction: float = 0.0) -> dict[str, Any]:
     import torch  # only to read the backbone file (torch.load, weights_only=True) for the tensor spec
 
     async with httpx.AsyncClient(base_url=url) as probe_http:
@@ -170,7 +182,12 @@ async def run(url: str, data_dir: Path, n_devices: int, concurrency: int) -> dic
             expect(await device.call(http, "PUT", f"/v1/devices/{device.id}/embedding", {"embedding": vector}), 201)
 
         setup_s = await bounded(devices, concurrency, "register+enroll", enroll)
-        config = {"target_participants": n_devices, "min_participants": n_devices, "deadline_s": 3600, "selection_window_s": 0}
+        # Devices that drop mid-upload: selected, they start sending and vanish. The round then
+        # cannot reach its target; the operator closes it once every other device is done.
+        dropping = set(rng.choice(n_devices, int(drop_fraction * n_devices), replace=False).tolist()) if drop_fraction else set()
+        for index in dropping:
+            devices[index].drops = True
+        config = {"target_participants": n_devices, "min_participants": n_devices - len(dropping), "deadline_s": 3600, "selection_window_s": 0}
         round_id = int(expect(await plain(http, "POST", "/v1/admin/rounds", json=config, headers=admin), 201)["id"])
         statuses: Counter[str] = Counter()
 
@@ -194,6 +211,14 @@ async def run(url: str, data_dir: Path, n_devices: int, concurrency: int) -> dic
             body = prefix + embedding
             sent = time.perf_counter()
             first_sent.append(sent)
+            if device.drops:
+                headers = device.headers("POST", path, digest.hexdigest()) | extra | {"Content-Length": str(len(body))}
+                try:
+                    await http.request("POST", path, content=half_then_drop(body), headers=headers)
+                except (DroppedMidUpload, httpx.HTTPError):
+                    codes[0] += 1  # 0: no response, the device is gone
+                    return
+                raise RuntimeError("a dropped upload got a response")
             response = await device.call(http, "POST", path, extra=extra, raw=body, body_sha256=digest.hexdigest())
             done = time.perf_counter()
             latencies.append(done - sent)
@@ -206,6 +231,8 @@ async def run(url: str, data_dir: Path, n_devices: int, concurrency: int) -> dic
 
         await bounded(devices, concurrency, "upload", upload)
         ingest_s = last_accepted[0] - min(first_sent) if codes[201] else float("nan")
+        if dropping:
+            expect(await plain(http, "POST", f"/v1/admin/rounds/{round_id}/close", headers=admin), 200)
 
         # Aggregation starts in the server once the target-th update is in; wait for the round's end.
         deadline, final = time.monotonic() + REQUEST_TIMEOUT_S, {}
@@ -230,6 +257,9 @@ async def run(url: str, data_dir: Path, n_devices: int, concurrency: int) -> dic
         "aggregate_seconds": round(float(agg.group(1)), 3) if agg else float("nan"),
         "completed_after_last_upload_s": round(after_last, 3),
         "round_status": final.get("status"), "round_uploaded": final.get("n_uploaded"), "round_summary": final.get("summary"),
+        "dropped_mid_upload": codes[0],
+        # Accepted (201) but missing from the aggregate: must be 0.
+        "lost": codes[201] - int((final.get("summary") or {}).get("n_updates", 0)),
     }
     # Strict JSON: a quantity that could not be measured (nothing accepted, no aggregation) is null, not NaN.
     return {k: None if isinstance(v, float) and v != v else v for k, v in result.items()}
@@ -241,8 +271,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--data-dir", type=Path, required=True, help="the --dev server's data dir (admin_token)")
     parser.add_argument("--devices", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--drop-fraction", type=float, default=0.0, help="devices that drop mid-upload")
     args = parser.parse_args(argv)
-    print(json.dumps(asyncio.run(run(args.url, args.data_dir, args.devices, args.concurrency))))
+    print(json.dumps(asyncio.run(run(args.url, args.data_dir, args.devices, args.concurrency, args.drop_fraction))))
     return 0
 
 

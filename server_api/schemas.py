@@ -53,11 +53,14 @@ class SpreadoutSettings(StrictModel):
 class AggregationSettings(StrictModel):
     """How backbone updates are combined. ``fedavg`` streams; ``median`` and ``trimmed_mean``
     resist a minority of malicious devices but hold the round's updates in memory;
-    ``norm_bounded`` clips each delta to ``max_update_norm`` and still streams."""
+    ``norm_bounded`` clips each delta to ``max_update_norm`` and still streams; ``dp_fedavg`` clips
+    to ``max_update_norm``, averages with equal weights and adds Gaussian noise (user-level DP)."""
 
-    method: Literal["fedavg", "median", "trimmed_mean", "norm_bounded"] = "fedavg"
+    method: Literal["fedavg", "median", "trimmed_mean", "norm_bounded", "dp_fedavg"] = "fedavg"
     trim_beta: float = Field(default=0.2, ge=0, lt=0.5, description="trimmed_mean: fraction dropped at each end")
-    max_update_norm: float = Field(default=1.0, gt=0, le=1e6, description="norm_bounded: L2 bound on each delta")
+    max_update_norm: float = Field(default=1.0, gt=0, le=1e6, description="norm_bounded and dp_fedavg: L2 bound on each delta")
+    dp_noise_multiplier: float = Field(default=1.0, ge=0, le=1000, description="dp_fedavg: noise std / clip norm (z)")
+    dp_delta: float = Field(default=1e-5, gt=0, lt=1, description="dp_fedavg: the delta epsilon is reported at")
 
 
 class RoundCreate(StrictModel):

@@ -1,4 +1,4 @@
-"""`fedface admin round open|status`: operate a running round server.
+"""`fedface admin round open|status|close`: operate a running round server.
 
 The admin token comes from FEDFACE_ADMIN_TOKEN or, for a `--dev` server, from
 `<data-dir>/admin_token`; there is deliberately no flag, so it stays out of shell history.
@@ -21,7 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = round_parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     open_ = actions.add_parser("open", help="open a round on the current model")
     status = actions.add_parser("status", help="show the current (or latest) round")
-    for sub in (open_, status):
+    close = actions.add_parser("close", help="end the open round now: aggregate if its minimum is met, else fail it")
+    for sub in (open_, status, close):
         sub.add_argument("--server", default=os.environ.get("FEDFACE_SERVER", "http://127.0.0.1:8000"), help="server URL (default: FEDFACE_SERVER or http://127.0.0.1:8000)")
         sub.add_argument("--data-dir", default="./fedface-data", help="where a --dev server wrote admin_token")
         sub.add_argument("--cacert", help="CA bundle for an https server with a private certificate")
@@ -32,11 +33,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     open_.add_argument("--selection-window", type=float, default=5, help="seconds of check-ins before fair selection (default 5)")
     open_.add_argument("--local-epochs", type=int, default=1)
     open_.add_argument("--lr", type=float, default=0.01, help="local learning rate")
-    open_.add_argument("--aggregation", choices=("fedavg", "median", "trimmed_mean", "norm_bounded"), default="fedavg",
-                       help="backbone aggregation: fedavg (default) or a robust one against malicious devices")
+    open_.add_argument("--aggregation", choices=("fedavg", "median", "trimmed_mean", "norm_bounded", "dp_fedavg"), default="fedavg",
+                       help="backbone aggregation: fedavg (default), a robust one against malicious devices, or dp_fedavg (user-level DP)")
     open_.add_argument("--trim-beta", type=float, default=0.2, help="trimmed_mean: fraction dropped at each end (default 0.2)")
-    open_.add_argument("--max-update-norm", type=float, default=1.0, help="norm_bounded: L2 bound on each delta (default 1.0)")
+    open_.add_argument("--max-update-norm", type=float, default=1.0, help="norm_bounded, dp_fedavg: L2 bound on each delta (default 1.0)")
+    open_.add_argument("--dp-noise", type=float, default=1.0, help="dp_fedavg: noise multiplier z, noise std = z * bound / participants (default 1.0)")
+    open_.add_argument("--dp-delta", type=float, default=1e-5, help="dp_fedavg: delta of the reported epsilon (default 1e-5)")
     status.add_argument("--round", type=int, help="a round id instead of the current one")
+    close.add_argument("--round", type=int, help="a round id instead of the current one")
 
 
 def _token(data_dir: str) -> str:
@@ -91,9 +95,13 @@ def run(args: argparse.Namespace) -> int:
         config = {
             "min_participants": args.min, "target_participants": args.target, "deadline_s": args.deadline,
             "selection_window_s": args.selection_window, "local": {"epochs": args.local_epochs, "lr": args.lr},
-            "aggregation": {"method": args.aggregation, "trim_beta": args.trim_beta, "max_update_norm": args.max_update_norm},
+            "aggregation": {"method": args.aggregation, "trim_beta": args.trim_beta, "max_update_norm": args.max_update_norm,
+                            "dp_noise_multiplier": args.dp_noise, "dp_delta": args.dp_delta},
         }
         result = _call(args, "POST", "/v1/admin/rounds", config)
+    elif args.action == "close":
+        round_id = args.round or _call(args, "GET", "/v1/admin/rounds/current")["id"]
+        result = _call(args, "POST", f"/v1/admin/rounds/{round_id}/close", None)
     else:
         result = _call(args, "GET", f"/v1/admin/rounds/{args.round}" if args.round else "/v1/admin/rounds/current")
     print(json.dumps(result, indent=1) if args.json else _describe(result))

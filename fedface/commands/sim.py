@@ -27,6 +27,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cd.add_argument("--local-lr", type=float, default=0.01)
     cd.add_argument("--margin", type=float, default=0.9)
     cd.add_argument("--trainable-blocks", type=int, default=None, help="frozen-prefix option: train only the last K blocks + head")
+    cd.add_argument("--dp-epsilon", type=float, default=None,
+                    help="DP-FedAvg on the backbone: noise calibrated so the whole run spends this epsilon (inf: clipping only)")
+    cd.add_argument("--dp-clip", type=float, default=1.0, help="DP-FedAvg: L2 bound on each device's delta")
+    cd.add_argument("--dp-delta", type=float, default=1e-5, help="DP-FedAvg: delta of the epsilon")
+    cd.add_argument("--template-noise-cos", type=float, default=None,
+                    help="devices upload templates blurred to keep this cosine with the true one (default: clean)")
     cd.add_argument("--eval-every", type=int, default=5)
     cd.add_argument("--folds", default="6-10")
     cd.add_argument("--target", type=float, default=None, help="LFW accuracy for rounds_to_target")
@@ -41,6 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from fedface.commands import fusion as fusion_command
 
     fusion_command.add_arguments(modes.add_parser("fusion", help="FedFusion: fuse global and local features on an image .npz"))
+
+    from fedface.commands import fusion_faces
+
+    fusion_faces.add_arguments(modes.add_parser("fusion-faces", help="the device's personalised fused verifier vs the global model, owner vs others"))
 
     from fedface.commands import cross_silo
 
@@ -61,6 +71,10 @@ def run(args: argparse.Namespace) -> int:
         from fedface.commands.fusion import run as run_fusion
 
         return run_fusion(args)
+    if args.mode == "fusion-faces":
+        from fedface.commands.fusion_faces import run as run_fusion_faces
+
+        return run_fusion_faces(args)
     if args.mode == "compare":
         return _compare(args)
     return _cross_device(args)
@@ -109,6 +123,7 @@ def _cross_device(args: argparse.Namespace) -> int:
         devices=args.devices, rounds=args.rounds, per_round=args.per_round, method=args.method, init=args.init,
         spreadout=args.spreadout, seed=args.seed, model=args.model, eval_every=args.eval_every,
         eval_folds=parse_folds(args.folds), target_accuracy=args.target, local=local,
+        dp_epsilon=args.dp_epsilon, dp_clip=args.dp_clip, dp_delta=args.dp_delta, template_noise_cos=args.template_noise_cos,
     )
     out = Path(args.out)
     manifest = SplitManifest.load(args.split) if args.split else None

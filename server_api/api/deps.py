@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
@@ -58,3 +58,7 @@ def require_admin(ctx: CtxDep, credentials: Annotated[HTTPAuthorizationCredentia
 
 
 AdminDep = Annotated[None, Depends(require_admin)]
+
+
+# Database ids are 32-bit on every backend we run: a larger id is a 422, never an overflow (500).
+RoundIdPath = Annotated[int, Path(ge=1, le=2**31 - 1, description="round id")]

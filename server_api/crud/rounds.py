@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from server_api.core.db import lock_round
 from server_api.crud import audit
 from server_api.crud.versions import get_by_hash, new_version_row
-from server_api.errors import Conflict, StaleRound
+from server_api.errors import Conflict, NotFound, StaleRound
 from server_api.models import Device, Enrollment, ModelVersion, Participation, Round, Update
 from server_api.schemas import RoundCreate, RoundPublic
 
@@ -42,6 +42,10 @@ def latest_round(session: Session) -> Round | None:
 
 def list_rounds(session: Session, limit: int) -> list[Round]:
     return list(session.execute(select(Round).order_by(Round.id.desc()).limit(limit)).scalars())
+
+
+def completed_rounds(session: Session) -> list[Round]:
+    return list(session.execute(select(Round).where(Round.status == "completed").order_by(Round.id)).scalars())
 
 
 def participation_counts(session: Session, round_id: int) -> dict[str, int]:
@@ -135,6 +139,22 @@ def _select(session: Session, round_: Round) -> None:
             device.last_selected_round = round_.id
     round_.selection_done = True
     audit.record(session, "server", "round.selected", round_id=round_.id, candidates=len(rows), selected=min(free, len(rows)))
+
+
+def close_now(session: Session, round_id: int, now: datetime) -> Round:
+    """Bring an open round's deadline forward to `now`: it then aggregates with the updates it
+    has if they meet its minimum, else fails, exactly as at its deadline. Uploads after this get 409."""
+    round_ = lock_round(session, round_id)
+    if round_ is None:
+        session.rollback()
+        raise NotFound(f"round {round_id} does not exist")
+    if round_.status != "open":
+        session.rollback()
+        raise Conflict(f"round {round_id} is {round_.status}, only an open round can be closed")
+    round_.deadline_at = min(round_.deadline_at, now)
+    audit.record(session, "admin", "round.closed_early", round_id=round_id)
+    session.commit()
+    return round_
 
 
 def claim_for_aggregation(session: Session, round_id: int, now: datetime, lease_s: float) -> ClaimOutcome:

@@ -10,6 +10,7 @@ stuck in ``aggregating`` is retaken by any worker once its lease expires.
 """
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -30,6 +31,7 @@ from server_api.services.model_store import build_model, load_weights, store_mod
 from server_api.services.validation import BACKBONE_PREFIX
 from facecore.tensorfile import iter_tensors, read_header
 from server_api.strategies import STRATEGIES, ClientUpdate, FedFace, Strategy, backbone_aggregator
+from server_api.strategies.dp_fedavg import epsilon_of_history
 
 log = get_logger("aggregation")
 
@@ -68,7 +70,8 @@ def try_aggregate(ctx: ServerContext, round_id: int) -> str:
 def strategy_for(name: str, config: dict) -> Strategy:
     """The round's strategy object, built from its stored config."""
     # Rounds stored before robust aggregation existed have no "aggregation" entry: FedAvg.
-    settings = config.get("aggregation") or {"method": "fedavg"}
+    settings = dict(config.get("aggregation") or {"method": "fedavg"})
+    settings.pop("dp_delta", None)  # accounting only, see _privacy
     backbone = backbone_aggregator(**settings)
     if name == "fedface":
         return FedFace(SpreadoutConfig(**config["spreadout"]), backbone=backbone)
@@ -112,6 +115,8 @@ def _compute_and_finalize(ctx: ServerContext, round_id: int) -> bool:
         "n_updates": result.n_clients, "n_samples": result.n_samples, "n_embeddings": len(embeddings),
         "metrics": {k: round(v, 6) for k, v in result.metrics.items()},
     }
+    if (config.get("aggregation") or {}).get("method") == "dp_fedavg":
+        summary["privacy"] = _privacy(ctx, round_id, config["aggregation"], result.n_clients, len(enrolled))
     if ctx.settings.aggregation_pause_s:
         time.sleep(ctx.settings.aggregation_pause_s)  # crash-test window: blobs written, nothing committed
     with session_scope(ctx.sessions) as session:
@@ -119,6 +124,30 @@ def _compute_and_finalize(ctx: ServerContext, round_id: int) -> bool:
     if done:
         log.info("round completed", extra={"fields": {"round_id": round_id, "version": blobs.version_hash, **summary}})
     return done
+
+
+def _privacy(ctx: ServerContext, round_id: int, settings: dict, participants: int, enrolled: int) -> dict:
+    """This round's DP-FedAvg parameters and ε over every completed DP round so far, this one
+    included, composed by RDP at this round's δ. The sample rate is participants / enrolled
+    devices: the accountant assumes Poisson sampling, which the server's uniform selection of a
+    fixed number approximates."""
+    sample_rate = min(1.0, participants / max(enrolled, 1))
+    this = (settings.get("dp_noise_multiplier", 1.0), sample_rate, 1)
+    with session_scope(ctx.sessions) as session:
+        history = [
+            (r.summary["privacy"]["noise_multiplier"], r.summary["privacy"]["sample_rate"], 1)
+            for r in round_crud.completed_rounds(session) if r.id != round_id and r.summary and "privacy" in r.summary
+        ]
+    delta = settings.get("dp_delta", 1e-5)
+    return {
+        "noise_multiplier": this[0], "clip_norm": settings.get("max_update_norm", 1.0), "sample_rate": round(sample_rate, 6),
+        "delta": delta, "dp_rounds": len(history) + 1, "epsilon": _finite(epsilon_of_history([*history, this], delta)),
+    }
+
+
+def _finite(epsilon: float) -> float | None:
+    """JSON (and PostgreSQL's json) has no infinity: no noise means no guarantee, stored as null."""
+    return None if math.isinf(epsilon) else round(epsilon, 4)
 
 
 def _stream(ctx: ServerContext, updates: list[UpdateRef]) -> Iterator[ClientUpdate]:

@@ -6,10 +6,12 @@ shared by the round server and the simulator (Flower-style: configure, then aggr
 - :mod:`.fedface`: FedAvg (or a robust aggregator) for the backbone plus spreadout on the class embeddings.
 - :mod:`.coordinate`: coordinate-wise median and trimmed mean (hold a round's updates in memory).
 - :mod:`.norm_bounded`: FedAvg of deltas clipped to an L2 bound (streams).
+- :mod:`.dp_fedavg`: DP-FedAvg: clipped, equally weighted, Gaussian noise; its RDP accountant (streams).
 - :mod:`.pfm`, :mod:`.fedval`: cross-silo PFM and Federated Validation.
 """
 from server_api.strategies.base import AggregateResult, ClientUpdate, Strategy, TrainInstructions
 from server_api.strategies.coordinate import CoordinateMedian, TrimmedMean
+from server_api.strategies.dp_fedavg import DPFedAvg
 from server_api.strategies.fedavg import FedAvg, RunningWeightedSum
 from server_api.strategies.fedface import FedFace
 from server_api.strategies.norm_bounded import NormBoundedFedAvg
@@ -19,7 +21,9 @@ from server_api.strategies.pfm import PFM, PFMResult, WeightedFedAvg
 STRATEGIES: dict[str, type[Strategy]] = {"fedavg": FedAvg, "fedface": FedFace}
 
 
-def backbone_aggregator(method: str, trim_beta: float = 0.2, max_update_norm: float = 1.0) -> Strategy:
+def backbone_aggregator(
+    method: str, trim_beta: float = 0.2, max_update_norm: float = 1.0, dp_noise_multiplier: float = 1.0, seed: int | None = None,
+) -> Strategy:
     """The backbone step a round asked for (see server_api.schemas.AggregationSettings)."""
     if method == "fedavg":
         return FedAvg()
@@ -29,11 +33,13 @@ def backbone_aggregator(method: str, trim_beta: float = 0.2, max_update_norm: fl
         return TrimmedMean(trim_beta)
     if method == "norm_bounded":
         return NormBoundedFedAvg(max_update_norm)
+    if method == "dp_fedavg":
+        return DPFedAvg(max_update_norm, dp_noise_multiplier, seed=seed)
     raise ValueError(f"unknown backbone aggregation {method!r}")
 
 
 __all__ = [
-    "PFM", "STRATEGIES", "AggregateResult", "ClientUpdate", "CoordinateMedian", "FVConfig", "FVStep", "FedAvg", "FedFace",
+    "PFM", "STRATEGIES", "AggregateResult", "ClientUpdate", "CoordinateMedian", "DPFedAvg", "FVConfig", "FVStep", "FedAvg", "FedFace",
     "FederatedValidation", "NormBoundedFedAvg", "PFMResult", "RunningWeightedSum", "Strategy", "TrainInstructions", "TrimmedMean",
     "WeightedFedAvg", "backbone_aggregator",
 ]

@@ -27,6 +27,12 @@ class CrossDeviceConfig:
     local: LocalTrainingConfig = field(default_factory=lambda: LocalTrainingConfig(epochs=1, lr=0.01, momentum=0.9, margin=0.9, batch=32))
     # Server: 10 spreadout SGD steps, lr 0.01, momentum 0.9, nu 0.3.
     server_spreadout: SpreadoutConfig = field(default_factory=SpreadoutConfig)
+    # DP-FedAvg for the backbone: None = off; inf = clipping and equal weights without noise.
+    dp_epsilon: float | None = None
+    dp_clip: float = 1.0
+    dp_delta: float = 1e-5
+    # Devices upload templates blurred to keep this cosine with the true one (None: clean).
+    template_noise_cos: float | None = None
 
     def __post_init__(self) -> None:
         problems = [
@@ -34,6 +40,10 @@ class CrossDeviceConfig:
                 ("devices must be >= 2", self.devices < 2), ("rounds must be >= 0", self.rounds < 0),
                 ("per_round must be >= 1", self.per_round < 1), (f"method must be one of {METHODS}", self.method not in METHODS),
                 ("init must be mean or random", self.init not in ("mean", "random")), ("eval_every must be >= 1", self.eval_every < 1),
+                ("dp_epsilon must be > 0", self.dp_epsilon is not None and not self.dp_epsilon > 0),
+                ("dp_clip must be > 0", not self.dp_clip > 0), ("dp_delta must be in (0, 1)", not 0 < self.dp_delta < 1),
+                ("template_noise_cos must be in (0, 1]", self.template_noise_cos is not None and not 0 < self.template_noise_cos <= 1),
+                ("DP-FedAvg needs a federated method", self.dp_epsilon is not None and self.method not in ("fedavg", "fedface")),
             ) if bad
         ]
         if problems:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -18,10 +19,12 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from device_sdk.template_noise import noisy_template
 from device_sdk.training import PrefixCache, mean_feature_embedding, prefix_cache, train_local
 from facecore.models.checkpoint import atomic_torch_save
 from facecore.models.preprocess import embed_faces
 from server_api.strategies import ClientUpdate, FedAvg, FedFace, Strategy
+from server_api.strategies.dp_fedavg import DPFedAvg, dp_epsilon, noise_for_epsilon
 from simulator.cross_device.config import CrossDeviceConfig
 from simulator.cross_device.population import Population
 
@@ -55,9 +58,22 @@ class CrossDeviceSimulation:
         self.model = copy.deepcopy(model).eval()  # the caller's model stays the starting point
         self.out = out_dir
         self.evaluate = evaluate
-        self.strategy: Strategy = FedFace(config.server_spreadout) if config.uses_spreadout else FedAvg()
+        self.dp = self._dp_aggregator()
+        self.strategy: Strategy = FedFace(config.server_spreadout, backbone=self.dp) if config.uses_spreadout else (self.dp or FedAvg())
         self.caches: dict[int, PrefixCache] = {}  # frozen-prefix activations per device, valid for the whole run
         self.workspace = copy.deepcopy(self.model)  # every device trains in this one copy: no per-device deep copy
+
+    def _dp_aggregator(self) -> DPFedAvg | None:
+        """The server's own DP-FedAvg, its noise calibrated so that the whole run spends dp_epsilon."""
+        if self.config.dp_epsilon is None:
+            return None
+        noise = 0.0 if math.isinf(self.config.dp_epsilon) else noise_for_epsilon(
+            self.config.dp_epsilon, self.sample_rate, max(self.config.rounds, 1), self.config.dp_delta)
+        return DPFedAvg(self.config.dp_clip, noise, seed=self.config.seed)
+
+    @property
+    def sample_rate(self) -> float:
+        return min(self.config.per_round, len(self.population.devices)) / len(self.population.devices)
 
     # ---- state ---------------------------------------------------------------------------
     def initial_embeddings(self) -> np.ndarray:
@@ -66,7 +82,13 @@ class CrossDeviceSimulation:
             W = rng.standard_normal((len(self.population.devices), self.model.embedding_dim)).astype(np.float32)
             return W / np.linalg.norm(W, axis=1, keepdims=True)
         # FedFace's init: each device enrolls with the mean feature of its own photos
-        return np.stack([mean_feature_embedding(embed_faces(self.model, d.faces)) for d in self.population.devices])
+        return np.stack([self._shared(mean_feature_embedding(embed_faces(self.model, d.faces)), 0, d.index) for d in self.population.devices])
+
+    def _shared(self, embedding: np.ndarray, round_number: int, index: int) -> np.ndarray:
+        """The template the server receives from a device (blurred under template noise)."""
+        if self.config.template_noise_cos is None:
+            return embedding
+        return noisy_template(embedding, self.config.template_noise_cos, np.random.default_rng([self.config.seed, round_number, index, 7]))
 
     def prepare_caches(self) -> None:
         """Compute every device's frozen-prefix activations now instead of on first selection."""
@@ -91,7 +113,9 @@ class CrossDeviceSimulation:
         saved = torch.load(self.checkpoint_path, weights_only=False)
         # a run may be extended (more rounds, other eval cadence); anything else changes its meaning
         def key(c: dict[str, Any]) -> dict[str, Any]:
-            return {k: v for k, v in c.items() if k not in ("rounds", "eval_every", "target_accuracy")}
+            # DP noise is calibrated to the number of rounds, so a DP run cannot be extended
+            free = ("eval_every", "target_accuracy") if c.get("dp_epsilon") is not None else ("rounds", "eval_every", "target_accuracy")
+            return {k: v for k, v in c.items() if k not in free}
 
         if key(saved["config"]) != key(self.config.to_dict()):
             from facecore.errors import CheckpointError
@@ -109,7 +133,7 @@ class CrossDeviceSimulation:
                 cache = self.caches.get(index) or self.caches.setdefault(index, prefix_cache(self.model, device.faces, self.config.local.trainable_blocks))
             seed = self.config.seed * 1_000_003 + round_number * 10_007 + index
             update = train_local(self.model, state.W[index], device.faces, self.config.local, seed=seed, cache=cache, workspace=self.workspace)
-            state.W[index] = update.embedding.numpy()
+            state.W[index] = self._shared(update.embedding.numpy(), round_number, index)
             losses.append(update.loss_after)
             delta = {k: (update.state_dict[k] - base[k]).numpy() for k in base}
             yield ClientUpdate(delta, update.n_samples, {"loss_before": update.loss_before, "loss_after": update.loss_after}, device.identity, kind="delta")
@@ -126,11 +150,16 @@ class CrossDeviceSimulation:
             state.W = self.strategy.aggregate_embeddings(state.W, self.config.server_spreadout).astype(np.float32)
         state.round = round_number
         state.model_state = {k: v.clone() for k, v in self.model.state_dict().items()}
-        return {
+        record = {
             "round": round_number, "participants": len(chosen), "train_loss": float(np.mean(losses)),
             "loss_before": result.metrics.get("loss_before"), "embedding_mean_cos": mean_pairwise_cosine(state.W),
             "seconds": time.perf_counter() - started,
         }
+        if self.dp is not None:
+            epsilon = dp_epsilon(self.dp.noise_multiplier, self.sample_rate, round_number, self.config.dp_delta)
+            record |= {"dp_epsilon": None if math.isinf(epsilon) else epsilon, "dp_noise_multiplier": self.dp.noise_multiplier,
+                       "dp_clipped_fraction": result.metrics["dp_clipped_fraction"]}
+        return record
 
     # ---- the whole run -------------------------------------------------------------------
     def run(self, resume: bool = True) -> SimulationState:

@@ -85,3 +85,31 @@ def test_spreadout_keeps_embeddings_apart_where_fedavg_lets_them_collapse(model:
 def test_mean_pairwise_cosine_of_known_matrices() -> None:
     assert mean_pairwise_cosine(np.eye(3)) == pytest.approx(0.0)
     assert mean_pairwise_cosine(np.ones((4, 2))) == pytest.approx(1.0)
+
+
+def test_a_dp_run_uses_the_server_dp_fedavg_spends_its_epsilon_and_resumes_exactly(model: torch.nn.Module, tmp_path: Path) -> None:
+    # Prepare
+    config = _config(method="fedface", dp_epsilon=5.0, dp_clip=0.5, dp_delta=1e-3)
+    # Execute
+    straight = CrossDeviceSimulation(config, _population(), model, tmp_path / "straight")
+    state = straight.run(resume=False)
+    CrossDeviceSimulation(_config(method="fedface", dp_epsilon=5.0, dp_clip=0.5, dp_delta=1e-3, rounds=1), _population(), model, tmp_path / "stopped").run(resume=False)
+    # Assert: noise calibrated to the whole run's budget (2 rounds at q = 2/4), reported per round
+    assert straight.dp is not None and straight.dp.noise_multiplier > 0
+    records = [h for h in state.history if h["round"] > 0]
+    assert records[0]["dp_epsilon"] < records[-1]["dp_epsilon"] <= 5.0
+    assert records[-1]["dp_epsilon"] > 4.5  # the calibration spends the budget, it does not waste it
+    # a DP run's noise depends on its length, so round 1 of a 1-round run is not round 1 of this run
+    with pytest.raises(Exception, match="another configuration"):
+        CrossDeviceSimulation(config, _population(), model, tmp_path / "stopped").run(resume=True)
+
+
+def test_template_noise_blurs_what_the_server_sees_to_the_calibrated_cosine(model: torch.nn.Module, tmp_path: Path) -> None:
+    # Prepare
+    population = _population(8)
+    clean = CrossDeviceSimulation(_config(devices=8), population, model, tmp_path / "a").initial_embeddings()
+    # Execute
+    blurred = CrossDeviceSimulation(_config(devices=8, template_noise_cos=0.8), population, model, tmp_path / "b").initial_embeddings()
+    # Assert: unit rows whose cosine with the clean template is about 0.8 (8 draws: loose bound)
+    np.testing.assert_allclose(np.linalg.norm(blurred, axis=1), 1.0, rtol=1e-5)
+    assert np.mean(np.sum(blurred * clean, axis=1)) == pytest.approx(0.8, abs=0.05)

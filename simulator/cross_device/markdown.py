@@ -13,7 +13,11 @@ from typing import Any
 def label(report: dict[str, Any]) -> str:
     if report["method"] in ("central", "pretrained"):
         return report["method"]  # no class embeddings trained, so no init to name
-    return f"{report['method']} ({report['init']} init)"
+    dp = (report.get("config") or {}).get("dp_epsilon")
+    privacy = "" if dp is None else f", DP ε={dp:g}"
+    blur = (report.get("config") or {}).get("template_noise_cos")
+    privacy += "" if blur is None else f", template noise cos {blur:g}"
+    return f"{report['method']} ({report['init']} init{privacy})"
 
 
 def rounds_to_loss(report: dict[str, Any], target: float) -> int | None:

@@ -89,6 +89,7 @@ def summarize(config: CrossDeviceConfig, population, history: list[dict[str, Any
         "seconds_per_round": sum(trained) / len(trained) if trained else 0.0, "wall_seconds": seconds,
         "device_images": int(sum(len(d.faces) for d in population.devices)), "split_sizes": manifest.sizes(),
         "seed": config.seed, "config": config.to_dict(), "history": history,
+        "dp_epsilon": next((h["dp_epsilon"] for h in reversed(history) if "dp_epsilon" in h), None) if config.dp_epsilon is not None else None,
     }
 
 

@@ -5,8 +5,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from facecore.errors import FaceCoreError
+from facecore.fusion import FUSIONS
 
-FUSIONS = ("none", "conv", "multi", "single")
 PARTITIONS = ("pathological", "user-specific", "iid")
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from simulator.fusion.modules import Fusion, make_fusion
+from facecore.fusion import Fusion, make_fusion
 
 
 def _extractor(in_channels: int, widths: tuple[int, int]) -> nn.Sequential:

@@ -2,9 +2,9 @@
 import pytest
 import torch
 
+from facecore.fusion import ConvFusion, LambdaFusion, make_fusion
 from simulator.fusion.engine import LocalTraining, generator, train_local
 from simulator.fusion.model import FusedCNN
-from simulator.fusion.modules import ConvFusion, LambdaFusion, make_fusion
 
 
 def _maps(seed: int = 0, shape: tuple[int, ...] = (4, 6, 5, 5)) -> tuple[torch.Tensor, torch.Tensor]:

@@ -61,6 +61,36 @@ def test_verify_accepts_the_owner_and_rejects_another_identity(fleet: list[FaceD
     assert all(r.match == (r.score >= r.threshold) for r in own + other)
 
 
+def test_the_personal_verifier_separates_the_owner_and_stays_on_the_device(fleet: list[FaceDevice], owners: list[list[Path]]) -> None:
+    # Prepare: no personal verifier yet
+    device = fleet[0]
+    with pytest.raises(NotEnrolled, match="personalize"):
+        device.verify(owners[0][-1], personal=True)
+    # Execute
+    done = device.personalize()
+    own = [device.verify(photo, personal=True) for photo in owners[0][-2:]]
+    other = [device.verify(photo, personal=True) for photo in owners[1][-2:]]
+    # Assert: it trained, scores owner above others, and is sealed in the device state only
+    assert done.loss_after < done.loss_before and 0.0 <= done.fusion_summary["lambda_mean"] <= 1.0
+    assert all(r.personal for r in own + other)
+    assert min(r.score for r in own) > max(r.score for r in other)
+    assert (device.state.dir / "personal.enc").exists()
+    assert b"fused" not in (device.state.dir / "personal.enc").read_bytes()
+
+
+def test_template_noise_blurs_the_servers_copy_and_keeps_the_clean_one_here(server, owners: list[list[Path]], tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # Prepare
+    device = FaceDevice(server.url, tmp_path, retries=2, template_noise_cos=0.8)
+    device.register()
+    # Execute
+    device.enroll(owners[2][:-2])
+    on_server = np.asarray(device._request("GET", f"/v1/devices/{device.device_id}/embedding").json()["embedding"])
+    # Assert: the server's copy is a different unit vector at roughly the calibrated cosine
+    here = device.state.template()
+    assert abs(np.linalg.norm(on_server) - 1) < 1e-5
+    assert 0.6 < float(on_server @ here) < 0.95
+
+
 def test_photos_without_faces_raise_no_face_found(server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     # Prepare
     blank = []

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from fastapi.testclient import TestClient
 
@@ -179,3 +180,61 @@ def test_round_with_median_aggregation_ignores_one_wild_update(client: TestClien
         if value.dtype.kind == "f":
             median = np.median(np.stack([deltas[d][key] for d in deltas]).astype(np.float32), axis=0)
             np.testing.assert_allclose(new[key], value + median, rtol=0, atol=1e-6, err_msg=key)
+
+
+def test_dp_fedavg_rounds_clip_add_calibrated_noise_and_account_epsilon(client: TestClient, admin: dict, rng: np.random.Generator) -> None:
+    # Prepare: DP rounds of 3 devices whose deltas are far above the clip bound
+    clip, z = 0.5, 2.0
+    aggregation = {"method": "dp_fedavg", "max_update_norm": clip, "dp_noise_multiplier": z, "dp_delta": 1e-5}
+    summaries, moved = [], []
+    for _ in range(2):
+        devices = enrolled_devices(client, 3, rng)
+        round_ = open_round(client, admin, target_participants=3, min_participants=3, aggregation=aggregation)
+        for device in devices:
+            assert device.checkin().json()["status"] == "selected"
+        base = load_backbone_bytes(devices[0].backbone(round_["base_version"]).content)
+        # Execute
+        for device in devices:
+            body = update_file(make_delta(base, rng, scale=0.05), unit_vector(rng), round_["base_version"], 10)
+            assert device.upload(round_["id"], body).status_code == 201
+        status = client.get("/v1/admin/rounds/current", headers=admin).json()
+        assert status["status"] == "completed"
+        summaries.append(status["summary"])
+        new = load_backbone_bytes(devices[0].backbone(status["result_version"]).content)
+        moved.append({k: new[k].astype(np.float64) - base[k] for k in base if base[k].dtype.kind == "f"})
+    # Assert: noise std z*C/n on weights; BatchNorm statistics untouched; epsilon grows with the rounds
+    weights = np.concatenate([d.ravel() for k, d in moved[0].items() if not k.endswith(("running_mean", "running_var"))])
+    # the clipped mean has norm <= C over ~1M coordinates: tiny next to the noise
+    assert np.std(weights) == pytest.approx(z * clip / 3, rel=0.05)
+    assert all(not np.any(d) for k, d in moved[0].items() if k.endswith(("running_mean", "running_var")))
+    first, second = summaries[0]["privacy"], summaries[1]["privacy"]
+    assert first["dp_rounds"] == 1 and second["dp_rounds"] == 2
+    assert 0 < first["epsilon"] < second["epsilon"]
+    assert summaries[0]["metrics"]["dp_clipped_fraction"] == 1.0
+
+
+def test_closing_a_round_early_aggregates_what_it_has_or_fails_below_the_minimum(client: TestClient, admin: dict, rng: np.random.Generator) -> None:
+    for uploads, minimum, expected in ((2, 2, "completed"), (1, 2, "failed")):
+        # Prepare: 3 selected devices, only `uploads` of them upload
+        devices = enrolled_devices(client, 3, rng)
+        round_ = open_round(client, admin, target_participants=3, min_participants=minimum)
+        for device in devices:
+            assert device.checkin().json()["status"] == "selected"
+        base = load_backbone_bytes(devices[0].backbone(round_["base_version"]).content)
+        for device in devices[:uploads]:
+            assert device.upload(round_["id"], update_file(make_delta(base, rng), unit_vector(rng), round_["base_version"], 10)).status_code == 201
+        # Execute
+        closed = client.post(f"/v1/admin/rounds/{round_['id']}/close", headers=admin)
+        late = devices[-1].upload(round_["id"], update_file(make_delta(base, rng), unit_vector(rng), round_["base_version"], 10))
+        tick(client)
+        # Assert
+        assert closed.status_code == 200
+        assert late.status_code == 409
+        status = client.get(f"/v1/admin/rounds/{round_['id']}", headers=admin).json()
+        assert status["status"] == expected
+        if expected == "completed":
+            assert status["summary"]["n_updates"] == uploads
+        again = client.post(f"/v1/admin/rounds/{round_['id']}/close", headers=admin)
+        assert again.status_code == 409 and expected in again.json()["detail"]
+    assert client.post("/v1/admin/rounds/99999/close", headers=admin).status_code == 404
+    assert client.post("/v1/admin/rounds/1/close").status_code == 401

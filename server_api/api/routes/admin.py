@@ -5,7 +5,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from server_api.api.deps import AdminDep, SessionDep
+from server_api.api.deps import AdminDep, RoundIdPath, SessionDep
 from server_api.crud import rounds as round_crud
 from server_api.crud import versions as version_crud
 from server_api.errors import NotFound
@@ -40,8 +40,15 @@ def list_rounds(_: AdminDep, session: SessionDep, limit: Annotated[int, Query(ge
 
 
 @router.get("/rounds/{round_id}", response_model=RoundPublic, responses=_errors)
-def get_round(round_id: int, _: AdminDep, session: SessionDep) -> RoundPublic:
+def get_round(round_id: RoundIdPath, _: AdminDep, session: SessionDep) -> RoundPublic:
     round_ = round_crud.get_round(session, round_id)
     if round_ is None:
         raise NotFound(f"round {round_id} does not exist")
     return round_crud.to_public(session, round_)
+
+
+@router.post("/rounds/{round_id}/close", response_model=RoundPublic, responses=_errors)
+def close_round(round_id: RoundIdPath, _: AdminDep, session: SessionDep) -> RoundPublic:
+    """End an open round now, as if its deadline had passed: the scheduler's next tick aggregates
+    the updates it has when they meet its minimum, else fails it. 409 if the round is not open."""
+    return round_crud.to_public(session, round_crud.close_now(session, round_id, utcnow()))

@@ -1,4 +1,6 @@
-"""Fusion of the frozen global extractor's feature map E_g(x) with the local one E_l(x), both B×C×H×W.
+"""FedFusion's fusion modules, shared by the simulator's classification benchmark and the device's
+personalised verifier: fusion of the frozen global extractor's feature map E_g(x) with the local
+one E_l(x), both B×C×H×W.
 
 λ is kept in [0, 1] by projection: the raw parameter is used as is and clamped after every
 optimiser step (``project_``). The official code starts λ at 0 (so the fused map starts as the
@@ -12,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from simulator.fusion.config import FUSIONS
+FUSIONS = ("none", "conv", "multi", "single")
 
 
 class Fusion(nn.Module):
@@ -69,9 +71,11 @@ class ConvFusion(Fusion):
 class LambdaFusion(Fusion):
     """λ⊙E_g(x) + (1−λ)⊙E_l(x), with λ per channel (multi) or one scalar (single)."""
 
-    def __init__(self, channels: int, per_channel: bool) -> None:
+    def __init__(self, channels: int, per_channel: bool, lambda_init: float = 0.0) -> None:
         super().__init__()
-        self.lam = nn.Parameter(torch.zeros(1, channels, 1, 1) if per_channel else torch.zeros(1))
+        if not 0.0 <= lambda_init <= 1.0:
+            raise ValueError(f"lambda_init must be in [0, 1], got {lambda_init}")
+        self.lam = nn.Parameter(torch.full((1, channels, 1, 1) if per_channel else (1,), float(lambda_init)))
 
     def forward(self, local: torch.Tensor, global_: torch.Tensor | None) -> torch.Tensor:
         assert global_ is not None
@@ -86,11 +90,11 @@ class LambdaFusion(Fusion):
         return {"lambda_mean": float(lam.mean()), "lambda_min": float(lam.min()), "lambda_max": float(lam.max())}
 
 
-def make_fusion(kind: str, channels: int) -> Fusion:
+def make_fusion(kind: str, channels: int, lambda_init: float = 0.0) -> Fusion:
     if kind == "none":
         return NoFusion()
     if kind == "conv":
         return ConvFusion(channels)
     if kind in ("multi", "single"):
-        return LambdaFusion(channels, per_channel=kind == "multi")
+        return LambdaFusion(channels, per_channel=kind == "multi", lambda_init=lambda_init)
     raise ValueError(f"fusion must be one of {FUSIONS}, got {kind!r}")

@@ -1,0 +1,95 @@
+"""The personalised (fused) verifier: shapes, the λ box, the λ = 1 end point, the cohort term."""
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from device_sdk.personal import PersonalConfig, train_personal_verifier
+from device_sdk.training import LocalTrainingConfig
+from facecore.data.synthetic import synthetic_faces
+from facecore.models import get_backbone
+from facecore.models.preprocess import faces_to_tensor
+
+
+@pytest.fixture(scope="module")
+def setup() -> tuple[torch.nn.Module, np.ndarray, np.ndarray]:
+    torch.manual_seed(0)
+    model = get_backbone("mobilefacenet_s")
+    calibration, _ = synthetic_faces(16, 4, seed=6)
+    with torch.no_grad():
+        # Real BatchNorm statistics first (as pretraining would give), see training_test.py.
+        for module in model.modules():
+            if isinstance(module, torch.nn.BatchNorm2d | torch.nn.BatchNorm1d):
+                module.momentum = None
+        model.train()(faces_to_tensor(calibration))
+    faces, labels = synthetic_faces(6, 4, seed=5)
+    return model.eval(), faces[labels < 3], faces[labels >= 3]
+
+
+def _config(fusion: str, **training: object) -> PersonalConfig:
+    return PersonalConfig(fusion, LocalTrainingConfig(**{"epochs": 3, "batch": 4, "trainable_blocks": 2, **training}))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("fusion", ["none", "conv", "multi", "single"])
+def test_embeddings_are_unit_rows_and_the_global_model_is_left_alone(setup, fusion: str) -> None:  # type: ignore[no-untyped-def]
+    # Prepare
+    model, owner, others = setup
+    before = copy.deepcopy(model.state_dict())
+    # Execute
+    verifier, report = train_personal_verifier(model, owner, _config(fusion), seed=1)
+    embeddings = verifier.embed(others)
+    # Assert
+    assert embeddings.shape == (len(others), 128)
+    np.testing.assert_allclose(np.linalg.norm(embeddings, axis=1), 1.0, rtol=1e-5)
+    assert verifier.score(others).shape == (len(others),)
+    assert report.steps == 3 * 3 and report.loss_after < report.loss_before
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name]), name
+
+
+@pytest.mark.parametrize("fusion", ["multi", "single"])
+def test_lambda_stays_in_the_unit_box_even_at_a_huge_learning_rate(setup, fusion: str) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: λ starts at 0, so the first steps push it below the box
+    model, owner, _ = setup
+    # Execute
+    verifier, _ = train_personal_verifier(model, owner, _config(fusion, lr=50.0, momentum=0.0), seed=1)
+    # Assert
+    lam = verifier.fused.fusion.lam.detach()
+    assert lam.min() >= 0.0 and lam.max() <= 1.0
+
+
+def test_lambda_one_is_exactly_the_global_model(setup) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: training from λ = 0.5 moves the local path; then λ is set to its upper end
+    model, owner, others = setup
+    config = PersonalConfig("single", LocalTrainingConfig(epochs=3, batch=4, trainable_blocks=2, lr=0.1), lambda_init=0.5)
+    verifier, _ = train_personal_verifier(model, owner, config, seed=1)
+    with torch.no_grad():
+        verifier.fused.fusion.lam.fill_(1.0)
+        local_moved = not torch.allclose(verifier.fused.local(verifier.prefix_cache(others).plain), model(faces_to_tensor(others)))
+        expected = torch.nn.functional.normalize(model(faces_to_tensor(others)), dim=1).numpy()
+    # Execute
+    fused = verifier.embed(others)
+    # Assert
+    assert local_moved
+    np.testing.assert_allclose(fused, expected, atol=1e-5)
+
+
+def test_a_public_cohort_pushes_impostors_away_from_the_owner_template(setup) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: the same owner, trained without and with the other identities as the public cohort
+    model, owner, others = setup
+    config = PersonalConfig("none", LocalTrainingConfig(epochs=5, batch=4, trainable_blocks=2, lr=0.05), cohort_margin=0.0)
+    # Execute
+    plain, _ = train_personal_verifier(model, owner, config, seed=1)
+    with_cohort, _ = train_personal_verifier(model, owner, config, seed=1, cohort=others)
+    # Assert: the cohort faces now score lower against the owner's template
+    assert with_cohort.score(others).mean() < plain.score(others).mean() - 0.01
+
+
+def test_a_config_without_a_frozen_prefix_or_with_lambda_outside_the_box_is_refused() -> None:
+    with pytest.raises(ValueError, match="trainable_blocks"):
+        PersonalConfig("multi", LocalTrainingConfig(trainable_blocks=None))
+    with pytest.raises(ValueError, match="lambda_init"):
+        PersonalConfig("multi", lambda_init=1.5)
+    with pytest.raises(ValueError, match="fusion must be one of"):
+        PersonalConfig("average")

@@ -1,0 +1,62 @@
+"""`fedface sim fusion-faces ...`: the device's personalised (fused) verifier against the plain
+global model, owner versus others on the devices' held-out photos."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from facecore.fusion import FUSIONS
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from simulator.fusion.faces import FaceFusionConfig
+
+    d = FaceFusionConfig()
+    parser.add_argument("--devices", type=int, default=d.devices, help="device identities (real ones from the split's device set)")
+    parser.add_argument("--fusions", nargs="+", choices=FUSIONS, default=list(d.fusions), help="none: the locally fine-tuned model alone")
+    parser.add_argument("--epochs", type=int, default=d.epochs, help="local epochs over the enrollment photos")
+    parser.add_argument("--lr", type=float, default=d.lr)
+    parser.add_argument("--margin", type=float, default=d.margin)
+    parser.add_argument("--trainable-blocks", type=int, default=d.trainable_blocks, help="last blocks (+ head) of E_l that train")
+    parser.add_argument("--lambda-init", type=float, default=d.lambda_init, help="multi/single: starting λ in [0, 1]")
+    parser.add_argument("--cohort", type=int, default=d.cohort, help="public impostor faces each device trains against (0: none)")
+    parser.add_argument("--cohort-margin", type=float, default=d.cohort_margin, help="impostors are pushed below this cosine")
+    parser.add_argument("--model", default=d.model, help="the global backbone: default or PATH")
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--data")
+    parser.add_argument("--split", help="split manifest (default: the seed-0 split)")
+    parser.add_argument("--out", default="runs/fusion_faces")
+    parser.add_argument("--json", action="store_true", help="print the summary as one JSON line")
+
+
+def run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from facecore.data.split import SplitConfig, SplitManifest, build_split
+    from facecore.models.checkpoint import load_backbone
+    from facecore.paths import data_root
+    from simulator.cross_device.population import load_population
+    from simulator.fusion.faces import FaceFusionConfig, markdown_table, public_cohort, run_face_fusion, split_photos
+
+    config = FaceFusionConfig(
+        devices=args.devices, fusions=tuple(args.fusions), epochs=args.epochs, lr=args.lr, margin=args.margin,
+        trainable_blocks=args.trainable_blocks, lambda_init=args.lambda_init, cohort=args.cohort,
+        cohort_margin=args.cohort_margin, model=args.model, seed=args.seed,
+    )
+    root = data_root(args.data)
+    manifest = SplitManifest.load(args.split) if args.split else build_split(root, SplitConfig(seed=0))
+    population = load_population(manifest, root, config.devices, config.seed)
+    if population.notice():
+        print(population.notice())
+    rng = np.random.default_rng(config.seed)
+    devices = [split_photos(d.identity, d.faces, rng) for d in population.devices]
+    log = (lambda _: None) if args.json else print
+    cohort = public_cohort(manifest, root, config.cohort, config.seed) if config.cohort else None
+    report = run_face_fusion(config, devices, load_backbone(config.model), Path(args.out), log, cohort)
+    if args.json:
+        print(json.dumps({name: {"tar_at_far": m["tar_at_far"], "auc": m["auc"]} for name, m in report["methods"].items()}))
+    else:
+        print(markdown_table(report))
+        print(f"report: {Path(args.out) / 'face_fusion.json'}, plot: {report['plot']}")
+    return 0

@@ -1,0 +1,69 @@
+"""DP-FedAvg: clipping, equal weights, frozen statistics, calibrated noise, and the accountant."""
+import math
+
+import numpy as np
+import pytest
+
+from server_api.strategies import backbone_aggregator
+from server_api.strategies.base import ClientUpdate
+from server_api.strategies.dp_fedavg import DPFedAvg, dp_epsilon, epsilon_of_history, noise_for_epsilon
+
+BASE = {"w": np.zeros(4, np.float32), "bn.running_var": np.ones(2, np.float32), "bn.num_batches_tracked": np.array(7)}
+
+
+def _update(w: list[float], n_samples: int, running_var: float = 0.0) -> ClientUpdate:
+    weights = {"w": np.array(w, np.float32), "bn.running_var": np.full(2, running_var, np.float32), "bn.num_batches_tracked": np.array(0)}
+    return ClientUpdate(weights, n_samples)
+
+
+def test_without_noise_it_is_the_equal_weight_mean_of_clipped_deltas() -> None:
+    # Prepare: a delta of norm 10 (clipped to 1) from a device with 100x the samples of the other
+    updates = [_update([10.0, 0, 0, 0], 1000), _update([0, 0.5, 0, 0], 10)]
+    # Execute
+    result = DPFedAvg(clip_norm=1.0, noise_multiplier=0.0).aggregate_train(1, BASE, updates)
+    # Assert: (1, 0.5) / 2, not weighted by samples; 1 of 2 updates was clipped
+    np.testing.assert_allclose(result.weights["w"], [0.5, 0.25, 0, 0], atol=1e-7)
+    assert result.metrics["dp_clipped_fraction"] == 0.5 and result.metrics["dp_noise_std"] == 0.0
+
+
+def test_batchnorm_statistics_stay_at_the_base_whatever_devices_send() -> None:
+    # Execute
+    result = DPFedAvg(1.0, 1.0, seed=0).aggregate_train(1, BASE, [_update([0, 0, 0, 0], 5, running_var=-3.0)])
+    # Assert: no device influence, so no noise either (a negative variance would be NaN later)
+    np.testing.assert_array_equal(result.weights["bn.running_var"], BASE["bn.running_var"])
+    assert int(result.weights["bn.num_batches_tracked"]) == 7
+
+
+def test_noise_std_is_z_times_clip_over_participants_and_is_seeded() -> None:
+    # Prepare: 4 zero deltas over a large tensor
+    base = {"w": np.zeros(200_000, np.float32)}
+    updates = [ClientUpdate({"w": np.zeros(200_000, np.float32)}, 1) for _ in range(4)]
+    # Execute
+    first = DPFedAvg(clip_norm=2.0, noise_multiplier=1.5, seed=3).aggregate_train(1, base, updates)
+    again = DPFedAvg(clip_norm=2.0, noise_multiplier=1.5, seed=3).aggregate_train(1, base, updates)
+    # Assert: std 1.5 * 2 / 4 = 0.75
+    assert np.std(first.weights["w"]) == pytest.approx(0.75, rel=0.01)
+    assert first.metrics["dp_noise_std"] == pytest.approx(0.75)
+    np.testing.assert_array_equal(first.weights["w"], again.weights["w"])
+
+
+def test_full_models_are_refused_and_the_round_config_builds_it() -> None:
+    with pytest.raises(ValueError, match="deltas"):
+        DPFedAvg().aggregate_train(1, BASE, [ClientUpdate(BASE, 1, kind="full")])
+    built = backbone_aggregator("dp_fedavg", max_update_norm=0.3, dp_noise_multiplier=0.8)
+    assert isinstance(built, DPFedAvg) and (built.clip_norm, built.noise_multiplier) == (0.3, 0.8)
+
+
+def test_epsilon_grows_with_rounds_shrinks_with_noise_and_inverts() -> None:
+    # Execute
+    eps_10 = dp_epsilon(1.0, 0.1, 10, 1e-5)
+    eps_20 = dp_epsilon(1.0, 0.1, 20, 1e-5)
+    eps_quiet = dp_epsilon(2.0, 0.1, 10, 1e-5)
+    z = noise_for_epsilon(eps_10, 0.1, 10, 1e-5)
+    # Assert
+    assert 0 < eps_quiet < eps_10 < eps_20
+    assert z == pytest.approx(1.0, abs=0.02)  # Opacus searches to 0.01 precision
+    assert epsilon_of_history([(1.0, 0.1, 10), (1.0, 0.1, 10)], 1e-5) == pytest.approx(eps_20)
+    assert math.isinf(dp_epsilon(0.0, 0.1, 3, 1e-5)) and dp_epsilon(1.0, 0.1, 0, 1e-5) == 0.0
+    with pytest.raises(ValueError, match="sample_rate"):
+        dp_epsilon(1.0, 1.5, 3, 1e-5)
