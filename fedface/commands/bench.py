@@ -33,10 +33,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sim.add_argument("--model", default="default")
     sim.add_argument("--data")
     sim.add_argument("--json", action="store_true")
+    secagg = targets.add_parser("secagg", help="secure aggregation's bytes and seconds per round (Bonawitz et al.)")
+    secagg.add_argument("--devices", default="100,1000", help="comma-separated device counts (default 100,1000)")
+    secagg.add_argument("--dim", type=int, default=1_022_720, help="parameters per update (default: mobilefacenet's 1,022,720 floats)")
+    secagg.add_argument("--drop", type=float, default=0.1, help="fraction of devices dropping after sharing keys (default 0.1)")
+    secagg.add_argument("--full-protocol-max", type=int, default=100, help="run every device for real up to this many (default 100)")
+    secagg.add_argument("--json", action="store_true")
 
 
 def run(args: argparse.Namespace) -> int:
-    return {"export": _export, "server": _server, "device": _device, "sim": _sim}[args.target](args)
+    return {"export": _export, "server": _server, "device": _device, "sim": _sim, "secagg": _secagg}[args.target](args)
+
+
+def _secagg(args: argparse.Namespace) -> int:
+    from facecore.secagg_bench import describe, run_secagg_bench
+
+    try:
+        counts = tuple(int(c) for c in args.devices.split(","))
+    except ValueError:
+        raise SystemExit(f"fedface bench secagg: --devices must be comma-separated integers, got {args.devices!r}") from None
+    if min(counts) < 3 or args.dim < 1 or not 0 <= args.drop < 1 / 3:
+        raise SystemExit("fedface bench secagg: device counts must be >= 3, --dim >= 1, 0 <= --drop < 1/3 (the threshold is 2n/3 + 1)")
+    result = run_secagg_bench(counts, args.dim, args.drop, args.full_protocol_max)
+    print(json.dumps(result) if args.json else describe(result))
+    return 0
 
 
 def _sim(args: argparse.Namespace) -> int:

@@ -45,6 +45,9 @@ class Settings(BaseSettings):
     scheduler_interval_s: float = Field(default=1.0, gt=0)
     aggregation_lease_s: float = Field(default=60.0, gt=0, description="after this a stuck aggregation is retaken")
     export_onnx: bool = True
+    # Individual backbone deltas are deleted once their round has ended (completed or failed):
+    # the aggregate is all the server needs, and a single delta can leak about its owner's photos.
+    keep_update_blobs: bool = False
     torch_threads: int = Field(default=1, ge=1)
     log_level: str = "INFO"
     # Chaos knob for the crash tests: pause between writing a new version's blobs and

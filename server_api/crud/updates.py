@@ -90,3 +90,13 @@ def record_update(
 
 def round_updates(session: Session, round_id: int) -> list[Update]:
     return list(session.execute(select(Update).where(Update.round_id == round_id).order_by(Update.id)).scalars())
+
+
+def round_blob_digests(session: Session, round_id: int) -> list[str]:
+    return list(session.execute(select(Update.blob_sha256).where(Update.round_id == round_id)).scalars())
+
+
+def open_round_blob_digests(session: Session) -> list[str]:
+    """Digests still needed: uploads to rounds that have not ended (a shared blob is kept)."""
+    pending = select(Round.id).where(Round.status.in_(("open", "aggregating")))
+    return list(session.execute(select(Update.blob_sha256).where(Update.round_id.in_(pending))).scalars())

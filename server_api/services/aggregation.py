@@ -57,6 +57,7 @@ def try_aggregate(ctx: ServerContext, round_id: int) -> str:
     if outcome == "failed":
         ctx.metrics.rounds_finished.labels("failed").inc()
         log.warning("round failed", extra={"fields": {"round_id": round_id}})
+        _drop_update_blobs(ctx, round_id)
     if outcome != "claimed":
         return outcome
     started = time.perf_counter()
@@ -64,6 +65,7 @@ def try_aggregate(ctx: ServerContext, round_id: int) -> str:
     if done:
         ctx.metrics.aggregation_seconds.observe(time.perf_counter() - started)
         ctx.metrics.rounds_finished.labels("completed").inc()
+        _drop_update_blobs(ctx, round_id)
     return "completed" if done else "lost"
 
 
@@ -124,6 +126,17 @@ def _compute_and_finalize(ctx: ServerContext, round_id: int) -> bool:
     if done:
         log.info("round completed", extra={"fields": {"round_id": round_id, "version": blobs.version_hash, **summary}})
     return done
+
+
+def _drop_update_blobs(ctx: ServerContext, round_id: int) -> None:
+    """Delete an ended round's individual deltas (rows keep their digests as a record). Runs after
+    the commit, so a crash in between only leaves files behind, never a round without its inputs."""
+    if ctx.settings.keep_update_blobs:
+        return
+    with session_scope(ctx.sessions) as session:
+        digests = set(update_crud.round_blob_digests(session, round_id)) - set(update_crud.open_round_blob_digests(session))
+    for digest in digests:
+        ctx.store.delete(digest)
 
 
 def _privacy(ctx: ServerContext, round_id: int, settings: dict, participants: int, enrolled: int) -> dict:

@@ -48,6 +48,9 @@ class BlobStore(Protocol):
 
     def size(self, digest: str) -> int: ...
 
+    def delete(self, digest: str) -> bool:
+        """Remove a blob; False if it was not there."""
+
 
 class BlobNotFound(KeyError):
     pass
@@ -98,6 +101,13 @@ class LocalBlobStore:
     def get(self, digest: str) -> bytes:
         with self.open(digest) as handle:
             return handle.read()
+
+    def delete(self, digest: str) -> bool:
+        try:
+            self.path(digest).unlink()
+        except FileNotFoundError:
+            return False
+        return True
 
     @contextmanager
     def temp_file(self) -> Iterator[Path]:

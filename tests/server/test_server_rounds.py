@@ -238,3 +238,25 @@ def test_closing_a_round_early_aggregates_what_it_has_or_fails_below_the_minimum
         assert again.status_code == 409 and expected in again.json()["detail"]
     assert client.post("/v1/admin/rounds/99999/close", headers=admin).status_code == 404
     assert client.post("/v1/admin/rounds/1/close").status_code == 401
+
+
+def test_individual_deltas_are_deleted_once_their_round_ends(client: TestClient, admin: dict, rng: np.random.Generator) -> None:
+    # Prepare
+    from server_api.models import Update
+
+    devices = enrolled_devices(client, 2, rng)
+    round_ = open_round(client, admin, target_participants=2, min_participants=2)
+    for device in devices:
+        assert device.checkin().json()["status"] == "selected"
+    base = load_backbone_bytes(devices[0].backbone(round_["base_version"]).content)
+    # Execute
+    for device in devices:
+        assert device.upload(round_["id"], update_file(make_delta(base, rng), unit_vector(rng), round_["base_version"], 10)).status_code == 201
+    # Assert: the round completed, its rows keep their digests, the delta files are gone, the model is there
+    status = client.get(f"/v1/admin/rounds/{round_['id']}", headers=admin).json()
+    assert status["status"] == "completed"
+    store = client.app.state.ctx.store
+    with client.app.state.ctx.sessions() as session:
+        digests = [u.blob_sha256 for u in session.query(Update).filter(Update.round_id == round_["id"])]
+    assert len(digests) == 2 and not any(store.exists(d) for d in digests)
+    assert devices[0].backbone(status["result_version"]).status_code == 200

@@ -1,0 +1,200 @@
+"""Secure aggregation of fixed-point vectors (Bonawitz et al., CCS 2017), honest-but-curious server.
+
+The protocol's four steps as pure functions, so the same code can serve a simulator and, later,
+the server and the SDK (the live protocol is not wired in yet: see SECURITY.md).
+
+0. Advertise: each device makes two X25519 key pairs, c (to encrypt shares) and s (pairwise masks).
+1. Share keys: each device draws a self-mask seed b, splits b and its s secret key t-of-n with
+   Shamir, and sends each other device its pair of shares, AES-GCM encrypted under
+   HKDF-SHA256(X25519(c_u, c_v)).
+2. Masked input: y_u = x_u + PRG(b_u) + Σ_{v>u} PRG(s_uv) − Σ_{v<u} PRG(s_uv)  (mod 2^32), where
+   s_uv = HKDF-SHA256(X25519(s_u, s_v)) and PRG is a ChaCha20 keystream.
+3. Unmask: every device still there sends, for each device that dropped after step 1, its share of
+   that device's s key, and for each device that sent y, its share of b. With t shares the server
+   rebuilds those secrets, removes the dropped devices' pairwise masks and the survivors' self
+   masks, and gets Σ x_u over the survivors, and nothing else. Fewer than t shares: it aborts.
+
+Fixed point: x is clipped to [−bound, bound] and scaled by `scale`; the sum is exact mod 2^32 as
+long as n·bound·scale < 2^31.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from facecore.errors import FaceCoreError
+
+PRIME = 2**521 - 1  # a Mersenne prime above every 32-byte secret: Shamir works in GF(PRIME)
+SHARE_BYTES = 66
+
+
+class SecAggAborted(FaceCoreError):
+    """Too few devices are left to rebuild the masks: the round must be dropped, not guessed."""
+
+
+# ---- primitives ----------------------------------------------------------------------------
+def _raw(public: X25519PublicKey) -> bytes:
+    return public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def agree(private: X25519PrivateKey, public: bytes, purpose: bytes) -> bytes:
+    """A 32-byte key both ends derive: HKDF-SHA256 over the X25519 shared secret."""
+    shared = private.exchange(X25519PublicKey.from_public_bytes(public))
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=b"fedface-secagg/" + purpose).derive(shared)
+
+
+def prg(seed: bytes, length: int) -> np.ndarray:
+    """`length` uint32 words of ChaCha20 keystream from a 32-byte seed."""
+    encryptor = Cipher(algorithms.ChaCha20(seed, b"\0" * 16), mode=None).encryptor()
+    return np.frombuffer(encryptor.update(bytes(4 * length)), dtype="<u4")
+
+
+def split_secret(secret: bytes, n: int, t: int) -> list[tuple[int, int]]:
+    """Shamir t-of-n shares (x, y) of a secret of at most 32 bytes."""
+    if not 1 <= t <= n:
+        raise ValueError(f"need 1 <= t <= n, got t={t}, n={n}")
+    coefficients = [int.from_bytes(secret, "big")] + [secrets.randbelow(PRIME) for _ in range(t - 1)]
+    shares = []
+    for x in range(1, n + 1):
+        y = 0
+        for c in reversed(coefficients):
+            y = (y * x + c) % PRIME
+        shares.append((x, y))
+    return shares
+
+
+def lagrange_weights(xs: Sequence[int]) -> list[int]:
+    """λ_i with f(0) = Σ λ_i f(x_i) in GF(PRIME). The same answering devices rebuild every secret,
+    so the server computes these once per round: O(t²) once, then O(t) per secret."""
+    weights = []
+    for i, xi in enumerate(xs):
+        num, den = 1, 1
+        for j, xj in enumerate(xs):
+            if i != j:
+                num, den = num * -xj % PRIME, den * (xi - xj) % PRIME
+        weights.append(num * pow(den, PRIME - 2, PRIME) % PRIME)
+    return weights
+
+
+def combine_shares(shares: Sequence[tuple[int, int]], t: int, length: int = 32, weights: dict[tuple[int, ...], list[int]] | None = None) -> bytes:
+    """The secret from any t distinct shares (Lagrange at 0). `weights`: a cache keyed by the x's."""
+    points = sorted({x: y for x, y in shares}.items())[:t]
+    if len(points) < t:
+        raise SecAggAborted(f"{len(points)} share(s) left, {t} needed to rebuild a mask")
+    xs = tuple(x for x, _ in points)
+    cache = {} if weights is None else weights
+    if xs not in cache:
+        cache[xs] = lagrange_weights(xs)
+    secret = sum(y * w for (_, y), w in zip(points, cache[xs])) % PRIME
+    return secret.to_bytes(length, "big")
+
+
+def quantize(x: np.ndarray, bound: float, scale: float) -> np.ndarray:
+    return np.round(np.clip(np.asarray(x, np.float64), -bound, bound) * scale).astype(np.int64).astype(np.uint32)
+
+
+def dequantize(total: np.ndarray, scale: float) -> np.ndarray:
+    return total.astype(np.uint32).view(np.int32).astype(np.float64) / scale
+
+
+# ---- one device ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Advert:
+    index: int  # 1..n, also the device's Shamir x coordinate
+    c_public: bytes
+    s_public: bytes
+
+
+class SecAggClient:
+    def __init__(self, index: int, threshold: int) -> None:
+        self.index, self.threshold = index, threshold
+        self._c, self._s = X25519PrivateKey.generate(), X25519PrivateKey.generate()
+        self._b = os.urandom(32)
+        # sender -> ((x, share of its s key), (x, share of its b)), x being this device's index
+        self._received: dict[int, tuple[tuple[int, int], tuple[int, int]]] = {}
+
+    def advertise(self) -> Advert:
+        return Advert(self.index, _raw(self._c.public_key()), _raw(self._s.public_key()))
+
+    def share_keys(self, adverts: Mapping[int, Advert]) -> dict[int, bytes]:
+        """Encrypted (s-key share, b share) for every other device, keyed by recipient."""
+        if len(adverts) < self.threshold:
+            raise SecAggAborted(f"{len(adverts)} devices advertised keys, threshold is {self.threshold}")
+        self._adverts = dict(adverts)
+        s_raw = self._s.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption())
+        n = max(adverts)
+        s_shares = dict(split_secret(s_raw, n, self.threshold))
+        b_shares = dict(split_secret(self._b, n, self.threshold))
+        self._received[self.index] = ((self.index, s_shares[self.index]), (self.index, b_shares[self.index]))
+        out = {}
+        for v, advert in adverts.items():
+            if v == self.index:
+                continue
+            key = agree(self._c, advert.c_public, b"shares")
+            plain = self.index.to_bytes(4, "big") + v.to_bytes(4, "big") + s_shares[v].to_bytes(SHARE_BYTES, "big") + b_shares[v].to_bytes(SHARE_BYTES, "big")
+            nonce = os.urandom(12)
+            out[v] = nonce + AESGCM(key).encrypt(nonce, plain, b"fedface-secagg")
+        return out
+
+    def receive_shares(self, ciphertexts: Mapping[int, bytes]) -> None:
+        for u, blob in ciphertexts.items():
+            key = agree(self._c, self._adverts[u].c_public, b"shares")
+            plain = AESGCM(key).decrypt(blob[:12], blob[12:], b"fedface-secagg")
+            sender, recipient = int.from_bytes(plain[:4], "big"), int.from_bytes(plain[4:8], "big")
+            if (sender, recipient) != (u, self.index):
+                raise FaceCoreError(f"share from {sender} for {recipient} arrived as {u} -> {self.index}")
+            s_share, b_share = int.from_bytes(plain[8 : 8 + SHARE_BYTES], "big"), int.from_bytes(plain[8 + SHARE_BYTES :], "big")
+            self._received[u] = ((self.index, s_share), (self.index, b_share))
+
+    def masked_input(self, quantized: np.ndarray, survivors_of_step_1: Sequence[int]) -> np.ndarray:
+        """y = x + PRG(b) ± PRG(s_uv) over the devices that shared keys, mod 2^32."""
+        y = quantized.astype(np.uint32) + prg(self._b, quantized.size)
+        for v in survivors_of_step_1:
+            if v == self.index:
+                continue
+            mask = prg(agree(self._s, self._adverts[v].s_public, b"pair"), quantized.size)
+            y = y + mask if self.index < v else y - mask
+        return y
+
+    def unmask_shares(self, dropped: Sequence[int], survived: Sequence[int]) -> dict[str, dict[int, tuple[int, int]]]:
+        """Shares of the dropped devices' s keys and of the survivors' b seeds; never both for one device."""
+        if set(dropped) & set(survived):
+            raise FaceCoreError("a device cannot be both dropped and surviving: refusing to reveal both of its secrets")
+        return {
+            "s": {v: self._received[v][0] for v in dropped if v in self._received},
+            "b": {v: self._received[v][1] for v in survived if v in self._received},
+        }
+
+
+# ---- the server ----------------------------------------------------------------------------
+def unmask_sum(
+    masked: Mapping[int, np.ndarray], adverts: Mapping[int, Advert], key_sharers: Sequence[int],
+    shares: Sequence[Mapping[str, Mapping[int, tuple[int, int]]]], threshold: int,
+) -> np.ndarray:
+    """Σ x_u (mod 2^32) over the devices in `masked`, from their masked inputs and the step-3 shares."""
+    if len(shares) < threshold:
+        raise SecAggAborted(f"{len(shares)} device(s) answered the unmasking step, threshold is {threshold}")
+    total = np.zeros(next(iter(masked.values())).size, np.uint32)
+    for y in masked.values():
+        total += y
+    weights: dict[tuple[int, ...], list[int]] = {}
+    for u in masked:  # remove self masks
+        b = combine_shares([answer["b"][u] for answer in shares if u in answer["b"]], threshold, weights=weights)
+        total -= prg(b, total.size)
+    for v in (v for v in key_sharers if v not in masked):  # dropped after sharing keys: remove its pairwise masks
+        raw = combine_shares([answer["s"][v] for answer in shares if v in answer["s"]], threshold, weights=weights)
+        s_v = X25519PrivateKey.from_private_bytes(raw)
+        for u in masked:
+            mask = prg(agree(s_v, adverts[u].s_public, b"pair"), total.size)
+            # u added +mask if u < v, else -mask
+            total = total - mask if u < v else total + mask
+    return total
