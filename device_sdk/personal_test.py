@@ -8,23 +8,15 @@ import torch
 from device_sdk.personal import PersonalConfig, train_personal_verifier
 from device_sdk.training import LocalTrainingConfig
 from facecore.data.synthetic import synthetic_faces
-from facecore.models import get_backbone
 from facecore.models.preprocess import faces_to_tensor
+from facecore.models.testing import calibrated_backbone
 
 
 @pytest.fixture(scope="module")
 def setup() -> tuple[torch.nn.Module, np.ndarray, np.ndarray]:
-    torch.manual_seed(0)
-    model = get_backbone("mobilefacenet_s")
-    calibration, _ = synthetic_faces(16, 4, seed=6)
-    with torch.no_grad():
-        # Real BatchNorm statistics first (as pretraining would give), see training_test.py.
-        for module in model.modules():
-            if isinstance(module, torch.nn.BatchNorm2d | torch.nn.BatchNorm1d):
-                module.momentum = None
-        model.train()(faces_to_tensor(calibration))
+    model = calibrated_backbone("mobilefacenet_s", seed=0)
     faces, labels = synthetic_faces(6, 4, seed=5)
-    return model.eval(), faces[labels < 3], faces[labels >= 3]
+    return model, faces[labels < 3], faces[labels >= 3]
 
 
 def _config(fusion: str, **training: object) -> PersonalConfig:

@@ -6,25 +6,17 @@ import torch
 
 from device_sdk.training import LocalTrainingConfig, TrainingDiverged, mean_feature_embedding, train_local
 from facecore.data.synthetic import synthetic_faces
-from facecore.models import get_backbone
 from facecore.models.preprocess import faces_to_tensor
+from facecore.models.testing import calibrated_backbone
 
 
 @pytest.fixture(scope="module")
 def owner() -> tuple[torch.nn.Module, np.ndarray, np.ndarray]:
-    torch.manual_seed(0)
-    model = get_backbone("mobilefacenet_s")
+    model = calibrated_backbone("mobilefacenet_s", seed=0)
     # photos of several synthetic people, so the model starts far from the margin
     faces, _ = synthetic_faces(4, 3, seed=5)
-    calibration, _ = synthetic_faces(16, 4, seed=6)
     with torch.no_grad():
-        # An untrained network's default BatchNorm statistics squash features to ~1e-5, where
-        # normalisation turns gradients into noise; estimate real statistics first, as pretraining would.
-        for module in model.modules():
-            if isinstance(module, torch.nn.BatchNorm2d | torch.nn.BatchNorm1d):
-                module.momentum = None
-        model.train()(faces_to_tensor(calibration))
-        features = model.eval()(faces_to_tensor(faces)).numpy()
+        features = model(faces_to_tensor(faces)).numpy()
     return model, faces, mean_feature_embedding(features)
 
 

@@ -7,8 +7,7 @@ import torch
 
 from device_sdk.training import LocalTrainingConfig, train_local
 from facecore.data.synthetic import synthetic_faces
-from facecore.models import get_backbone
-from facecore.models.preprocess import faces_to_tensor
+from facecore.models.testing import calibrated_backbone
 from server_api.strategies import ClientUpdate, FedAvg
 from simulator.cross_device.config import CrossDeviceConfig
 from simulator.cross_device.engine import CrossDeviceSimulation, mean_pairwise_cosine
@@ -17,15 +16,7 @@ from simulator.cross_device.population import Population, SimDevice
 
 @pytest.fixture(scope="module")
 def model() -> torch.nn.Module:
-    torch.manual_seed(0)
-    backbone = get_backbone("mobilefacenet_s")
-    calibration, _ = synthetic_faces(16, 4, seed=6)
-    with torch.no_grad():  # realistic BatchNorm statistics (see device_sdk/training_test.py)
-        for module in backbone.modules():
-            if isinstance(module, torch.nn.BatchNorm2d | torch.nn.BatchNorm1d):
-                module.momentum = None
-        backbone.train()(faces_to_tensor(calibration))
-    return backbone.eval()
+    return calibrated_backbone("mobilefacenet_s", seed=0)
 
 
 def _population(devices: int = 4) -> Population:

@@ -25,7 +25,7 @@ import torch
 from tqdm import tqdm
 
 from device_sdk.personal import PersonalConfig, train_personal_verifier
-from device_sdk.training import LocalTrainingConfig, PrefixCache, mean_feature_embedding, split_backbone
+from device_sdk.training import LocalTrainingConfig, mean_feature_embedding, prefix_cache, split_backbone
 from facecore.data.faces import load_labelled_faces
 from facecore.data.records import FaceImage
 from facecore.data.split import SplitManifest
@@ -134,15 +134,14 @@ def run_face_fusion(config: FaceFusionConfig, devices: list[DeviceFaces], model:
     model = model.float().eval()
     prefix, global_suffix = split_backbone(model, config.trainable_blocks)
     started = time.perf_counter()
-    enroll_acts = [_activations(prefix, d.enroll) for d in tqdm(devices, desc="prefix: enrollment photos", leave=False)]
-    enroll_flipped = [_activations(prefix, d.enroll[:, :, ::-1].copy()) for d in devices]
+    enroll = [prefix_cache(model, d.enroll, config.trainable_blocks) for d in tqdm(devices, desc="prefix: enrollment photos", leave=False)]
     cohort_acts = _activations(prefix, cohort) if cohort is not None and len(cohort) else None
     held_acts = torch.cat([_activations(prefix, d.held_out) for d in tqdm(devices, desc="prefix: held-out photos", leave=False)])
     with torch.no_grad():
         held_global = torch.cat([global_suffix(held_acts[i : i + 128]) for i in range(0, len(held_acts), 128)])
     sizes = [len(d.held_out) for d in devices]
     split_global = list(torch.nn.functional.normalize(held_global, dim=1).split(sizes))
-    templates = np.stack([mean_feature_embedding(global_suffix(a).detach()) for a in enroll_acts])
+    templates = np.stack([mean_feature_embedding(global_suffix(c.plain).detach()) for c in enroll])
     genuine, impostor = pooled_scores(templates, [e.numpy() for e in split_global])
     methods: dict[str, dict[str, Any]] = {"global": _summary(genuine, impostor, time.perf_counter() - started, {})}
     curves = {"global": _curve(genuine, impostor)}
@@ -151,8 +150,7 @@ def run_face_fusion(config: FaceFusionConfig, devices: list[DeviceFaces], model:
         started = time.perf_counter()
         genuine_parts, impostor_parts, summaries, losses = [], [], [], []
         for i, device in enumerate(tqdm(devices, desc=f"personalising ({fusion})", leave=False)):
-            cache = PrefixCache(enroll_acts[i], enroll_flipped[i], config.trainable_blocks)
-            verifier, report = train_personal_verifier(model, device.enroll, config.personal(fusion), seed=config.seed + i, cache=cache, cohort=cohort_acts)
+            verifier, report = train_personal_verifier(model, device.enroll, config.personal(fusion), seed=config.seed + i, cache=enroll[i], cohort=cohort_acts)
             scores = (verifier.embed_prefix(held_acts, held_global) @ verifier.template).numpy()
             owner = np.zeros(len(held_acts), bool)
             owner[sum(sizes[:i]) : sum(sizes[: i + 1])] = True
