@@ -109,19 +109,17 @@ class PersonalVerifier(nn.Module):
         return nn.functional.normalize(torch.cat(out), dim=1)
 
     @torch.no_grad()
-    def prefix_cache(self, faces: np.ndarray, batch: int = 64) -> PrefixCache:
+    def _prefix(self, inputs: Tensor, batch: int = 64) -> Tensor:
+        return torch.cat([self.prefix(inputs[i : i + batch]) for i in range(0, len(inputs), batch)])
+
+    def prefix_cache(self, faces: np.ndarray) -> PrefixCache:
         """The faces' (and their mirror images') activations of the frozen shared prefix."""
         inputs = faces_to_tensor(faces)
-        plain = torch.cat([self.prefix(inputs[i : i + batch]) for i in range(0, len(inputs), batch)])
-        flipped = torch.cat([self.prefix(inputs[i : i + batch].flip(3)) for i in range(0, len(inputs), batch)])
-        return PrefixCache(plain, flipped, self.config.training.trainable_blocks or 0)
+        return PrefixCache(self._prefix(inputs), self._prefix(inputs.flip(3)), self.config.training.trainable_blocks or 0)
 
-    @torch.no_grad()
-    def embed(self, faces: np.ndarray, batch: int = 64) -> np.ndarray:
+    def embed(self, faces: np.ndarray) -> np.ndarray:
         """(N,112,112,3) uint8 aligned faces → (N, D) L2-normalised fused embeddings."""
-        inputs = faces_to_tensor(faces)
-        activations = torch.cat([self.prefix(inputs[i : i + batch]) for i in range(0, len(inputs), batch)])
-        return self.embed_prefix(activations).numpy()
+        return self.embed_prefix(self._prefix(faces_to_tensor(faces))).numpy()
 
     def score(self, faces: np.ndarray) -> np.ndarray:
         """Cosine of each face's fused embedding with the owner's template."""
