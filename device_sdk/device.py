@@ -7,6 +7,7 @@ import json
 import secrets
 import time
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from device_sdk.errors import NoFaceFound, NotEnrolled, NotRegistered, RoundClosed
 from device_sdk.inference import OnnxEmbedder
 from device_sdk.personal import PersonalConfig, PersonalVerifier, load_verifier, save_verifier, saved_model_version, train_personal_verifier
+from device_sdk.secure_round import SecureRound
 from device_sdk.state import DeviceState, write_atomic
 from device_sdk.template_noise import noisy_template, sigma_for_cosine
 from device_sdk.training import LocalTrainingConfig, mean_feature_embedding, train_local
@@ -69,10 +71,12 @@ class FaceDevice:
     def __init__(
         self, server_url: str, state_dir: str | Path, min_photos: int = 3, timeout: float = 30.0, retries: int = 4,
         aligner: FaceAligner | None = None, verify_tls: bool | str = True, upload_fp16: bool = True,
-        template_noise_cos: float | None = None,
+        template_noise_cos: float | None = None, training_slot: AbstractContextManager[Any] | None = None,
     ) -> None:
         """`template_noise_cos`: blur every template sent to the server so that it keeps about this
-        cosine with the true one (device_sdk.template_noise); the device keeps the clean one."""
+        cosine with the true one (device_sdk.template_noise); the device keeps the clean one.
+        `training_slot`: entered around local training. Only for many devices in one process (a
+        simulation), e.g. a shared Semaphore, so their trainings do not all hold memory at once."""
         self.state = DeviceState(state_dir)
         self.transport = Transport(server_url, timeout=timeout, retries=retries, verify=verify_tls)
         self.min_photos = min_photos
@@ -81,6 +85,7 @@ class FaceDevice:
             sigma_for_cosine(template_noise_cos, 1)  # refuse a bad setting now, not at the first upload
         self.template_noise_cos = template_noise_cos
         self._aligner = aligner
+        self._training_slot = training_slot if training_slot is not None else nullcontext()
         self._embedders: dict[str, OnnxEmbedder] = {}  # by model version: a session takes ~0.1 s to build
 
     # ---- plumbing --------------------------------------------------------------------------
@@ -166,18 +171,25 @@ class FaceDevice:
         if pending is not None:
             return pending
         started = time.perf_counter()
+        secure = None
+        if checkin.get("secagg_url"):
+            secure = SecureRound(self._request, checkin["secagg_url"], poll=min(poll, 1.0))
+            secure.join()  # before training: the key steps have short deadlines
         backbone = self._load_backbone(checkin["backbone_url"], checkin["base_version"])
         embedding = np.asarray(self._request("GET", checkin["embedding_url"]).json()["embedding"], np.float32)
         local = checkin["local"]
         config = LocalTrainingConfig(epochs=local.get("epochs", 1), steps=local.get("steps"), lr=local.get("lr", 0.01), margin=local.get("margin", 0.9), batch=local.get("batch_size", 32))
-        update = train_local(backbone, embedding, faces, config, seed=int(checkin["round_id"]))
-        body = self._update_file(backbone, update, checkin["base_version"])
+        with self._training_slot:
+            update = train_local(backbone, embedding, faces, config, seed=int(checkin["round_id"]))
+        body = self._update_file(backbone, update, checkin["base_version"], secure)
         key = f"{self.device_id}-{checkin['round_id']}-{secrets.token_hex(8)}"
         # Persist before sending: a crash after this point resends the same bytes under the same key.
         write_atomic(self.state.dir / "pending_upload.bin", body)
         write_atomic(self.state.dir / "pending_upload.json", json.dumps({"round_id": checkin["round_id"], "key": key, "url": checkin["upload_url"], "loss_before": update.loss_before, "loss_after": update.loss_after, "steps": update.steps}).encode())
         self._send_pending()
         self.state.save_template(update.embedding.numpy())
+        if secure is not None:
+            secure.unmask()
         return RoundSummary(checkin["round_id"], update.loss_before, update.loss_after, time.perf_counter() - started,
                             self.transport.bytes_up - up0, self.transport.bytes_down - down0, update.steps)
 
@@ -282,13 +294,14 @@ class FaceDevice:
             return np.asarray(embedding, np.float32)
         return noisy_template(embedding, self.template_noise_cos, np.random.default_rng(secrets.randbits(128)))
 
-    def _update_file(self, backbone: torch.nn.Module, update: Any, base_version: str) -> bytes:
+    def _update_file(self, backbone: torch.nn.Module, update: Any, base_version: str, secure: SecureRound | None = None) -> bytes:
         base = backbone.state_dict()
         wire = np.float16 if self.upload_fp16 else np.float32
-        tensors = {}
-        for name, value in update.state_dict.items():
-            delta = (value - base[name]).numpy()
-            tensors[f"backbone.{name}"] = delta.astype(wire) if np.issubdtype(delta.dtype, np.floating) else delta
+        deltas = {name: (value - base[name]).numpy() for name, value in update.state_dict.items()}
+        if secure is not None:
+            tensors = {"secagg.masked": secure.masked(deltas, update.n_samples).view(np.int32)}
+        else:
+            tensors = {f"backbone.{k}": d.astype(wire) if np.issubdtype(d.dtype, np.floating) else d for k, d in deltas.items()}
         tensors["class_embedding"] = self._shared_template(update.embedding.numpy())
         meta = {"base_version": base_version, "n_samples": update.n_samples, "metrics": {"loss": update.loss_after, "loss_before": update.loss_before}}
         buffer = io.BytesIO()

@@ -1,7 +1,8 @@
 """Secure aggregation of fixed-point vectors (Bonawitz et al., CCS 2017), honest-but-curious server.
 
-The protocol's four steps as pure functions, so the same code can serve a simulator and, later,
-the server and the SDK (the live protocol is not wired in yet: see SECURITY.md).
+The protocol's four steps as pure functions, shared by the round server (which routes messages
+and unmasks the sum, server_api/services/secure_aggregation.py), the device SDK
+(device_sdk/secure_round.py) and the benchmark.
 
 0. Advertise: each device makes two X25519 key pairs, c (to encrypt shares) and s (pairwise masks).
 1. Share keys: each device draws a self-mask seed b, splits b and its s secret key t-of-n with
@@ -98,6 +99,44 @@ def combine_shares(shares: Sequence[tuple[int, int]], t: int, length: int = 32, 
     return secret.to_bytes(length, "big")
 
 
+def mask_bound(n_devices: int, scale: float) -> float:
+    """The largest |x| each of n devices may send so that the sum of n quantized inputs stays
+    inside int32: one unit of headroom per device for rounding."""
+    if n_devices < 1 or scale <= 0:
+        raise ValueError(f"need n_devices >= 1 and scale > 0, got {n_devices}, {scale}")
+    return ((2**31 - 1) // n_devices - 1) / scale
+
+
+def float_keys(weights: Mapping[str, np.ndarray]) -> list[str]:
+    """The entries that travel masked, in the model's own order: every floating tensor. Integer
+    buffers (BatchNorm's step counter) carry no learning and are not aggregated under SecAgg."""
+    return [k for k, v in weights.items() if np.asarray(v).dtype.kind == "f"]
+
+
+def pack(weights: Mapping[str, np.ndarray], keys: Sequence[str]) -> np.ndarray:
+    """One float64 vector of `keys`' tensors, concatenated in order."""
+    return np.concatenate([np.asarray(weights[k], np.float64).ravel() for k in keys]) if keys else np.zeros(0)
+
+
+def unpack(vector: np.ndarray, like: Mapping[str, np.ndarray], keys: Sequence[str]) -> dict[str, np.ndarray]:
+    """The inverse of pack, shaped like `like`'s tensors."""
+    out, offset = {}, 0
+    for k in keys:
+        shape = np.shape(like[k])
+        size = int(np.prod(shape))
+        out[k] = vector[offset : offset + size].reshape(shape)
+        offset += size
+    if offset != vector.size:
+        raise ValueError(f"vector has {vector.size} values, the model's float tensors {offset}")
+    return out
+
+
+def weighted_update(delta: Mapping[str, np.ndarray], n_samples: int) -> np.ndarray:
+    """What a device masks in FedAvg: n_samples x its delta over the float tensors. The server
+    divides the unmasked sum by the sum of the n_samples the devices sent in the clear."""
+    return pack(delta, float_keys(delta)) * float(n_samples)
+
+
 def quantize(x: np.ndarray, bound: float, scale: float) -> np.ndarray:
     return np.round(np.clip(np.asarray(x, np.float64), -bound, bound) * scale).astype(np.int64).astype(np.uint32)
 
@@ -115,6 +154,9 @@ class Advert:
 
 
 class SecAggClient:
+    """One device's secrets and steps. On a live server `index` and `threshold` are only known
+    after the advertise step closes: the SDK creates the client with 0s and assigns them then."""
+
     def __init__(self, index: int, threshold: int) -> None:
         self.index, self.threshold = index, threshold
         self._c, self._s = X25519PrivateKey.generate(), X25519PrivateKey.generate()
@@ -169,6 +211,8 @@ class SecAggClient:
         """Shares of the dropped devices' s keys and of the survivors' b seeds; never both for one device."""
         if set(dropped) & set(survived):
             raise FaceCoreError("a device cannot be both dropped and surviving: refusing to reveal both of its secrets")
+        if len(survived) < self.threshold:
+            raise SecAggAborted(f"only {len(survived)} device(s) sent masked inputs, threshold is {self.threshold}: refusing to unmask")
         return {
             "s": {v: self._received[v][0] for v in dropped if v in self._received},
             "b": {v: self._received[v][1] for v in survived if v in self._received},
@@ -181,19 +225,30 @@ def unmask_sum(
     shares: Sequence[Mapping[str, Mapping[int, tuple[int, int]]]], threshold: int,
 ) -> np.ndarray:
     """Σ x_u (mod 2^32) over the devices in `masked`, from their masked inputs and the step-3 shares."""
-    if len(shares) < threshold:
-        raise SecAggAborted(f"{len(shares)} device(s) answered the unmasking step, threshold is {threshold}")
     total = np.zeros(next(iter(masked.values())).size, np.uint32)
     for y in masked.values():
         total += y
+    return unmask_total(total, list(masked), adverts, key_sharers, shares, threshold)
+
+
+def unmask_total(
+    total: np.ndarray, senders: Sequence[int], adverts: Mapping[int, Advert], key_sharers: Sequence[int],
+    shares: Sequence[Mapping[str, Mapping[int, tuple[int, int]]]], threshold: int,
+) -> np.ndarray:
+    """Σ x_u from Σ y_u (mod 2^32) over `senders`: the server streams the masked inputs into one
+    running sum, so its memory does not grow with the number of devices."""
+    if len(shares) < threshold:
+        raise SecAggAborted(f"{len(shares)} device(s) answered the unmasking step, threshold is {threshold}")
+    total = np.array(total, dtype=np.uint32, copy=True)
     weights: dict[tuple[int, ...], list[int]] = {}
-    for u in masked:  # remove self masks
+    for u in senders:  # remove self masks
         b = combine_shares([answer["b"][u] for answer in shares if u in answer["b"]], threshold, weights=weights)
         total -= prg(b, total.size)
-    for v in (v for v in key_sharers if v not in masked):  # dropped after sharing keys: remove its pairwise masks
+    sent = set(senders)
+    for v in (v for v in key_sharers if v not in sent):  # dropped after sharing keys: remove its pairwise masks
         raw = combine_shares([answer["s"][v] for answer in shares if v in answer["s"]], threshold, weights=weights)
         s_v = X25519PrivateKey.from_private_bytes(raw)
-        for u in masked:
+        for u in senders:
             mask = prg(agree(s_v, adverts[u].s_public, b"pair"), total.size)
             # u added +mask if u < v, else -mask
             total = total - mask if u < v else total + mask

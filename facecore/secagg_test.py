@@ -76,8 +76,12 @@ def test_a_third_dropping_still_gives_the_plain_sum(when: str) -> None:
 
 def test_below_the_threshold_the_round_aborts() -> None:
     clients, adverts = _keyed(6, 4)
-    masked = {u: c.masked_input(np.zeros(8, np.uint32), list(clients)) for u, c in clients.items() if u <= 3}
-    answers = [clients[u].unmask_shares([4, 5, 6], [1, 2, 3]) for u in (1, 2, 3)]
+    # a device refuses to help unmask fewer inputs than the threshold
+    with pytest.raises(SecAggAborted, match="threshold is 4"):
+        clients[1].unmask_shares([4, 5, 6], [1, 2, 3])
+    # every input arrived, but only 3 devices stayed to answer: the server cannot rebuild the masks
+    masked = {u: c.masked_input(np.zeros(8, np.uint32), list(clients)) for u, c in clients.items()}
+    answers = [clients[u].unmask_shares([], list(clients)) for u in (1, 2, 3)]
     with pytest.raises(SecAggAborted, match="threshold is 4"):
         unmask_sum(masked, adverts, list(clients), answers, 4)
     with pytest.raises(SecAggAborted, match="threshold is 4"):
@@ -98,7 +102,7 @@ def test_the_server_cannot_unmask_one_device() -> None:
         clients[2].unmask_shares([1], [1, 3])
     # (3) even after rebuilding device 1's self mask from t honest answers (it survived), what is
     # left still carries its pairwise masks and says nothing about x
-    answers = [clients[u].unmask_shares([], [1]) for u in (2, 3, 4)]
+    answers = [clients[u].unmask_shares([], [1, 3, 5]) for u in (2, 3, 4)]
     b = combine_shares([a["b"][1] for a in answers], 3)
     without_self_mask = y - prg(b, y.size)
     assert not np.array_equal(without_self_mask, x)

@@ -133,7 +133,7 @@ class BenchServer:
                 self.process.wait(timeout=30)
 
 
-def bench_round(devices: int, concurrency: int, backbone: str, workers: int = 1, drop_fraction: float = 0.0) -> dict[str, Any]:
+def bench_round(devices: int, concurrency: int, backbone: str, workers: int = 1, drop_fraction: float = 0.0, secure: bool = False) -> dict[str, Any]:
     """One fresh server, one round with `devices` participants; the client's JSON plus peak RSS."""
     with tempfile.TemporaryDirectory(prefix="fedface-bench-") as scratch:
         server = BenchServer(Path(scratch) / "data", backbone, workers)
@@ -145,7 +145,7 @@ def bench_round(devices: int, concurrency: int, backbone: str, workers: int = 1,
             # Started together: the client's imports overlap the server's startup; it waits for /readyz itself.
             client = subprocess.Popen(
                 [sys.executable, "-m", "server_api.bench_client", "--url", server.url, "--data-dir", str(server.data_dir),
-                 "--devices", str(devices), "--concurrency", str(concurrency), "--drop-fraction", str(drop_fraction)],
+                 "--devices", str(devices), "--concurrency", str(concurrency), "--drop-fraction", str(drop_fraction)] + (["--secure"] if secure else []),
                 cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, text=True,
             )
             server.wait_ready()
@@ -184,6 +184,38 @@ def run_server_bench(devices: int = GOAL_DEVICES, concurrency: int = 16, backbon
         "rss_goal_met": growth <= RSS_GROWTH_GOAL_MB if devices >= GOAL_DEVICES else None,
     }
     return result
+
+
+def run_secure_bench(devices: int, concurrency: int = 16, backbone: str = "mobilefacenet", drop_fraction: float = 0.1) -> dict[str, Any]:
+    """A plain round and a secure-aggregation round of the same devices, one after the other on
+    fresh servers, so their times and bytes compare in one run."""
+    plain = bench_round(devices, concurrency, backbone)
+    secure = bench_round(devices, concurrency, backbone, drop_fraction=drop_fraction, secure=True)
+    plain_round_s = (plain["checkin_seconds"] or 0) + (plain["ingest_seconds"] or 0) + (plain["completed_after_last_upload_s"] or 0)
+    plain_up = plain["update_bytes"]
+    return {
+        "devices": devices, "backbone": backbone, "drop_after_sharing": drop_fraction, "secure": secure,
+        "plain": {k: plain[k] for k in ("ingest_seconds", "aggregate_seconds", "completed_after_last_upload_s", "checkin_seconds", "update_bytes", "round_status", "peak_rss_mb")},
+        "plain_round_seconds": round(plain_round_s, 3),
+        "round_seconds_ratio": round(secure["round_seconds_without_device_masking"] / plain_round_s, 2) if plain_round_s else None,
+        "aggregate_seconds_ratio": round(secure["aggregate_seconds"] / plain["aggregate_seconds"], 2) if plain["aggregate_seconds"] and secure["aggregate_seconds"] else None,
+        "upload_bytes_ratio_vs_fp16": round(secure["bytes_up_per_device_median"] / plain_up, 3),
+    }
+
+
+def describe_secure(result: dict[str, Any]) -> str:
+    s, p = result["secure"], result["plain"]
+    steps = ", ".join(f"{k.removesuffix('_s')} {v:.2f} s" for k, v in s["steps_s"].items())
+    return "\n".join((
+        f"{result['devices']} devices ({result['backbone']}), {s['dropped_after_sharing']} dropping after sharing keys: "
+        f"secure round {s['round_status']}, plain round {p['round_status']}; lost {s['lost']}",
+        f"  secure steps: {steps}; server aggregation {s['aggregate_seconds']} s (plain {p['aggregate_seconds']} s, "
+        f"x{result['aggregate_seconds_ratio']})",
+        f"  round wall time {s['round_seconds_without_device_masking']:.1f} s without the devices' masking vs plain {result['plain_round_seconds']:.1f} s "
+        f"(x{result['round_seconds_ratio']}); masking {s['device_mask_s_median']:.3f} s per device",
+        f"  per device: up {s['bytes_up_per_device_median'] / 1e6:.2f} MB (plain fp16 upload {p['update_bytes'] / 1e6:.2f} MB, "
+        f"x{result['upload_bytes_ratio_vs_fp16']}), down {s['bytes_down_per_device_median'] / 1e3:.0f} kB of protocol messages",
+    ))
 
 
 def describe(result: dict[str, Any]) -> str:

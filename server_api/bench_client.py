@@ -271,9 +271,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--data-dir", type=Path, required=True, help="the --dev server's data dir (admin_token)")
     parser.add_argument("--devices", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--drop-fraction", type=float, default=0.0, help="devices that drop mid-upload")
+    parser.add_argument("--drop-fraction", type=float, default=0.0, help="devices that drop mid-upload (--secure: after sharing keys)")
+    parser.add_argument("--secure", action="store_true", help="a secure-aggregation round (server_api.bench_secure)")
     args = parser.parse_args(argv)
-    print(json.dumps(asyncio.run(run(args.url, args.data_dir, args.devices, args.concurrency, args.drop_fraction))))
+    if args.secure:
+        from server_api.bench_secure import run_secure
+
+        result = asyncio.run(run_secure(args.url, args.data_dir, args.devices, args.concurrency, args.drop_fraction))
+    else:
+        result = asyncio.run(run(args.url, args.data_dir, args.devices, args.concurrency, args.drop_fraction))
+    print(json.dumps(result))
     return 0
 
 

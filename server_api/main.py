@@ -10,7 +10,7 @@ import anyio
 from fastapi import FastAPI
 
 from server_api.api import handlers
-from server_api.api.routes import admin, devices, health, models, rounds
+from server_api.api.routes import admin, devices, health, models, rounds, secagg
 from server_api.core.config import Secrets, Settings, resolve_secrets
 from server_api.core.limits import BodySizeLimitMiddleware
 from server_api.core.logging import configure_logging
@@ -54,7 +54,7 @@ def create_app(settings: Settings | None = None, secrets: Secrets | None = None,
         large_paths=rounds.UPLOAD_PATH,
     )
     handlers.install(app)
-    for router in (health.router, devices.router, rounds.router, models.router, admin.router):
+    for router in (health.router, devices.router, rounds.router, secagg.router, models.router, admin.router):
         app.include_router(router)
     return app
 

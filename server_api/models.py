@@ -91,7 +91,7 @@ class ModelVersion(Base):
 class Round(Base):
     __tablename__ = "rounds"
     id: Mapped[int] = mapped_column(primary_key=True)
-    status: Mapped[str] = mapped_column(String(16), default="open")  # open | aggregating | completed | failed
+    status: Mapped[str] = mapped_column(String(16), default="open")  # open | unmasking | aggregating | completed | failed
     # 1 while open or aggregating, NULL after: a unique column that allows one active round.
     active_slot: Mapped[int | None] = mapped_column(unique=True, default=1)
     config: Mapped[dict[str, Any]]
@@ -107,6 +107,8 @@ class Round(Base):
     closed_at: Mapped[datetime | None] = mapped_column(default=None)
     failure_reason: Mapped[str | None] = mapped_column(String(500), default=None)
     lease_until: Mapped[datetime | None] = mapped_column(default=None)
+    # Secure aggregation only: when the unmasking step gives up waiting for more answers.
+    unmask_deadline_at: Mapped[datetime | None] = mapped_column(default=None)
     summary: Mapped[dict[str, Any] | None] = mapped_column(default=None)
 
 
@@ -133,6 +135,34 @@ class Update(Base):
     # The uploaded class embedding (a template): encrypted, and dropped on unenroll.
     embedding_ciphertext: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class SecAggMember(Base):
+    """A selected device's part in a secure-aggregation round: its public keys (step 0), whether
+    it shared its secrets (step 1), and its unmasking answer (step 3). No secret lives here."""
+
+    __tablename__ = "secagg_members"
+    __table_args__ = (UniqueConstraint("round_id", "device_id"), UniqueConstraint("round_id", "index"))
+    id: Mapped[int] = mapped_column(primary_key=True)
+    round_id: Mapped[int] = mapped_column(ForeignKey("rounds.id"), index=True)
+    device_id: Mapped[str] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"))
+    index: Mapped[int]  # 1..n: the device's Shamir x coordinate
+    c_public: Mapped[bytes] = mapped_column(LargeBinary(32))
+    s_public: Mapped[bytes] = mapped_column(LargeBinary(32))
+    shared_at: Mapped[datetime | None] = mapped_column(default=None)
+    # {"s": {index: share}, "b": {index: share}}, shares as decimal strings (they exceed 64 bits)
+    unmask_answer: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+
+
+class SecAggShare(Base):
+    """One device's encrypted Shamir shares for another, routed by the server, which cannot read
+    them (AES-GCM under a key only the two devices can derive). Deleted when the round ends."""
+
+    __tablename__ = "secagg_shares"
+    round_id: Mapped[int] = mapped_column(ForeignKey("rounds.id"), primary_key=True)
+    recipient: Mapped[int] = mapped_column(primary_key=True)
+    sender: Mapped[int] = mapped_column(primary_key=True)
+    ciphertext: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class AuditEvent(Base):

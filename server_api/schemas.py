@@ -63,6 +63,20 @@ class AggregationSettings(StrictModel):
     dp_delta: float = Field(default=1e-5, gt=0, lt=1, description="dp_fedavg: the delta epsilon is reported at")
 
 
+class SecureAggregationSettings(StrictModel):
+    """Bonawitz et al. secure aggregation of the backbone updates (facecore.secagg): the server
+    learns only the sum of the survivors' updates. After selection, devices advertise keys and
+    share secrets within ``key_phase_s`` each, upload masked updates before the deadline, then
+    answer the unmasking request within ``unmask_phase_s``. Fewer than ``threshold`` answers
+    (``threshold_fraction`` of the devices that advertised, at least 2) fails the round."""
+
+    enabled: bool = False
+    threshold_fraction: float = Field(default=2 / 3, ge=0.5, le=1, description="t = max(2, floor(fraction x advertisers) + 1), at most n")
+    key_phase_s: float = Field(default=30, ge=1, le=86400, description="seconds for each of the advertise and share-keys steps")
+    unmask_phase_s: float = Field(default=60, ge=1, le=86400, description="seconds the unmasking step waits for answers")
+    scale_bits: int = Field(default=14, ge=4, le=24, description="fixed point: updates are scaled by 2**scale_bits")
+
+
 class RoundCreate(StrictModel):
     target_participants: int = Field(default=10, ge=1, le=100_000)
     min_participants: int = Field(default=2, ge=1, le=100_000)
@@ -74,6 +88,7 @@ class RoundCreate(StrictModel):
     local: LocalTrainingConfig = Field(default_factory=LocalTrainingConfig)
     spreadout: SpreadoutSettings = Field(default_factory=SpreadoutSettings)
     aggregation: AggregationSettings = Field(default_factory=AggregationSettings)
+    secure_aggregation: SecureAggregationSettings = Field(default_factory=SecureAggregationSettings)
 
     @model_validator(mode="after")
     def _consistent(self) -> RoundCreate:
@@ -81,12 +96,19 @@ class RoundCreate(StrictModel):
             raise ValueError("min_participants must not exceed target_participants")
         if self.selection_window_s >= self.deadline_s:
             raise ValueError("selection_window_s must be shorter than deadline_s")
+        if self.secure_aggregation.enabled:
+            if self.aggregation.method != "fedavg":
+                raise ValueError(f"secure aggregation hides each update, so only fedavg can combine them, not {self.aggregation.method}")
+            if self.min_participants < 2:
+                raise ValueError("secure aggregation needs min_participants >= 2: the sum of one update is that update")
+            if self.selection_window_s + 2 * self.secure_aggregation.key_phase_s >= self.deadline_s:
+                raise ValueError("deadline_s must leave time after selection and the two key steps (2 x key_phase_s)")
         return self
 
 
 class RoundPublic(BaseModel):
     id: int
-    status: Literal["open", "aggregating", "completed", "failed"]
+    status: Literal["open", "unmasking", "aggregating", "completed", "failed"]
     strategy: str
     target_participants: int
     min_participants: int
@@ -115,6 +137,7 @@ class CheckinPublic(BaseModel):
     embedding_url: str
     upload_url: str
     local: dict[str, Any]
+    secagg_url: str | None = Field(default=None, description="set when the round uses secure aggregation: follow its steps before uploading")
 
 
 class UpdateMeta(StrictModel):
@@ -123,6 +146,51 @@ class UpdateMeta(StrictModel):
     base_version: Sha256Hex
     n_samples: int = Field(ge=1, le=10_000_000)
     metrics: dict[Annotated[str, Field(max_length=64)], FiniteFloat] = Field(default_factory=dict, max_length=32)
+
+
+B64Key = Annotated[str, Field(min_length=43, max_length=44, pattern=r"^[A-Za-z0-9+/]{43}=?$", description="raw 32-byte X25519 public key, base64")]
+MemberIndex = Annotated[str, Field(pattern=r"^[1-9][0-9]{0,5}$")]
+ShareValue = Annotated[str, Field(pattern=r"^[0-9]{1,160}$", description="a Shamir share, decimal")]
+
+
+class SecAggAdvertCreate(StrictModel):
+    c_public: B64Key
+    s_public: B64Key
+
+
+class SecAggSharesCreate(StrictModel):
+    shares: dict[MemberIndex, Annotated[str, Field(max_length=400)]] = Field(
+        max_length=100_000, description="recipient index -> base64 AES-GCM ciphertext of this device's shares for it"
+    )
+
+
+class SecAggUnmaskCreate(StrictModel):
+    s: dict[MemberIndex, ShareValue] = Field(default_factory=dict, max_length=100_000, description="dropped device -> its s-key share")
+    b: dict[MemberIndex, ShareValue] = Field(default_factory=dict, max_length=100_000, description="surviving device -> its self-mask share")
+
+
+class SecAggMemberPublic(BaseModel):
+    index: int
+    c_public: str
+    s_public: str
+
+
+class SecAggStatePublic(BaseModel):
+    """What one device needs for the current step; lists appear once the step they belong to is closed."""
+
+    round_id: int
+    phase: Literal["advertise", "share_keys", "masked_input", "unmask", "aggregating", "completed", "failed"]
+    retry_after_s: float | None = None
+    index: int | None = Field(default=None, description="this device's index, once it advertised")
+    threshold: int | None = None
+    scale: float
+    bound: float | None = Field(default=None, description="|value| limit per coordinate of the scaled update, once members are known")
+    members: list[SecAggMemberPublic] | None = None
+    key_sharers: list[int] | None = None
+    shares: dict[str, str] | None = Field(default=None, description="sender index -> ciphertext addressed to this device")
+    survived: list[int] | None = None
+    dropped: list[int] | None = None
+    answered: bool = False
 
 
 class UpdatePublic(BaseModel):

@@ -39,6 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     open_.add_argument("--max-update-norm", type=float, default=1.0, help="norm_bounded, dp_fedavg: L2 bound on each delta (default 1.0)")
     open_.add_argument("--dp-noise", type=float, default=1.0, help="dp_fedavg: noise multiplier z, noise std = z * bound / participants (default 1.0)")
     open_.add_argument("--dp-delta", type=float, default=1e-5, help="dp_fedavg: delta of the reported epsilon (default 1e-5)")
+    open_.add_argument("--secure-aggregation", action="store_true",
+                       help="mask each backbone update (Bonawitz et al.): the server sees only their sum; fedavg only")
+    open_.add_argument("--secagg-key-phase", type=float, default=30, help="secure aggregation: seconds for each key step (default 30)")
+    open_.add_argument("--secagg-unmask-phase", type=float, default=60, help="secure aggregation: seconds to wait for unmasking answers (default 60)")
     status.add_argument("--round", type=int, help="a round id instead of the current one")
     close.add_argument("--round", type=int, help="a round id instead of the current one")
 
@@ -97,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
             "selection_window_s": args.selection_window, "local": {"epochs": args.local_epochs, "lr": args.lr},
             "aggregation": {"method": args.aggregation, "trim_beta": args.trim_beta, "max_update_norm": args.max_update_norm,
                             "dp_noise_multiplier": args.dp_noise, "dp_delta": args.dp_delta},
+            "secure_aggregation": {"enabled": args.secure_aggregation, "key_phase_s": args.secagg_key_phase,
+                                   "unmask_phase_s": args.secagg_unmask_phase},
         }
         result = _call(args, "POST", "/v1/admin/rounds", config)
     elif args.action == "close":

@@ -20,6 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--concurrency", type=int, default=16, help="requests in flight at once (default 16)")
     server.add_argument("--backbone", default="mobilefacenet", help="random backbone the server starts with (default mobilefacenet)")
     server.add_argument("--workers", type=int, default=1, help="server worker processes, as `fedface server --workers` (default 1)")
+    server.add_argument("--secure", action="store_true",
+                        help="a plain round and a secure-aggregation round of --devices side by side (no 10-device baseline)")
+    server.add_argument("--drop", type=float, default=0.1, help="--secure: fraction of devices dropping after sharing keys (default 0.1)")
     server.add_argument("--json", action="store_true", help="print one JSON object on stdout (progress stays on stderr)")
     device = targets.add_parser("device", help="enroll / one local round / verify on this CPU, against a local server")
     device.add_argument("--model", default="default")
@@ -141,6 +144,14 @@ def _server(args: argparse.Namespace) -> int:
 
     if min(args.devices, args.concurrency, args.workers) < 1:
         raise SystemExit("fedface bench server: --devices, --concurrency and --workers must be at least 1")
+    if args.secure:
+        from server_api.bench import describe_secure, run_secure_bench
+
+        if args.devices < 3 or not 0 <= args.drop < 1 / 3:
+            raise SystemExit("fedface bench server --secure: --devices must be >= 3 and 0 <= --drop < 1/3 (the threshold is 2n/3 + 1)")
+        secure = run_secure_bench(args.devices, args.concurrency, args.backbone, args.drop)
+        print(json.dumps(secure) if args.json else describe_secure(secure))
+        return 0 if secure["secure"]["round_status"] == "completed" and secure["secure"]["lost"] == 0 else 1
     result = run_server_bench(args.devices, args.concurrency, args.backbone, args.workers)
     print(json.dumps(result) if args.json else describe(result))
     # Non-zero when the round itself broke (rejected uploads, no aggregation); missed goals are results, not errors.

@@ -42,6 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cd.add_argument("--out", default="runs/sim")
     cd.add_argument("--http", type=int, default=None, metavar="N",
                     help="end-to-end instead: start the real server and drive N real SDK devices through --rounds rounds")
+    cd.add_argument("--secure-aggregation", action="store_true", help="with --http: rounds use secure aggregation of the backbone updates")
     cd.add_argument("--json", action="store_true")
 
     from fedface.commands import fusion as fusion_command
@@ -101,12 +102,16 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _cross_device(args: argparse.Namespace) -> int:
+    if args.secure_aggregation and not args.http:
+        from facecore.errors import FaceCoreError
+
+        raise FaceCoreError("--secure-aggregation runs the live protocol between real devices and the server: use it with --http N")
     if args.http:
         from facecore.paths import data_root
         from simulator.demo import run_demo
 
-        report = run_demo(data_root(args.data), Path(args.out), devices=args.http, rounds=args.rounds, model=args.model)
-        summary = {"method": "fedface-http", "devices": report["devices"], "rounds": report["rounds"],
+        report = run_demo(data_root(args.data), Path(args.out), devices=args.http, rounds=args.rounds, model=args.model, secure=args.secure_aggregation)
+        summary = {"method": "fedface-http" + ("-secagg" if args.secure_aggregation else ""), "devices": report["devices"], "rounds": report["rounds"],
                    "accuracy": report["after"]["accuracy"], "tar_at_far": report["after"]["tar_at_far"],
                    "initial_accuracy": report["before"]["accuracy"]}
         print(json.dumps(summary) if args.json else "\n".join(f"{k:>18}: {v}" for k, v in summary.items()))

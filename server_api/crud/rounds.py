@@ -1,4 +1,6 @@
-"""Round lifecycle: open -> (selection) -> aggregating -> completed | failed.
+"""Round lifecycle: open -> (selection) -> [unmasking ->] aggregating -> completed | failed.
+
+``unmasking`` only happens in secure-aggregation rounds (services.secure_aggregation).
 
 Every transition happens with the round row locked (:func:`lock_round`), so two
 workers, the scheduler and the upload that reaches the target can all try the same
@@ -20,12 +22,13 @@ from server_api.crud.versions import get_by_hash, new_version_row
 from server_api.errors import Conflict, NotFound, StaleRound
 from server_api.models import Device, Enrollment, ModelVersion, Participation, Round, Update
 from server_api.schemas import RoundCreate, RoundPublic
+from server_api.services import secure_aggregation
 
 if TYPE_CHECKING:
     from server_api.services.model_store import VersionBlobs
 
 _rng = random.SystemRandom()
-ClaimOutcome = Literal["claimed", "failed", "not_due", "busy", "closed"]
+ClaimOutcome = Literal["claimed", "unmasking", "failed", "not_due", "busy", "closed"]
 
 
 def get_round(session: Session, round_id: int) -> Round | None:
@@ -99,6 +102,9 @@ def checkin(session: Session, device: Device, now: datetime) -> tuple[Round, Par
     if now >= round_.selection_at:
         if not round_.selection_done:
             _select(session, round_)
+        elif part.status == "candidate" and secure_aggregation.settings_of(round_) is not None \
+                and secure_aggregation.view(session, round_.id, now).adverts_closed:
+            part.status = "not_selected"  # the members are fixed: keys are being agreed among them
         elif part.status == "candidate":
             # After the window, free slots go to whoever comes first.
             taken = _taken(session, round_.id)
@@ -176,26 +182,61 @@ def claim_for_aggregation(session: Session, round_id: int, now: datetime, lease_
         return "claimed"
     counts = participation_counts(session, round_id)
     uploaded = counts.get("uploaded", 0)
+    if secure_aggregation.settings_of(round_) is not None:
+        return _secure_transition(session, round_, uploaded, now, lease_s)
     deadline_passed = now >= round_.deadline_at
     if uploaded >= round_.target_participants or (deadline_passed and uploaded >= round_.min_participants):
-        round_.status = "aggregating"
-        round_.lease_until = now + timedelta(seconds=lease_s)
-        audit.record(session, "server", "round.aggregating", round_id=round_id, updates=uploaded)
-        session.commit()
-        return "claimed"
+        return _start_aggregating(session, round_, uploaded, now, lease_s)
     if deadline_passed:
         selected = counts.get("selected", 0) + uploaded
-        round_.status, round_.active_slot, round_.closed_at = "failed", None, now
-        round_.failure_reason = (
+        return _fail(session, round_, now, (
             f"deadline passed with {uploaded} update(s), {round_.min_participants} required "
             f"({selected} selected, {sum(counts.values())} checked in)"
-        )
-        session.execute(update(Update).where(Update.round_id == round_id).values(embedding_ciphertext=None))
-        audit.record(session, "server", "round.failed", round_id=round_id, reason=round_.failure_reason)
-        session.commit()
-        return "failed"
+        ))
     session.rollback()
     return "not_due"
+
+
+def _start_aggregating(session: Session, round_: Round, uploaded: int, now: datetime, lease_s: float) -> ClaimOutcome:
+    round_.status = "aggregating"
+    round_.lease_until = now + timedelta(seconds=lease_s)
+    audit.record(session, "server", "round.aggregating", round_id=round_.id, updates=uploaded)
+    session.commit()
+    return "claimed"
+
+
+def _fail(session: Session, round_: Round, now: datetime, reason: str) -> ClaimOutcome:
+    round_.status, round_.active_slot, round_.closed_at = "failed", None, now
+    round_.failure_reason = reason[:500]
+    session.execute(update(Update).where(Update.round_id == round_.id).values(embedding_ciphertext=None))
+    audit.record(session, "server", "round.failed", round_id=round_.id, reason=round_.failure_reason)
+    session.commit()
+    return "failed"
+
+
+def _secure_transition(session: Session, round_: Round, uploaded: int, now: datetime, lease_s: float) -> ClaimOutcome:
+    step, reason = secure_aggregation.next_transition(session, round_, uploaded, now)
+    if step == "aggregating":
+        return _start_aggregating(session, round_, uploaded, now, lease_s)
+    if step == "failed":
+        return _fail(session, round_, now, reason or "secure aggregation failed")
+    if step == "unmasking":
+        round_.status, round_.unmask_deadline_at = "unmasking", secure_aggregation.unmask_deadline(round_, now)
+        audit.record(session, "server", "round.unmasking", round_id=round_.id, updates=uploaded)
+        session.commit()
+        return "unmasking"
+    session.rollback()
+    return "not_due"
+
+
+def fail_aggregation(session: Session, round_id: int, now: datetime, reason: str) -> bool:
+    """End a claimed round whose inputs cannot be aggregated (secure aggregation could not unmask)."""
+    round_ = lock_round(session, round_id)
+    if round_ is None or round_.status != "aggregating":
+        session.rollback()
+        return False
+    _fail(session, round_, now, reason)
+    return True
 
 
 def finalize(session: Session, round_id: int, blobs: VersionBlobs, embeddings: dict[str, tuple[bytes, datetime]], summary: dict, now: datetime) -> bool:

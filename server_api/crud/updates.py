@@ -49,12 +49,13 @@ def _check(session: Session, round_id: int, device_id: str, now: datetime, locke
 def record_update(
     session: Session, *, round_id: int, device_id: str, blob_sha256: str, size_bytes: int, n_samples: int,
     metrics: dict[str, float], embedding_ciphertext: bytes, idempotency_key: str, request_sha256: str,
-    response: Any, now: datetime,
+    response: Any, now: datetime, target: int | None = None,
 ) -> tuple[Update | None, IdempotencyRecord, bool]:
     """Insert the update, mark the participation and store the idempotent response, atomically.
 
     Returns (update, record, due): due when this update reached the round's target, so the
-    caller starts aggregation only then (the scheduler handles deadlines). (None, existing
+    caller starts aggregation only then (the scheduler handles deadlines). `target` overrides
+    the round's (secure aggregation: the number of devices that shared keys). (None, existing
     record, False) when a concurrent duplicate with the same key won."""
     try:
         part = _check(session, round_id, device_id, now, locked=True)
@@ -75,7 +76,7 @@ def record_update(
         select(func.count()).select_from(Participation).where(Participation.round_id == round_id, Participation.status == "uploaded")
     )
     round_ = session.get(Round, round_id)  # locked by _check, already in the identity map
-    due = round_ is not None and (uploaded or 0) >= round_.target_participants
+    due = round_ is not None and (uploaded or 0) >= (target if target is not None else round_.target_participants)
     audit.record(session, f"device:{device_id}", "update.accepted", round_id=round_id, device_id=device_id, n_samples=n_samples, bytes=size_bytes)
     try:
         session.commit()
@@ -98,5 +99,5 @@ def round_blob_digests(session: Session, round_id: int) -> list[str]:
 
 def open_round_blob_digests(session: Session) -> list[str]:
     """Digests still needed: uploads to rounds that have not ended (a shared blob is kept)."""
-    pending = select(Round.id).where(Round.status.in_(("open", "aggregating")))
+    pending = select(Round.id).where(Round.status.in_(("open", "unmasking", "aggregating")))
     return list(session.execute(select(Update.blob_sha256).where(Update.round_id.in_(pending))).scalars())

@@ -28,10 +28,14 @@ from server_api.crud import versions as version_crud
 from server_api.models import Device, Enrollment, utcnow
 from server_api.services.context import ServerContext
 from server_api.services.model_store import build_model, load_weights, store_model
-from server_api.services.validation import BACKBONE_PREFIX
-from facecore.tensorfile import iter_tensors, read_header
+from server_api.crud import secagg as secagg_crud
+from server_api.services import secure_aggregation
+from server_api.services.validation import BACKBONE_PREFIX, MASKED_KEY
+from facecore.secagg import SecAggAborted
+from facecore.tensorfile import iter_tensors, read_header, read_tensor
 from server_api.strategies import STRATEGIES, ClientUpdate, FedFace, Strategy, backbone_aggregator
 from server_api.strategies.dp_fedavg import epsilon_of_history
+from server_api.strategies.secure_fedavg import MASKED, SecureFedAvg, UnmaskMaterial
 
 log = get_logger("aggregation")
 
@@ -61,7 +65,15 @@ def try_aggregate(ctx: ServerContext, round_id: int) -> str:
     if outcome != "claimed":
         return outcome
     started = time.perf_counter()
-    done = _compute_and_finalize(ctx, round_id)
+    try:
+        done = _compute_and_finalize(ctx, round_id)
+    except SecAggAborted as error:
+        with session_scope(ctx.sessions) as session:
+            round_crud.fail_aggregation(session, round_id, utcnow(), f"secure aggregation aborted: {error}")
+        ctx.metrics.rounds_finished.labels("failed").inc()
+        log.warning("round failed", extra={"fields": {"round_id": round_id, "reason": str(error)}})
+        _drop_update_blobs(ctx, round_id)
+        return "failed"
     if done:
         ctx.metrics.aggregation_seconds.observe(time.perf_counter() - started)
         ctx.metrics.rounds_finished.labels("completed").inc()
@@ -102,9 +114,16 @@ def _compute_and_finalize(ctx: ServerContext, round_id: int) -> bool:
         ]
         strategy, config = strategy_for(round_.strategy, round_.config), dict(round_.config)
         base_hash, backbone, dim = base.version_hash, base.backbone, base.embedding_dim
+        secure = secure_aggregation.unmask_inputs(session, round_) if secure_aggregation.settings_of(round_) else None
+        strategy_name = round_.strategy
 
     base_header, base_weights = load_weights(ctx.store, base_hash)
-    result = strategy.aggregate_train(round_id, base_weights, _stream(ctx, updates))
+    if secure is None:
+        stream = _stream(ctx, updates)
+    else:
+        strategy = _secure_strategy(strategy_name, config, secure)
+        stream = _stream_masked(ctx, updates, secure.index_of)
+    result = strategy.aggregate_train(round_id, base_weights, stream)
     del base_weights
     model = build_model(backbone, dim, result.weights)
     # No face data lives on the server, so a federated version keeps the threshold its ancestor was
@@ -117,6 +136,10 @@ def _compute_and_finalize(ctx: ServerContext, round_id: int) -> bool:
         "n_updates": result.n_clients, "n_samples": result.n_samples, "n_embeddings": len(embeddings),
         "metrics": {k: round(v, 6) for k, v in result.metrics.items()},
     }
+    if secure is not None:
+        summary["secure_aggregation"] = {
+            "members": len(secure.adverts), "key_sharers": len(secure.key_sharers), "answers": len(secure.answers), "threshold": secure.threshold,
+        }
     if (config.get("aggregation") or {}).get("method") == "dp_fedavg":
         summary["privacy"] = _privacy(ctx, round_id, config["aggregation"], result.n_clients, len(enrolled))
     if ctx.settings.aggregation_pause_s:
@@ -128,9 +151,18 @@ def _compute_and_finalize(ctx: ServerContext, round_id: int) -> bool:
     return done
 
 
+def _secure_strategy(name: str, config: dict, inputs: secure_aggregation.UnmaskInputs) -> Strategy:
+    material = UnmaskMaterial(inputs.adverts, inputs.key_sharers, inputs.answers, inputs.threshold, inputs.scale)
+    backbone = SecureFedAvg(material)
+    return FedFace(SpreadoutConfig(**config["spreadout"]), backbone=backbone) if name == "fedface" else backbone
+
+
 def _drop_update_blobs(ctx: ServerContext, round_id: int) -> None:
-    """Delete an ended round's individual deltas (rows keep their digests as a record). Runs after
-    the commit, so a crash in between only leaves files behind, never a round without its inputs."""
+    """Delete an ended round's individual deltas (rows keep their digests as a record) and its
+    secure-aggregation shares. Runs after the commit, so a crash in between only leaves files
+    behind, never a round without its inputs."""
+    with session_scope(ctx.sessions) as session:
+        secagg_crud.forget_round(session, round_id)
     if ctx.settings.keep_update_blobs:
         return
     with session_scope(ctx.sessions) as session:
@@ -170,6 +202,14 @@ def _stream(ctx: ServerContext, updates: list[UpdateRef]) -> Iterator[ClientUpda
             header = read_header(handle, ctx.store.size(update.blob_sha256))
             weights = dict(iter_tensors(handle, header, prefix=BACKBONE_PREFIX))
         yield ClientUpdate(weights=weights, n_samples=update.n_samples, metrics=update.metrics, client_id=update.device_id)
+
+
+def _stream_masked(ctx: ServerContext, updates: list[UpdateRef], index_of: dict[str, int]) -> Iterator[ClientUpdate]:
+    for update in updates:
+        with ctx.store.open(update.blob_sha256) as handle:
+            header = read_header(handle, ctx.store.size(update.blob_sha256))
+            masked = read_tensor(handle, header, MASKED_KEY)
+        yield ClientUpdate(weights={MASKED: masked}, n_samples=update.n_samples, metrics=update.metrics, client_id=str(index_of[update.device_id]))
 
 
 def _new_embeddings(

@@ -8,6 +8,7 @@ from server_api.crud import versions as version_crud
 from server_api.models import Device, utcnow
 from server_api.schemas import CheckinPublic
 from server_api.services.aggregation import strategy_for
+from server_api.services import secure_aggregation
 from server_api.services.context import ServerContext
 
 
@@ -27,4 +28,5 @@ def checkin(ctx: ServerContext, session: Session, device: Device) -> CheckinPubl
         onnx_url=f"/v1/models/{base.version_hash}/onnx" if base.onnx_blob else None,
         embedding_url=f"/v1/devices/{device.id}/embedding", upload_url=f"/v1/rounds/{round_.id}/updates",
         local=dict(instructions.config),
+        secagg_url=f"/v1/rounds/{round_.id}/secagg" if secure_aggregation.settings_of(round_) else None,
     )

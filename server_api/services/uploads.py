@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,12 @@ from sqlalchemy.orm import Session
 from server_api.core.logging import get_logger
 from server_api.crud import rounds as round_crud
 from server_api.crud import updates as update_crud
-from server_api.errors import InvalidInput, NotFound
-from server_api.models import Device, Update, utcnow
+from server_api.errors import Conflict, Forbidden, InvalidInput, NotFound
+from server_api.models import Device, Round, Update, utcnow
 from server_api.schemas import UpdatePublic
+from server_api.services import secure_aggregation
 from server_api.services.context import ServerContext
-from server_api.services.validation import parse_update
+from server_api.services.validation import parse_masked_update, parse_update
 
 IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9_.:-]{8,128}$")
 log = get_logger("uploads")
@@ -52,10 +54,14 @@ def accept_upload(
     if round_ is None:
         raise NotFound(f"round {round_id} does not exist")
     spec, dim, base_hash = ctx.version_spec(session, round_.base_version_id)
+    target = _secure_target(session, round_, device, now) if secure_aggregation.settings_of(round_) else None
     # Commits the read transaction before the slow part: on SQLite every transaction holds the write lock.
     update_crud.check_can_upload(session, round_id, device.id, now)
     with spool.open("rb") as handle:
-        parsed = parse_update(handle, size, spec, dim, base_hash, ctx.settings.max_delta_norm)
+        if target is None:
+            parsed = parse_update(handle, size, spec, dim, base_hash, ctx.settings.max_delta_norm)
+        else:
+            parsed = parse_masked_update(handle, size, spec, dim, base_hash)
     blob = ctx.store.adopt(spool, body_sha256)  # the route hashed the body as it arrived
     ciphertext = ctx.cipher.encrypt(parsed.embedding.astype("<f4").tobytes(), device.id, "update")
 
@@ -69,10 +75,21 @@ def accept_upload(
     update, record, due = update_crud.record_update(
         session, round_id=round_id, device_id=device.id, blob_sha256=blob, size_bytes=size,
         n_samples=parsed.meta.n_samples, metrics=dict(parsed.meta.metrics), embedding_ciphertext=ciphertext,
-        idempotency_key=idempotency_key, request_sha256=body_sha256, response=response, now=now,
+        idempotency_key=idempotency_key, request_sha256=body_sha256, response=response, now=now, target=target,
     )
     if update is not None:
         ctx.metrics.updates.inc()
         ctx.metrics.upload_bytes.inc(size)
         log.info("update accepted", extra={"fields": {"round_id": round_id, "device_id": device.id, "n_samples": update.n_samples, "bytes": size}})
     return UploadOutcome(record.status_code, record.response, created=update is not None, round_due=due)
+
+
+def _secure_target(session: Session, round_: Round, device: Device, now: datetime) -> int:
+    """A masked update is only accepted from a key sharer once key sharing has closed; the round
+    is complete when every key sharer has uploaded."""
+    v = secure_aggregation.view(session, round_.id, now)
+    if v.phase != "masked_input":
+        raise Conflict(f"round {round_.id} is at the {v.phase} step of secure aggregation, not accepting masked updates")
+    if not any(m.device_id == device.id for m in v.key_sharers):
+        raise Forbidden(f"device {device.id} did not share its keys in round {round_.id}, so its update could not be unmasked")
+    return len(v.key_sharers)

@@ -21,6 +21,7 @@ from server_api.schemas import UpdateMeta
 from facecore.tensorfile import DTYPES, TensorFileError, TensorFileHeader, read_header, read_tensor
 
 EMBEDDING_KEY = "class_embedding"
+MASKED_KEY = "secagg.masked"
 BACKBONE_PREFIX = "backbone."
 UNIT_NORM_TOLERANCE = 1e-3
 # Uploaded embeddings come back un-normalised from spreadout; only absurd scales are refused.
@@ -62,13 +63,38 @@ def parse_update(handle: BinaryIO, size: int, spec: dict[str, Any], embedding_di
     delta_norm = math.sqrt(_backbone_squared_norm(handle, header))
     if delta_norm > max_delta_norm:
         raise InvalidInput(f"backbone delta L2 norm {delta_norm:.3g} exceeds the bound {max_delta_norm:.3g}")
+    return ParsedUpdate(meta=meta, header=header, embedding=_embedding(handle, header), delta_norm=delta_norm)
+
+
+def parse_masked_update(handle: BinaryIO, size: int, spec: dict[str, Any], embedding_dim: int, base_version: str) -> ParsedUpdate:
+    """A secure-aggregation upload: ``secagg.masked`` (I32 bits of the uint32 masked vector over the
+    model's float tensors in spec order, facecore.secagg.pack) and ``class_embedding``. The server
+    cannot bound the norm of a masked update; devices clip each coordinate before masking."""
+    try:
+        header = read_header(handle, size)
+    except TensorFileError as error:
+        raise InvalidInput(f"update is not a valid tensor file: {error}") from None
+    meta = _parse_meta(header)
+    if meta.base_version != base_version:
+        raise Conflict(f"update was trained from model {meta.base_version[:12]}, but this round's base is {base_version[:12]}")
+    if set(header.tensors) != {MASKED_KEY, EMBEDDING_KEY}:
+        raise InvalidInput(f"a secure-aggregation update holds exactly {MASKED_KEY!r} and {EMBEDDING_KEY!r}, got {sorted(header.tensors)[:4]}")
+    length = sum(math.prod(shape) for dtype, shape in spec.values() if dtype.startswith("float"))
+    info = header.tensors[MASKED_KEY]
+    if info.dtype != "I32" or info.shape != (length,):
+        raise InvalidInput(f"{MASKED_KEY} must be I32 of shape [{length}], got {info.dtype} {list(info.shape)}")
+    _check_embedding_spec(header, embedding_dim)
+    return ParsedUpdate(meta=meta, header=header, embedding=_embedding(handle, header), delta_norm=float("nan"))
+
+
+def _embedding(handle: BinaryIO, header: TensorFileHeader) -> np.ndarray:
     embedding = read_tensor(handle, header, EMBEDDING_KEY).astype(np.float32)
     if not np.isfinite(embedding).all():
         raise InvalidInput("class_embedding contains NaN or Inf")
     norm = float(np.linalg.norm(embedding.astype(np.float64)))
     if not EMBEDDING_NORM_RANGE[0] <= norm <= EMBEDDING_NORM_RANGE[1]:
         raise InvalidInput(f"class_embedding norm {norm:.3g} is outside {EMBEDDING_NORM_RANGE}")
-    return ParsedUpdate(meta=meta, header=header, embedding=embedding, delta_norm=delta_norm)
+    return embedding
 
 
 def _float_spans(header: TensorFileHeader, prefix: str) -> Iterator[tuple[str, int, int, list[str]]]:
@@ -141,6 +167,10 @@ def _check_names_and_shapes(header: TensorFileHeader, spec: dict[str, Any], embe
         allowed = _FLOAT_WIRE if dtype.startswith("float") else _INT_WIRE
         if info.dtype not in allowed:
             raise InvalidInput(f"backbone.{key} has dtype {info.dtype}, expected one of {sorted(allowed)}")
+    _check_embedding_spec(header, embedding_dim)
+
+
+def _check_embedding_spec(header: TensorFileHeader, embedding_dim: int) -> None:
     info = header.tensors[EMBEDDING_KEY]
     if info.shape != (embedding_dim,) or info.dtype not in _FLOAT_WIRE:
         raise InvalidInput(f"class_embedding must be F32/F16 of shape [{embedding_dim}], got {info.dtype} {list(info.shape)}")

@@ -81,7 +81,7 @@ def tables(reports: Sequence[dict[str, Any]], extra_targets: Sequence[float] = (
                 f"{reached if reached is not None else f'> {rounds}'} | {r['bytes_per_round']:,} | {mb} | "
                 f"{saved if r['fusion'] != 'none' else '(baseline)'} | {r['late_join']['epochs_to_target'] if r['late_join']['epochs_to_target'] is not None else 'not reached'} | {at} |"
             )
-        lines += ["", f"Rounds to other accuracy targets, same runs (communication saved vs FedAvg in brackets; rounds × bytes/round):", "",
+        lines += ["", "Rounds to other accuracy targets, same runs (communication saved vs FedAvg in brackets; rounds × bytes/round):", "",
                   "| fusion | " + " | ".join(f"{_pct(t)}%" for t in extra_targets) + " |", "| --- |" + " ---: |" * len(extra_targets)]
         for r in group:
             cells = []

@@ -29,9 +29,9 @@ def owners(real_data: Path) -> list[list[Path]]:
     return [[real_data / p for p in paths] for paths in celeba[:3]]
 
 
-def open_round(server: ServerProcess, target: int, minimum: int, deadline: float = 120, window: float = 1.0) -> dict:  # type: ignore[type-arg]
+def open_round(server: ServerProcess, target: int, minimum: int, deadline: float = 120, window: float = 1.0, **config: object) -> dict:  # type: ignore[type-arg]
     token = (server.data_dir / "admin_token").read_text().strip()
-    body = {"target_participants": target, "min_participants": minimum, "deadline_s": deadline, "selection_window_s": window}
+    body = {"target_participants": target, "min_participants": minimum, "deadline_s": deadline, "selection_window_s": window} | config
     response = httpx.post(server.url + "/v1/admin/rounds", json=body, headers={"Authorization": f"Bearer {token}"}, timeout=30)
     assert response.status_code == 201, response.text
     return response.json()

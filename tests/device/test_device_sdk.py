@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +49,20 @@ def test_register_enroll_and_two_rounds(server, fleet: list[FaceDevice]) -> None
         assert done["result_version"] != opened["base_version"]
     # the second round downloaded a new model version: a new ONNX/backbone, not a cached one
     assert len(list(fleet[0].state.models_dir().glob("*.fp16.pt"))) == 2
+
+
+def test_a_secure_aggregation_round_completes_with_devices_training_in_parallel(server, fleet: list[FaceDevice]) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: the devices must run side by side, since each key step waits for the others
+    opened = open_round(server, target=len(fleet), minimum=2, deadline=240, window=2.0,
+                        secure_aggregation={"enabled": True, "key_phase_s": 30, "unmask_phase_s": 60})
+    # Execute
+    with ThreadPoolExecutor(len(fleet)) as pool:
+        summaries = list(pool.map(lambda device: device.train_round(wait=30, poll=0.5), fleet))
+    # Assert: every masked update was unmasked into the new version
+    assert {s.round_id for s in summaries} == {opened["id"]}
+    done = _wait_for(server, opened["id"], "completed")
+    assert done["summary"]["n_updates"] == len(fleet) and done["result_version"] != opened["base_version"]
+    assert done["summary"]["secure_aggregation"] == {"members": 3, "key_sharers": 3, "answers": 3, "threshold": 3}
 
 
 def test_verify_accepts_the_owner_and_rejects_another_identity(fleet: list[FaceDevice], owners: list[list[Path]]) -> None:

@@ -39,3 +39,19 @@ def test_bench_server_small_round(capsys: pytest.CaptureFixture[str]) -> None:
     assert result["rss_growth_mb"] == pytest.approx(result["peak_rss_mb_n"] - result["peak_rss_mb_10"], abs=0.2)
     # Goals are only judged at 1,000 devices.
     assert result["ingest_goal_met"] is None and result["rss_goal_met"] is None
+
+
+def test_bench_server_secure_round_with_a_dropout(capsys: pytest.CaptureFixture[str]) -> None:
+    # Prepare
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    # Execute: 5 devices, one of which drops after sharing its keys
+    code = bench.run(parser.parse_args(["server", "--secure", "--devices", "5", "--drop", "0.2", "--concurrency", "4", "--json"]))
+    result = json.loads(capsys.readouterr().out)
+    # Assert: the survivors' masked updates were unmasked into the new model, none lost
+    secure = result["secure"]
+    assert code == 0 and secure["round_status"] == "completed" and secure["lost"] == 0 and result["plain"]["round_status"] == "completed"
+    assert secure["round_summary"]["secure_aggregation"] == {"members": 5, "key_sharers": 5, "answers": 4, "threshold": 4}
+    # a masked update is 4 bytes per float parameter against the plain fp16 delta's 2
+    assert 1.9 < result["upload_bytes_ratio_vs_fp16"] < 2.2
+    assert set(secure["steps_s"]) == {"checkin_s", "advertise_s", "share_keys_s", "receive_shares_s", "upload_s", "unmask_answers_s"}

@@ -1,0 +1,43 @@
+"""Device side of secure aggregation: advertise keys, share them, read the step, answer the unmasking.
+See server_api/services/secure_aggregation.py for the steps and their deadlines."""
+from __future__ import annotations
+
+from fastapi import APIRouter, BackgroundTasks
+
+from server_api.api.deps import CtxDep, CurrentDevice, RoundIdPath, SessionDep
+from server_api.schemas import ErrorPublic, SecAggAdvertCreate, SecAggSharesCreate, SecAggStatePublic, SecAggUnmaskCreate
+from server_api.services import secure_aggregation as service
+from server_api.services.aggregation import try_aggregate
+
+router = APIRouter(prefix="/v1/rounds/{round_id}/secagg", tags=["secure aggregation"])
+_errors = {code: {"model": ErrorPublic} for code in (401, 403, 404, 409, 422)}
+
+
+@router.get("", response_model=SecAggStatePublic, responses=_errors)
+def state(round_id: RoundIdPath, device: CurrentDevice, session: SessionDep) -> SecAggStatePublic:
+    """The current step and what this device needs for it (members' keys, shares addressed to it,
+    who survived). Poll after ``retry_after_s`` while a step is still collecting."""
+    return service.state_for(session, round_id, device)
+
+
+@router.post("/advert", status_code=201, response_model=SecAggStatePublic, responses=_errors)
+def advertise(round_id: RoundIdPath, body: SecAggAdvertCreate, device: CurrentDevice, session: SessionDep) -> SecAggStatePublic:
+    """Step 0: this device's two X25519 public keys; its index in the round comes back."""
+    return service.advertise(session, round_id, device, body)
+
+
+@router.post("/shares", response_model=SecAggStatePublic, responses=_errors)
+def share_keys(round_id: RoundIdPath, body: SecAggSharesCreate, device: CurrentDevice, session: SessionDep) -> SecAggStatePublic:
+    """Step 1: one encrypted share bundle for every other member, keyed by its index."""
+    return service.share_keys(session, round_id, device, body)
+
+
+@router.post("/unmask", response_model=SecAggStatePublic, responses=_errors)
+def unmask(
+    round_id: RoundIdPath, body: SecAggUnmaskCreate, device: CurrentDevice, session: SessionDep, ctx: CtxDep, background: BackgroundTasks,
+) -> SecAggStatePublic:
+    """Step 3: shares of the dropped devices' s keys and of the survivors' self-mask seeds."""
+    public, everyone = service.answer_unmask(session, round_id, device, body)
+    if everyone:
+        background.add_task(try_aggregate, ctx, round_id)
+    return public

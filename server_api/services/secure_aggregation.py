@@ -1,0 +1,290 @@
+"""The server's part in secure aggregation (facecore.secagg): route messages, never hold a secret.
+
+Steps of a round with ``secure_aggregation.enabled`` (times from the end of selection):
+
+- ``advertise`` until ``key_phase_s`` or until every selected device has sent its two public keys;
+  those devices are the members, numbered 1..n in arrival order.
+- ``share_keys`` until ``2 x key_phase_s`` or until every member has sent one ciphertext for each
+  other member. The devices that did are the key sharers; only they may upload.
+- ``masked_input`` until the round's deadline or until every key sharer has uploaded.
+- ``unmask`` (round status ``unmasking``): each device that uploaded sends its shares of the
+  dropped sharers' s keys and of the uploaders' self-mask seeds. Aggregation starts when all have
+  answered, or at ``unmask_phase_s`` with at least t answers; with fewer the round fails.
+
+A step is closed by time or by everyone having acted; either is final, so no request can see a
+step reopen. Every write takes the round lock first (crud), so counts cannot race.
+"""
+from __future__ import annotations
+
+import base64
+import math
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from facecore.secagg import Advert, mask_bound
+from server_api.core.db import lock_round
+from server_api.crud import audit
+from server_api.crud import secagg as secagg_crud
+from server_api.errors import Conflict, Forbidden, InvalidInput, NotFound
+from server_api.models import Device, Participation, Round, SecAggMember, Update, utcnow
+from server_api.schemas import (
+    SecAggAdvertCreate, SecAggMemberPublic, SecAggSharesCreate, SecAggStatePublic, SecAggUnmaskCreate, SecureAggregationSettings,
+)
+
+STATUS_PHASE = {"unmasking": "unmask", "aggregating": "aggregating", "completed": "completed", "failed": "failed"}
+MAX_SHARE_CIPHERTEXT = 12 + 8 + 2 * 66 + 16  # facecore.secagg: nonce, indices, two shares, GCM tag
+
+
+def settings_of(round_: Round) -> SecureAggregationSettings | None:
+    raw = round_.config.get("secure_aggregation")
+    settings = SecureAggregationSettings(**raw) if raw else None
+    return settings if settings is not None and settings.enabled else None
+
+
+def threshold_for(n_members: int, fraction: float) -> int:
+    return min(n_members, max(2, math.floor(fraction * n_members) + 1))
+
+
+@dataclass(frozen=True)
+class RoundView:
+    """Everything a step decision needs, read under one lock."""
+
+    round_: Round
+    settings: SecureAggregationSettings
+    members: list[SecAggMember]
+    n_selected: int
+    now: datetime
+
+    @property
+    def keys_until(self) -> datetime:
+        return self.round_.selection_at + timedelta(seconds=self.settings.key_phase_s)
+
+    @property
+    def shares_until(self) -> datetime:
+        return self.round_.selection_at + timedelta(seconds=2 * self.settings.key_phase_s)
+
+    @property
+    def adverts_closed(self) -> bool:
+        everyone = self.round_.selection_done and self.n_selected > 0 and len(self.members) >= self.n_selected
+        return self.now >= self.keys_until or everyone
+
+    @property
+    def shares_closed(self) -> bool:
+        return self.adverts_closed and (self.now >= self.shares_until or (bool(self.members) and all(m.shared_at for m in self.members)))
+
+    @property
+    def phase(self) -> str:
+        if self.round_.status != "open":
+            return STATUS_PHASE[self.round_.status]
+        if not self.adverts_closed:
+            return "advertise"
+        return "masked_input" if self.shares_closed else "share_keys"
+
+    @property
+    def key_sharers(self) -> list[SecAggMember]:
+        return [m for m in self.members if m.shared_at is not None]
+
+    @property
+    def threshold(self) -> int:
+        return threshold_for(len(self.members), self.settings.threshold_fraction)
+
+    @property
+    def scale(self) -> float:
+        return float(2**self.settings.scale_bits)
+
+
+def view(session: Session, round_id: int, now: datetime, locked: bool = False) -> RoundView:
+    round_ = lock_round(session, round_id) if locked else session.get(Round, round_id)
+    if round_ is None:
+        raise NotFound(f"round {round_id} does not exist")
+    settings = settings_of(round_)
+    if settings is None:
+        raise Conflict(f"round {round_id} does not use secure aggregation")
+    return RoundView(round_, settings, secagg_crud.members(session, round_id), secagg_crud.selected_count(session, round_id), now)
+
+
+def _selected(session: Session, round_id: int, device: Device) -> None:
+    status = session.scalar(select(Participation.status).where(Participation.round_id == round_id, Participation.device_id == device.id))
+    if status not in ("selected", "uploaded"):
+        raise Forbidden(f"device {device.id} was not selected for round {round_id}")
+
+
+def _member_of(v: RoundView, device: Device) -> SecAggMember:
+    for m in v.members:
+        if m.device_id == device.id:
+            return m
+    raise Forbidden(f"device {device.id} did not advertise keys in round {v.round_.id}")
+
+
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode()
+
+
+def _decode(value: str, what: str) -> bytes:
+    try:
+        return base64.b64decode(value, validate=True)
+    except ValueError:
+        raise InvalidInput(f"{what} is not valid base64") from None
+
+
+# ---- device requests -------------------------------------------------------------------------
+def state_for(session: Session, round_id: int, device: Device) -> SecAggStatePublic:
+    v = view(session, round_id, utcnow())
+    _selected(session, round_id, device)
+    me = next((m for m in v.members if m.device_id == device.id), None)
+    phase = v.phase
+    state: dict[str, Any] = {"round_id": round_id, "phase": phase, "scale": v.scale, "index": me.index if me else None}
+    if phase == "advertise":
+        state["retry_after_s"] = max(0.5, min(2.0, (v.keys_until - v.now).total_seconds()))
+    if phase in ("share_keys", "masked_input") and me is not None:
+        state |= {
+            "threshold": v.threshold, "bound": mask_bound(len(v.members), v.scale),
+            "members": [SecAggMemberPublic(index=m.index, c_public=_b64(m.c_public), s_public=_b64(m.s_public)) for m in v.members],
+        }
+    if phase == "share_keys":
+        state["retry_after_s"] = max(0.5, min(2.0, (v.shares_until - v.now).total_seconds()))
+    if phase == "masked_input" and me is not None and me.shared_at is not None:
+        sharers = [m.index for m in v.key_sharers]
+        state |= {"key_sharers": sharers, "shares": {str(k): _b64(b) for k, b in secagg_crud.shares_for(session, round_id, me.index, sharers).items()}}
+    if phase == "unmask" and me is not None:
+        survived, dropped = _survivors(session, v)
+        state |= {"threshold": v.threshold, "survived": survived, "dropped": dropped, "answered": me.unmask_answer is not None}
+    session.rollback()
+    return SecAggStatePublic(**state)
+
+
+def _survivors(session: Session, v: RoundView) -> tuple[list[int], list[int]]:
+    """(key sharers that uploaded, key sharers that did not), by index."""
+    uploaded = set(session.execute(select(Update.device_id).where(Update.round_id == v.round_.id)).scalars())
+    sharers = v.key_sharers
+    return [m.index for m in sharers if m.device_id in uploaded], [m.index for m in sharers if m.device_id not in uploaded]
+
+
+def advertise(session: Session, round_id: int, device: Device, body: SecAggAdvertCreate) -> SecAggStatePublic:
+    c_public, s_public = _decode(body.c_public, "c_public"), _decode(body.s_public, "s_public")
+    if len(c_public) != 32 or len(s_public) != 32 or c_public == s_public:
+        raise InvalidInput("c_public and s_public must be two different 32-byte X25519 public keys")
+    v = view(session, round_id, utcnow(), locked=True)
+    try:
+        _selected(session, round_id, device)
+        if any(m.device_id == device.id for m in v.members):
+            raise Conflict(f"device {device.id} already advertised keys for round {round_id}")
+        if v.phase != "advertise":
+            raise Conflict(f"round {round_id} is past the advertise step ({v.phase})")
+        row = secagg_crud.add_member(session, round_id, device.id, c_public, s_public)
+        audit.record(session, f"device:{device.id}", "secagg.advertised", round_id=round_id, device_id=device.id, index=row.index)
+        session.commit()
+    except Exception:
+        session.rollback()
+        raise
+    return state_for(session, round_id, device)
+
+
+def share_keys(session: Session, round_id: int, device: Device, body: SecAggSharesCreate) -> SecAggStatePublic:
+    v = view(session, round_id, utcnow(), locked=True)
+    try:
+        me = _member_of(v, device)
+        if v.phase != "share_keys":
+            raise Conflict(f"round {round_id} is not at the share-keys step ({v.phase})")
+        if me.shared_at is not None:
+            raise Conflict(f"device {device.id} already shared its keys for round {round_id}")
+        expected = {m.index for m in v.members if m.index != me.index}
+        given = {int(k) for k in body.shares}
+        if given != expected:
+            raise InvalidInput(f"shares must go to exactly the other {len(expected)} member(s); missing {sorted(expected - given)[:5]}, unknown {sorted(given - expected)[:5]}")
+        ciphertexts = {int(k): _decode(value, f"share for {k}") for k, value in body.shares.items()}
+        if any(len(blob) != MAX_SHARE_CIPHERTEXT for blob in ciphertexts.values()):
+            raise InvalidInput(f"each share ciphertext must be {MAX_SHARE_CIPHERTEXT} bytes")
+        secagg_crud.store_shares(session, round_id, me, ciphertexts, v.now)
+        audit.record(session, f"device:{device.id}", "secagg.shared", round_id=round_id, device_id=device.id, recipients=len(ciphertexts))
+        session.commit()
+    except Exception:
+        session.rollback()
+        raise
+    return state_for(session, round_id, device)
+
+
+def answer_unmask(session: Session, round_id: int, device: Device, body: SecAggUnmaskCreate) -> tuple[SecAggStatePublic, bool]:
+    """Store one survivor's shares; True when every survivor has now answered (aggregate now)."""
+    v = view(session, round_id, utcnow(), locked=True)
+    try:
+        me = _member_of(v, device)
+        if v.phase != "unmask":
+            raise Conflict(f"round {round_id} is not at the unmasking step ({v.phase})")
+        survived, dropped = _survivors(session, v)
+        if me.index not in survived:
+            raise Forbidden(f"device {device.id} sent no masked update in round {round_id}, so it does not unmask")
+        if me.unmask_answer is not None:
+            raise Conflict(f"device {device.id} already answered the unmasking step of round {round_id}")
+        s_keys, b_keys = {int(k) for k in body.s}, {int(k) for k in body.b}
+        if s_keys != set(dropped) or b_keys != set(survived):
+            raise InvalidInput("unmask answer must hold an s share for exactly each dropped device and a b share for exactly each survivor")
+        secagg_crud.record_answer(me, {"s": dict(body.s), "b": dict(body.b)})
+        answered = sum(1 for m in v.members if m.unmask_answer is not None)
+        audit.record(session, f"device:{device.id}", "secagg.answered", round_id=round_id, device_id=device.id)
+        session.commit()
+    except Exception:
+        session.rollback()
+        raise
+    return state_for(session, round_id, device), answered >= len(survived)
+
+
+# ---- the round's transitions (called by crud.rounds.claim_for_aggregation, lock held) -----------
+def next_transition(session: Session, round_: Round, n_uploaded: int, now: datetime) -> tuple[str, str | None]:
+    """("unmasking" | "aggregating" | "failed" | "not_due", failure reason)."""
+    v = RoundView(round_, settings_of(round_), secagg_crud.members(session, round_.id), secagg_crud.selected_count(session, round_.id), now)  # type: ignore[arg-type]
+    t = v.threshold
+    if round_.status == "open":
+        sharers = len(v.key_sharers)
+        if v.shares_closed and sharers and n_uploaded >= sharers:
+            return "unmasking", None
+        if now >= round_.deadline_at:
+            need = max(round_.min_participants, t)
+            if n_uploaded >= need:
+                return "unmasking", None
+            return "failed", (f"deadline passed with {n_uploaded} masked update(s), {need} required "
+                              f"({len(v.members)} advertised keys, {sharers} shared them, threshold {t})")
+        return "not_due", None
+    answered = sum(1 for m in v.members if m.unmask_answer is not None)
+    if answered >= n_uploaded or (round_.unmask_deadline_at is not None and now >= round_.unmask_deadline_at and answered >= t):
+        return "aggregating", None
+    if round_.unmask_deadline_at is not None and now >= round_.unmask_deadline_at:
+        return "failed", f"secure aggregation aborted: {answered} unmasking answer(s), threshold {t}"
+    return "not_due", None
+
+
+def unmask_deadline(round_: Round, now: datetime) -> datetime:
+    settings = settings_of(round_)
+    assert settings is not None
+    return now + timedelta(seconds=settings.unmask_phase_s)
+
+
+# ---- what aggregation needs ------------------------------------------------------------------
+@dataclass(frozen=True)
+class UnmaskInputs:
+    adverts: dict[int, Advert]
+    key_sharers: list[int]
+    answers: list[dict[str, dict[int, tuple[int, int]]]]
+    threshold: int
+    scale: float
+    index_of: dict[str, int]
+
+
+def unmask_inputs(session: Session, round_: Round) -> UnmaskInputs:
+    settings = settings_of(round_)
+    assert settings is not None
+    rows = secagg_crud.members(session, round_.id)
+    answers = [
+        {part: {int(k): (m.index, int(y)) for k, y in m.unmask_answer[part].items()} for part in ("s", "b")}
+        for m in rows if m.unmask_answer is not None
+    ]
+    return UnmaskInputs(
+        adverts={m.index: Advert(m.index, m.c_public, m.s_public) for m in rows},
+        key_sharers=[m.index for m in rows if m.shared_at is not None], answers=answers,
+        threshold=threshold_for(len(rows), settings.threshold_fraction), scale=float(2**settings.scale_bits),
+        index_of={m.device_id: m.index for m in rows},
+    )

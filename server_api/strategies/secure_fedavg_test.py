@@ -1,0 +1,56 @@
+"""SecureFedAvg equals FedAvg over the survivors, to the fixed-point rounding."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from facecore.secagg import SecAggClient, mask_bound, quantize, weighted_update
+from server_api.strategies import ClientUpdate, FedAvg
+from server_api.strategies.secure_fedavg import MASKED, SecureFedAvg, UnmaskMaterial
+
+SCALE = 2.0**14
+
+
+def _base(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    return {"conv.weight": rng.standard_normal((4, 3)).astype(np.float32), "bn.steps": np.array(7, np.int64), "fc.bias": rng.standard_normal(5).astype(np.float32)}
+
+
+def test_secure_fedavg_matches_fedavg_of_the_survivors() -> None:
+    # Prepare: 5 devices share keys (t = 3); device 5 drops before uploading
+    rng = np.random.default_rng(0)
+    base = _base(rng)
+    clients = {i: SecAggClient(i, 3) for i in range(1, 6)}
+    adverts = {i: c.advertise() for i, c in clients.items()}
+    inbox: dict[int, dict[int, bytes]] = {i: {} for i in clients}
+    for u, c in clients.items():
+        for v, blob in c.share_keys(adverts).items():
+            inbox[v][u] = blob
+    for v, c in clients.items():
+        c.receive_shares(inbox[v])
+    deltas = {u: {k: (rng.standard_normal(np.shape(v)) * 0.01).astype(np.float32) if v.dtype.kind == "f" else np.array(2, np.int64) for k, v in base.items()} for u in clients}
+    samples = {u: 3 * u for u in clients}
+    senders = [1, 2, 3, 4]
+    bound = mask_bound(len(clients), SCALE)
+    updates = [
+        ClientUpdate({MASKED: clients[u].masked_input(quantize(weighted_update(deltas[u], samples[u]), bound, SCALE), list(clients)).view(np.int32)},
+                     samples[u], {"loss": float(u)}, client_id=str(u))
+        for u in senders
+    ]
+    answers = [clients[u].unmask_shares([5], senders) for u in (1, 2, 3)]
+    strategy = SecureFedAvg(UnmaskMaterial(adverts, list(clients), answers, 3, SCALE))
+    # Execute
+    secure = strategy.aggregate_train(1, base, updates)
+    plain = FedAvg().aggregate_train(1, base, [ClientUpdate(deltas[u], samples[u], {"loss": float(u)}) for u in senders])
+    # Assert: float tensors agree to the rounding; integer buffers keep the base value
+    for key in ("conv.weight", "fc.bias"):
+        np.testing.assert_allclose(secure.weights[key], plain.weights[key], rtol=0, atol=len(senders) * 0.5 / SCALE / sum(samples[u] for u in senders) + 1e-7)
+    assert secure.weights["bn.steps"] == 7
+    assert secure.n_clients == 4 and secure.n_samples == plain.n_samples and secure.metrics == pytest.approx(plain.metrics)
+
+
+def test_an_update_from_a_non_member_is_refused() -> None:
+    rng = np.random.default_rng(1)
+    base = _base(rng)
+    strategy = SecureFedAvg(UnmaskMaterial({1: SecAggClient(1, 2).advertise()}, [1], [], 2, SCALE))
+    with pytest.raises(ValueError, match="not a member"):
+        strategy.aggregate_train(1, base, [ClientUpdate({MASKED: np.zeros(17, np.int32)}, 1, client_id="9")])

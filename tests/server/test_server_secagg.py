@@ -1,0 +1,177 @@
+"""Secure aggregation through the API: the round's steps, dropouts on both sides of the upload,
+the abort below the threshold, and every out-of-step request refused."""
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import numpy as np
+from fastapi.testclient import TestClient
+
+from facecore import tensorfile
+from facecore.secagg import Advert, SecAggClient, quantize, weighted_update
+from server_helpers import enrolled_devices, open_round, shift_round, tick
+from server_testkit import Device, load_backbone_bytes, make_delta, unit_vector, update_file
+
+SECURE = {"enabled": True, "key_phase_s": 30, "unmask_phase_s": 60, "scale_bits": 14}
+
+
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode()
+
+
+class Member:
+    """A test device that speaks the secure-aggregation steps with facecore.secagg."""
+
+    def __init__(self, device: Device, round_id: int) -> None:
+        self.device, self.url, self.client = device, f"/v1/rounds/{round_id}/secagg", SecAggClient(0, 0)
+        self.round_id = round_id
+
+    def state(self) -> dict[str, Any]:
+        response = self.device.request("GET", self.url)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    def advertise(self) -> None:
+        advert = self.client.advertise()
+        response = self.device.request("POST", f"{self.url}/advert", {"c_public": _b64(advert.c_public), "s_public": _b64(advert.s_public)})
+        assert response.status_code == 201, response.text
+        self.client.index = response.json()["index"]
+
+    def share(self) -> None:
+        state = self.state()
+        assert state["phase"] == "share_keys", state
+        self.client.threshold = state["threshold"]
+        adverts = {m["index"]: Advert(m["index"], base64.b64decode(m["c_public"]), base64.b64decode(m["s_public"])) for m in state["members"]}
+        shares = {str(v): _b64(blob) for v, blob in self.client.share_keys(adverts).items()}
+        response = self.device.request("POST", f"{self.url}/shares", {"shares": shares})
+        assert response.status_code == 200, response.text
+
+    def receive(self) -> dict[str, Any]:
+        state = self.state()
+        assert state["phase"] == "masked_input", state
+        self.client.receive_shares({int(k): base64.b64decode(v) for k, v in state["shares"].items()})
+        return state
+
+    def upload(self, delta: dict[str, np.ndarray], n_samples: int, base_version: str, state: dict[str, Any]) -> int:
+        masked = self.client.masked_input(quantize(weighted_update(delta, n_samples), state["bound"], state["scale"]), state["key_sharers"])
+        body = tensorfile.dumps(
+            {"secagg.masked": masked.view(np.int32), "class_embedding": unit_vector(np.random.default_rng(n_samples))},
+            {"fedface": f'{{"base_version": "{base_version}", "n_samples": {n_samples}, "metrics": {{"loss": 0.5}}}}'},
+        )
+        return self.device.upload(self.round_id, body).status_code
+
+    def answer(self) -> int:
+        state = self.state()
+        assert state["phase"] == "unmask", state
+        answer = self.client.unmask_shares(state["dropped"], state["survived"])
+        body = {part: {str(v): str(share[1]) for v, share in answer[part].items()} for part in ("s", "b")}
+        return self.device.request("POST", f"{self.url}/unmask", body).status_code
+
+
+def _keyed_round(client: TestClient, admin: dict, rng: np.random.Generator, n: int, **secure: Any) -> tuple[dict, list[Member]]:
+    devices = enrolled_devices(client, n, rng)
+    round_ = open_round(client, admin, target_participants=n, min_participants=2, secure_aggregation=SECURE | secure)
+    for device in devices:
+        checkin = device.checkin().json()
+        assert checkin["status"] == "selected" and checkin["secagg_url"] == f"/v1/rounds/{round_['id']}/secagg"
+    members = [Member(d, round_["id"]) for d in devices]
+    for member in members:
+        member.advertise()
+    for member in members:
+        member.share()
+    return round_, members
+
+
+def test_survivors_sum_is_fedavg_with_one_device_dropping_before_and_one_after_upload(
+    client: TestClient, admin: dict, rng: np.random.Generator
+) -> None:
+    # Prepare: 9 devices share keys (t = 7); the last never uploads, the one before never answers.
+    round_, members = _keyed_round(client, admin, rng, 9)
+    base = load_backbone_bytes(members[0].device.backbone(round_["base_version"]).content)
+    deltas = [make_delta(base, rng, scale=1e-2) for _ in members]
+    samples = [5 + 3 * i for i in range(len(members))]
+    states = [m.receive() for m in members]
+    assert states[0]["threshold"] == 7 and states[0]["key_sharers"] == list(range(1, 10))
+    # Execute
+    for member, delta, n, state in zip(members[:8], deltas, samples, states):
+        assert member.upload(delta, n, round_["base_version"], state) == 201
+    assert client.post(f"/v1/admin/rounds/{round_['id']}/close", headers=admin).status_code == 200
+    assert tick(client) == "unmasking"
+    assert members[8].state()["phase"] == "unmask" and members[0].state()["dropped"] == [9]
+    for member in members[:7]:
+        assert member.answer() == 200
+    shift_round(client, round_["id"], unmask_deadline_at=1)
+    assert tick(client) == "completed"
+    # Assert: base + the survivors' sample-weighted mean delta, to fixed-point precision
+    status = client.get("/v1/admin/rounds/current", headers=admin).json()
+    assert status["status"] == "completed" and status["summary"]["n_updates"] == 8 and status["summary"]["n_samples"] == sum(samples[:8])
+    new = load_backbone_bytes(members[0].device.backbone(status["result_version"]).content)
+    total = sum(samples[:8])
+    for key, value in base.items():
+        if value.dtype.kind != "f":
+            np.testing.assert_array_equal(new[key], value, err_msg=key)
+            continue
+        expected = value + sum(n * d[key] for n, d in zip(samples[:8], deltas[:8])) / total
+        np.testing.assert_allclose(new[key], expected, rtol=0, atol=8 * 0.5 / 2**14 / total + 1e-6, err_msg=key)
+    # the routed ciphertexts and the answers are gone with the round
+    from server_api.models import SecAggMember, SecAggShare
+
+    with client.app.state.ctx.sessions() as session:
+        assert session.query(SecAggShare).count() == 0
+        assert all(m.unmask_answer is None for m in session.query(SecAggMember))
+
+
+def test_too_few_unmasking_answers_fail_the_round_and_a_new_one_opens(client: TestClient, admin: dict, rng: np.random.Generator) -> None:
+    # Prepare: 3 devices (t = 3) all upload; only one answers
+    round_, members = _keyed_round(client, admin, rng, 3)
+    base = load_backbone_bytes(members[0].device.backbone(round_["base_version"]).content)
+    for member in members:
+        assert member.upload(make_delta(base, rng), 4, round_["base_version"], member.receive()) == 201
+    assert members[0].state()["phase"] == "unmask"  # the last upload moved the round on
+    assert members[0].answer() == 200
+    # Execute
+    shift_round(client, round_["id"], unmask_deadline_at=1)
+    outcome = tick(client)
+    # Assert
+    status = client.get(f"/v1/admin/rounds/{round_['id']}", headers=admin).json()
+    assert outcome == "failed" and status["status"] == "failed"
+    assert status["failure_reason"] == "secure aggregation aborted: 1 unmasking answer(s), threshold 3"
+    assert open_round(client, admin, target_participants=3)["status"] == "open"
+
+
+def test_out_of_step_requests_are_refused(client: TestClient, admin: dict, rng: np.random.Generator) -> None:
+    # Prepare: 4 devices selected; three advertise and the fourth is late
+    devices = enrolled_devices(client, 5, rng)
+    round_ = open_round(client, admin, target_participants=4, min_participants=2, secure_aggregation=SECURE)
+    for device in devices[:4]:
+        assert device.checkin().json()["status"] == "selected"
+    assert devices[4].checkin().json()["status"] == "not_selected"  # no late seats once keys are being agreed
+    members = [Member(d, round_["id"]) for d in devices[:4]]
+    outsider = Member(devices[4], round_["id"])
+    base = load_backbone_bytes(devices[0].backbone(round_["base_version"]).content)
+    plain = update_file(make_delta(base, rng), unit_vector(rng), round_["base_version"], 3)
+    bad_key = {"c_public": _b64(bytes(31)) + "A", "s_public": _b64(bytes(32))}
+    # Execute / Assert, step by step
+    robust = client.post("/v1/admin/rounds", headers=admin, json={"secure_aggregation": SECURE, "aggregation": {"method": "median"}})
+    assert robust.status_code == 422 and "only fedavg" in robust.text
+    assert devices[0].request("POST", f"{members[0].url}/advert", bad_key).status_code == 422
+    assert outsider.device.request("GET", outsider.url).status_code == 403
+    for member in members[:3]:
+        member.advertise()
+    assert members[0].device.request("POST", f"{members[0].url}/advert", {"c_public": _b64(bytes(range(32))), "s_public": _b64(bytes(range(1, 33)))}).status_code == 409
+    assert members[0].device.upload(round_["id"], plain).status_code == 409  # keys not shared yet
+    assert members[0].state()["phase"] == "advertise"
+    shift_round(client, round_["id"], selection_at=31)  # the advertise step times out without device 4
+    late = members[3].device.request("POST", f"{members[3].url}/advert", {"c_public": _b64(bytes(range(32))), "s_public": _b64(bytes(range(1, 33)))})
+    assert late.status_code == 409 and "past the advertise step" in late.json()["detail"]
+    members[0].share()
+    members[1].share()
+    wrong = members[2].device.request("POST", f"{members[2].url}/shares", {"shares": {"1": _b64(bytes(172))}})
+    assert wrong.status_code == 422 and "exactly the other 2" in wrong.json()["detail"]
+    shift_round(client, round_["id"], selection_at=61)  # share step times out: device 3 is not a key sharer
+    assert members[0].receive()["key_sharers"] == [1, 2]
+    assert members[2].device.upload(round_["id"], update_file(make_delta(base, rng), unit_vector(rng), round_["base_version"], 3)).status_code == 403
+    assert members[0].device.upload(round_["id"], plain).status_code == 422  # a plain update into a secure round
+    early = members[0].device.request("POST", f"{members[0].url}/unmask", {"s": {}, "b": {"1": "5"}})
+    assert early.status_code == 409
