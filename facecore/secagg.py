@@ -219,6 +219,19 @@ class SecAggClient:
         }
 
 
+def key_in_process(clients: Mapping[int, SecAggClient]) -> dict[int, Advert]:
+    """Steps 0 and 1 for devices that live in one process (tests, benchmarks): every advert to
+    everyone, every share bundle routed to its recipient. Returns the adverts."""
+    adverts = {i: c.advertise() for i, c in clients.items()}
+    inbox: dict[int, dict[int, bytes]] = {i: {} for i in clients}
+    for u, client in clients.items():
+        for v, blob in client.share_keys(adverts).items():
+            inbox[v][u] = blob
+    for v, client in clients.items():
+        client.receive_shares(inbox[v])
+    return adverts
+
+
 # ---- the server ----------------------------------------------------------------------------
 def unmask_sum(
     masked: Mapping[int, np.ndarray], adverts: Mapping[int, Advert], key_sharers: Sequence[int],

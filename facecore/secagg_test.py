@@ -10,6 +10,7 @@ from facecore.secagg import (
     SecAggClient,
     combine_shares,
     dequantize,
+    key_in_process,
     prg,
     quantize,
     split_secret,
@@ -21,14 +22,7 @@ SCALE, BOUND = 2.0**20, 1.0
 
 def _keyed(n: int, t: int) -> tuple[dict[int, SecAggClient], dict]:  # type: ignore[type-arg]
     clients = {i: SecAggClient(i, t) for i in range(1, n + 1)}
-    adverts = {i: c.advertise() for i, c in clients.items()}
-    inbox: dict[int, dict[int, bytes]] = {i: {} for i in clients}
-    for u, client in clients.items():
-        for v, blob in client.share_keys(adverts).items():
-            inbox[v][u] = blob
-    for v, client in clients.items():
-        client.receive_shares(inbox[v])
-    return clients, adverts
+    return clients, key_in_process(clients)
 
 
 def test_shamir_rebuilds_from_any_t_shares_and_refuses_fewer() -> None:

@@ -156,22 +156,34 @@ async def half_then_drop(body: bytes, chunk: int = 65536) -> AsyncIterator[bytes
     raise DroppedMidUpload()
 
 
-async def run(url: str, data_dir: Path, n_devices: int, concurrency: int, drop_fraction: float = 0.0) -> dict[str, Any]:
-    import torch  # only to read the backbone file (torch.load, weights_only=True) for the tensor spec
-
+async def connect(url: str, data_dir: Path, concurrency: int) -> tuple[dict[str, str], httpx.Limits]:
+    """Wait for the server; the admin header and the connection limits of the bench's client."""
     async with httpx.AsyncClient(base_url=url) as probe_http:
         await wait_ready(probe_http, READY_TIMEOUT_S)
     admin = {"Authorization": f"Bearer {(data_dir / 'admin_token').read_text().strip()}"}
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    return admin, httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+
+
+async def current_model(http: httpx.AsyncClient) -> tuple[int, str, dict[str, np.ndarray]]:
+    """(embedding dim, version, state dict) of the server's model, read by a probe device that
+    registers but never enrolls, so it is not in W."""
+    import torch  # only to read the backbone file (torch.load, weights_only=True) for the tensor spec
+
+    probe = BenchDevice()
+    probe.id = expect(await probe.call(http, "POST", "/v1/devices", {"public_key": probe.public_key}), 201)["device_id"]
+    model = expect(await probe.call(http, "GET", "/v1/models/current"), 200)
+    dim, version = int(model["embedding_dim"]), str(model["version"])
+    raw = await probe.call(http, "GET", f"/v1/models/{version}/backbone?dtype=fp16")
+    state = {k: v.numpy() for k, v in torch.load(io.BytesIO(expect(raw, 200)), map_location="cpu", weights_only=True)["state_dict"].items()}
+    return dim, version, state
+
+
+async def run(url: str, data_dir: Path, n_devices: int, concurrency: int, drop_fraction: float = 0.0) -> dict[str, Any]:
+    admin, limits = await connect(url, data_dir, concurrency)
     rng = np.random.default_rng(1)
     devices = [BenchDevice() for _ in range(n_devices)]
     async with httpx.AsyncClient(base_url=url, timeout=REQUEST_TIMEOUT_S, limits=limits) as http:
-        probe = BenchDevice()  # reads the model spec; registered but never enrolled, so not in W
-        probe.id = expect(await probe.call(http, "POST", "/v1/devices", {"public_key": probe.public_key}), 201)["device_id"]
-        model = expect(await probe.call(http, "GET", "/v1/models/current"), 200)
-        dim, version = int(model["embedding_dim"]), str(model["version"])
-        raw = await probe.call(http, "GET", f"/v1/models/{version}/backbone?dtype=fp16")
-        state = {k: v.numpy() for k, v in torch.load(io.BytesIO(expect(raw, 200)), map_location="cpu", weights_only=True)["state_dict"].items()}
+        dim, version, state = await current_model(http)
         prefix = update_template(state, dim, version)
         prefix_hash = hashlib.sha256(prefix)  # copied per device: hash 2 MB once, not 1,000 times
 

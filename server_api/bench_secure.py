@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
-import io
 import json
 import re
 import time
@@ -24,9 +23,7 @@ import numpy as np
 
 from facecore import tensorfile
 from facecore.secagg import Advert, SecAggClient, quantize, weighted_update
-from server_api.bench_client import (
-    DELTA_SCALE, READY_TIMEOUT_S, REQUEST_TIMEOUT_S, BenchDevice, bounded, expect, plain, unit, wait_ready,
-)
+from server_api.bench_client import DELTA_SCALE, REQUEST_TIMEOUT_S, BenchDevice, bounded, connect, current_model, expect, plain, unit
 
 N_SAMPLES = 32
 
@@ -51,23 +48,13 @@ def _b64(raw: bytes) -> str:
 
 
 async def run_secure(url: str, data_dir: Path, n_devices: int, concurrency: int, drop_fraction: float) -> dict[str, Any]:
-    import torch  # only to read the backbone file for the tensor spec
-
-    async with httpx.AsyncClient(base_url=url) as probe_http:
-        await wait_ready(probe_http, READY_TIMEOUT_S)
-    admin = {"Authorization": f"Bearer {(data_dir / 'admin_token').read_text().strip()}"}
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    admin, limits = await connect(url, data_dir, concurrency)
     rng = np.random.default_rng(1)
     devices = [SecureBenchDevice() for _ in range(n_devices)]
     dropping = set(rng.choice(n_devices, int(drop_fraction * n_devices), replace=False).tolist())
     timings: dict[str, float] = {}
     async with httpx.AsyncClient(base_url=url, timeout=REQUEST_TIMEOUT_S, limits=limits) as http:
-        probe = BenchDevice()
-        probe.id = expect(await probe.call(http, "POST", "/v1/devices", {"public_key": probe.public_key}), 201)["device_id"]
-        model = expect(await probe.call(http, "GET", "/v1/models/current"), 200)
-        dim, version = int(model["embedding_dim"]), str(model["version"])
-        raw = expect(await probe.call(http, "GET", f"/v1/models/{version}/backbone?dtype=fp16"), 200)
-        state = {k: v.numpy() for k, v in torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)["state_dict"].items()}
+        dim, version, state = await current_model(http)
         delta = {k: (rng.standard_normal(v.shape) * DELTA_SCALE).astype(np.float32) for k, v in state.items() if v.dtype.kind == "f"}
         vector = weighted_update(delta, N_SAMPLES)
 

@@ -51,7 +51,7 @@ def check_enrollment_embedding(values: list[float], embedding_dim: int) -> np.nd
     return vector
 
 
-def parse_update(handle: BinaryIO, size: int, spec: dict[str, Any], embedding_dim: int, base_version: str, max_delta_norm: float) -> ParsedUpdate:
+def _header_and_meta(handle: BinaryIO, size: int, base_version: str) -> tuple[TensorFileHeader, UpdateMeta]:
     try:
         header = read_header(handle, size)
     except TensorFileError as error:
@@ -59,6 +59,11 @@ def parse_update(handle: BinaryIO, size: int, spec: dict[str, Any], embedding_di
     meta = _parse_meta(header)
     if meta.base_version != base_version:
         raise Conflict(f"update was trained from model {meta.base_version[:12]}, but this round's base is {base_version[:12]}")
+    return header, meta
+
+
+def parse_update(handle: BinaryIO, size: int, spec: dict[str, Any], embedding_dim: int, base_version: str, max_delta_norm: float) -> ParsedUpdate:
+    header, meta = _header_and_meta(handle, size, base_version)
     _check_names_and_shapes(header, spec, embedding_dim)
     delta_norm = math.sqrt(_backbone_squared_norm(handle, header))
     if delta_norm > max_delta_norm:
@@ -68,15 +73,9 @@ def parse_update(handle: BinaryIO, size: int, spec: dict[str, Any], embedding_di
 
 def parse_masked_update(handle: BinaryIO, size: int, spec: dict[str, Any], embedding_dim: int, base_version: str) -> ParsedUpdate:
     """A secure-aggregation upload: ``secagg.masked`` (I32 bits of the uint32 masked vector over the
-    model's float tensors in spec order, facecore.secagg.pack) and ``class_embedding``. The server
+    model's float tensors in spec order, facecore.secagg.weighted_update) and ``class_embedding``. The server
     cannot bound the norm of a masked update; devices clip each coordinate before masking."""
-    try:
-        header = read_header(handle, size)
-    except TensorFileError as error:
-        raise InvalidInput(f"update is not a valid tensor file: {error}") from None
-    meta = _parse_meta(header)
-    if meta.base_version != base_version:
-        raise Conflict(f"update was trained from model {meta.base_version[:12]}, but this round's base is {base_version[:12]}")
+    header, meta = _header_and_meta(handle, size, base_version)
     if set(header.tensors) != {MASKED_KEY, EMBEDDING_KEY}:
         raise InvalidInput(f"a secure-aggregation update holds exactly {MASKED_KEY!r} and {EMBEDDING_KEY!r}, got {sorted(header.tensors)[:4]}")
     length = sum(math.prod(shape) for dtype, shape in spec.values() if dtype.startswith("float"))

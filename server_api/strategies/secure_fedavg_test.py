@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from facecore.secagg import SecAggClient, mask_bound, quantize, weighted_update
+from facecore.secagg import SecAggClient, key_in_process, mask_bound, quantize, weighted_update
 from server_api.strategies import ClientUpdate, FedAvg
 from server_api.strategies.secure_fedavg import MASKED, SecureFedAvg, UnmaskMaterial
 
@@ -20,13 +20,7 @@ def test_secure_fedavg_matches_fedavg_of_the_survivors() -> None:
     rng = np.random.default_rng(0)
     base = _base(rng)
     clients = {i: SecAggClient(i, 3) for i in range(1, 6)}
-    adverts = {i: c.advertise() for i, c in clients.items()}
-    inbox: dict[int, dict[int, bytes]] = {i: {} for i in clients}
-    for u, c in clients.items():
-        for v, blob in c.share_keys(adverts).items():
-            inbox[v][u] = blob
-    for v, c in clients.items():
-        c.receive_shares(inbox[v])
+    adverts = key_in_process(clients)
     deltas = {u: {k: (rng.standard_normal(np.shape(v)) * 0.01).astype(np.float32) if v.dtype.kind == "f" else np.array(2, np.int64) for k, v in base.items()} for u in clients}
     samples = {u: 3 * u for u in clients}
     senders = [1, 2, 3, 4]
