@@ -6,6 +6,7 @@ import base64
 from typing import Any
 
 import numpy as np
+import pytest
 from fastapi.testclient import TestClient
 
 from facecore import tensorfile
@@ -83,37 +84,46 @@ def _keyed_round(client: TestClient, admin: dict, rng: np.random.Generator, n: i
     return round_, members
 
 
-def test_survivors_sum_is_fedavg_with_one_device_dropping_before_and_one_after_upload(
-    client: TestClient, admin: dict, rng: np.random.Generator
+@pytest.mark.parametrize(
+    ("fraction", "drop_before", "drop_after", "threshold"),
+    [(2 / 3, [9], [8], 7), (0.5, [], [7, 8, 9], 5)],
+    ids=["one-before-one-after-upload", "a-third-after-upload"],
+)
+def test_the_unmasked_sum_is_fedavg_of_every_uploader_despite_dropouts(
+    client: TestClient, admin: dict, rng: np.random.Generator, fraction: float, drop_before: list[int], drop_after: list[int], threshold: int,
 ) -> None:
-    # Prepare: 9 devices share keys (t = 7); the last never uploads, the one before never answers.
-    round_, members = _keyed_round(client, admin, rng, 9)
+    # Prepare: 9 devices share keys; some never upload, some upload and never answer
+    round_, members = _keyed_round(client, admin, rng, 9, threshold_fraction=fraction)
     base = load_backbone_bytes(members[0].device.backbone(round_["base_version"]).content)
     deltas = [make_delta(base, rng, scale=1e-2) for _ in members]
     samples = [5 + 3 * i for i in range(len(members))]
     states = [m.receive() for m in members]
-    assert states[0]["threshold"] == 7 and states[0]["key_sharers"] == list(range(1, 10))
+    assert states[0]["threshold"] == threshold and states[0]["key_sharers"] == list(range(1, 10))
+    uploaders = [i for i in range(9) if i + 1 not in drop_before]
     # Execute
-    for member, delta, n, state in zip(members[:8], deltas, samples, states):
-        assert member.upload(delta, n, round_["base_version"], state) == 201
-    assert client.post(f"/v1/admin/rounds/{round_['id']}/close", headers=admin).status_code == 200
-    assert tick(client) == "unmasking"
-    assert members[8].state()["phase"] == "unmask" and members[0].state()["dropped"] == [9]
-    for member in members[:7]:
-        assert member.answer() == 200
+    for i in uploaders:
+        assert members[i].upload(deltas[i], samples[i], round_["base_version"], states[i]) == 201
+    if drop_before:  # the round waits for them until the operator (or the deadline) ends the upload step
+        assert client.post(f"/v1/admin/rounds/{round_['id']}/close", headers=admin).status_code == 200
+        assert tick(client) == "unmasking"
+    assert members[0].state()["phase"] == "unmask" and members[0].state()["dropped"] == drop_before
+    for i in uploaders:
+        if i + 1 not in drop_after:
+            assert members[i].answer() == 200
     shift_round(client, round_["id"], unmask_deadline_at=1)
     assert tick(client) == "completed"
-    # Assert: base + the survivors' sample-weighted mean delta, to fixed-point precision
+    # Assert: base + every uploader's sample-weighted mean delta, to fixed-point precision
     status = client.get("/v1/admin/rounds/current", headers=admin).json()
-    assert status["status"] == "completed" and status["summary"]["n_updates"] == 8 and status["summary"]["n_samples"] == sum(samples[:8])
+    total = sum(samples[i] for i in uploaders)
+    assert status["status"] == "completed" and status["summary"]["n_updates"] == len(uploaders) and status["summary"]["n_samples"] == total
+    assert status["summary"]["secure_aggregation"]["answers"] == len(uploaders) - len(drop_after)
     new = load_backbone_bytes(members[0].device.backbone(status["result_version"]).content)
-    total = sum(samples[:8])
     for key, value in base.items():
         if value.dtype.kind != "f":
             np.testing.assert_array_equal(new[key], value, err_msg=key)
             continue
-        expected = value + sum(n * d[key] for n, d in zip(samples[:8], deltas[:8])) / total
-        np.testing.assert_allclose(new[key], expected, rtol=0, atol=8 * 0.5 / 2**14 / total + 1e-6, err_msg=key)
+        expected = value + sum(samples[i] * deltas[i][key] for i in uploaders) / total
+        np.testing.assert_allclose(new[key], expected, rtol=0, atol=len(uploaders) * 0.5 / 2**14 / total + 1e-6, err_msg=key)
     # the routed ciphertexts and the answers are gone with the round
     from server_api.models import SecAggMember, SecAggShare
 
