@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # Reinstall whenever the dependency list changes.
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: run test venv clean-venv
+.PHONY: run test venv clean-venv flower-venv
 
 venv: $(STAMP)
 
@@ -25,4 +25,14 @@ test: $(STAMP)
 	$(BIN)/python -m pytest
 
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) .venv-flower
+
+# Optional: the Flower + Ray reference of `fedface bench sim --flower`. Its own environment, because
+# flwr pins FastAPI/Starlette/uvicorn versions other than the server's; the worker needs only torch.
+FLOWER_STAMP := .venv-flower/.installed-flwr-1.42.0
+flower-venv: $(FLOWER_STAMP)
+
+$(FLOWER_STAMP):
+	@test -x .venv-flower/bin/python || $(PYTHON) -m venv .venv-flower
+	.venv-flower/bin/python -m pip install -q --disable-pip-version-check torch==2.14.1 'numpy>=1.26,<3' 'flwr[simulation]==1.42.0'
+	@rm -f .venv-flower/.installed-* && touch $@

@@ -297,7 +297,8 @@ class FaceDevice:
     def _update_file(self, backbone: torch.nn.Module, update: Any, base_version: str, secure: SecureRound | None = None) -> bytes:
         base = backbone.state_dict()
         wire = np.float16 if self.upload_fp16 else np.float32
-        deltas = {name: (value - base[name]).numpy() for name, value in update.state_dict.items()}
+        # an entry training left out (a frozen prefix) did not move: its delta is zero
+        deltas = {name: (update.state_dict[name] - value if name in update.state_dict else torch.zeros_like(value)).numpy() for name, value in base.items()}
         if secure is not None:
             tensors = {"secagg.masked": secure.masked(deltas, update.n_samples).view(np.int32)}
         else:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from device_sdk.training import LocalTrainingConfig, TrainingDiverged, mean_feature_embedding, train_local
+from device_sdk.training import LocalTrainingConfig, TrainingDiverged, mean_feature_embedding, split_backbone, train_local, trainable_keys
 from facecore.data.synthetic import synthetic_faces
 from facecore.models.preprocess import faces_to_tensor
 from facecore.models.testing import calibrated_backbone
@@ -131,3 +131,18 @@ def test_training_losses_come_from_the_first_and_last_epoch_without_extra_passes
     assert all(torch.equal(a.state_dict[k], b.state_dict[k]) for k in a.state_dict)
     assert a.loss_after < b.loss_before <= a.loss_before + 1e-6
     assert a.loss_after <= b.loss_after < b.loss_before
+
+
+def test_a_frozen_prefix_update_carries_only_the_trainable_suffix(owner) -> None:  # type: ignore[no-untyped-def]
+    # Prepare
+    model, faces, embedding = owner
+    config = LocalTrainingConfig(batch=4, trainable_blocks=2)
+    _, suffix = split_backbone(model, 2)
+    # Execute
+    update = train_local(model, embedding, faces, config, seed=5, workspace=copy.deepcopy(model))
+    # Assert: exactly the suffix's entries (by identity, in the model's order), and they moved
+    keys = trainable_keys(model, 2)
+    assert list(update.state_dict) == keys and len(keys) == len(suffix.state_dict()) < len(model.state_dict())
+    base = model.state_dict()
+    assert any(not torch.equal(update.state_dict[k], base[k]) for k in keys)
+    assert trainable_keys(model, None) == list(base)

@@ -14,7 +14,11 @@ the real photo counts, not new people.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
 import statistics
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -25,9 +29,12 @@ import torch
 
 from device_sdk.training import LocalTrainingConfig, split_backbone
 from facecore.losses import positive_loss
+from facecore.models.checkpoint import save_backbone
 from simulator.cross_device.config import CrossDeviceConfig
 from simulator.cross_device.engine import CrossDeviceSimulation, SimulationState
 from simulator.cross_device.population import Population, SimDevice
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def tile_population(population: Population, devices: int) -> Population:
@@ -73,11 +80,50 @@ def floor_seconds(simulation: CrossDeviceSimulation, state: SimulationState) -> 
     return time.perf_counter() - started
 
 
+def export_flower_workload(simulation: CrossDeviceSimulation, state: SimulationState, folder: Path) -> None:
+    """What simulator/flower_bench.py reads: the model, every device's cached prefix activations, W."""
+    save_backbone(simulation.model, folder / "model.pt")
+    blocks, devices, offset = [], [], 0
+    for device in simulation.population.devices:
+        cache = simulation.caches[device.index]
+        blocks += [cache.plain.numpy(), cache.flipped.numpy()]
+        devices.append({"offset": offset, "faces": len(cache.plain)})
+        offset += 2 * len(cache.plain)
+    np.save(folder / "prefix.npy", np.concatenate(blocks))
+    local = dataclasses.asdict(simulation.config.local)
+    (folder / "devices.json").write_text(json.dumps({"devices": devices, "W": state.W.tolist(), "local": local}))
+
+
+def flower_python() -> Path | None:
+    """The interpreter of the Flower environment (`make .venv-flower`), or FEDFACE_FLOWER_PYTHON."""
+    explicit = os.environ.get("FEDFACE_FLOWER_PYTHON")
+    path = Path(explicit) if explicit else REPO / ".venv-flower" / "bin" / "python"
+    return path if path.is_file() else None
+
+
+def flower_reference(simulation: CrossDeviceSimulation, state: SimulationState, python: Path, repeats: int, scratch: Path) -> dict[str, Any]:
+    """Flower + Ray on the same devices, weights and local training, in its own environment."""
+    folder = scratch / "flower"
+    folder.mkdir()
+    export_flower_workload(simulation, state, folder)
+    command = [str(python), "-m", "simulator.flower_bench", "--folder", str(folder), "--devices", str(len(simulation.population.devices)),
+               "--repeats", str(repeats)]
+    done = subprocess.run(command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "RAY_DEDUP_LOGS": "0"},
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the Flower reference failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def bench_sim(
     population: Population, model: torch.nn.Module, device_counts: tuple[int, ...] = (10, 100, 1000), trainable_blocks: int | None = 2,
-    repeats: int = 3,
+    repeats: int = 3, flower: bool = False,
 ) -> list[dict[str, Any]]:
-    """Median seconds of `repeats` rounds, ours and floor alternating, for each device count."""
+    """Median seconds of `repeats` rounds, ours and floor alternating, for each device count; with
+    `flower`, Flower's simulation engine on the same round too (needs `make .venv-flower`)."""
+    python = flower_python() if flower else None
+    if flower and python is None:
+        raise FileNotFoundError("the Flower reference needs its own environment: run `make .venv-flower` (or set FEDFACE_FLOWER_PYTHON)")
     if trainable_blocks is None:
         raise ValueError("the floor replays cached prefix activations: give trainable_blocks")
     local = LocalTrainingConfig(trainable_blocks=trainable_blocks, exact_losses=False)
@@ -91,22 +137,28 @@ def bench_sim(
                 simulation.run_round(repeat + 1, state)
                 ours.append(time.perf_counter() - started)
                 floor.append(floor_seconds(simulation, state))
+            reference = flower_reference(simulation, state, python, repeats, Path(scratch)) if python is not None else {}
         round_s, floor_s = statistics.median(ours), statistics.median(floor)
         results.append({
             "devices": count, "real_identities": len(population.devices), "trainable_blocks": trainable_blocks, "repeats": repeats,
             "round_seconds": round(round_s, 4), "floor_seconds": round(floor_s, 4), "floor_ratio": round(floor_s / round_s, 3),
             "per_device_overhead_ms": round(1000 * (round_s - floor_s) / count, 2),
-            "flower_seconds": None, "flower_ratio": None,  # Flower + Ray is not installed in this project's environment
+            "flower_seconds": round(reference["flower_seconds"], 4) if reference else None,
+            "flower_ratio": round(reference["flower_seconds"] / round_s, 3) if reference else None,
+            **({"flower_warmup_round_seconds": round(reference["flower_warmup_round_seconds"], 3), "flower_actors": reference["flower_actors"]} if reference else {}),
             "torch_threads": torch.get_num_threads(), "images_per_round": int(sum(len(d.faces) for d in simulation.population.devices)),
         })
     return results
 
 
 def describe(results: list[dict[str, Any]]) -> str:
-    lines = [f"{'devices':>8} {'ours s':>8} {'floor s':>8} {'floor/ours':>10} {'overhead/device':>16}"]
+    lines = [f"{'devices':>8} {'ours s':>8} {'floor s':>8} {'floor/ours':>10} {'overhead/device':>16} {'flower s':>9} {'flower/ours':>11}"]
     for r in results:
-        lines.append(f"{r['devices']:>8} {r['round_seconds']:>8.2f} {r['floor_seconds']:>8.2f} {r['floor_ratio']:>10.3f} {r['per_device_overhead_ms']:>13.2f} ms")
+        flower = f"{r['flower_seconds']:>9.2f} {r['flower_ratio']:>11.3f}" if r["flower_seconds"] is not None else f"{'-':>9} {'-':>11}"
+        lines.append(f"{r['devices']:>8} {r['round_seconds']:>8.2f} {r['floor_seconds']:>8.2f} {r['floor_ratio']:>10.3f} {r['per_device_overhead_ms']:>13.2f} ms {flower}")
     goal = next((r for r in results if r["devices"] >= 1000), None)
     if goal is not None:
         lines.append(f"goal floor_ratio >= 0.9 at {goal['devices']} devices: {'met' if goal['floor_ratio'] >= 0.9 else 'NOT met'}")
+        if goal["flower_ratio"] is not None:
+            lines.append(f"goal flower_ratio >= 1.5 at {goal['devices']} devices: {'met' if goal['flower_ratio'] >= 1.5 else 'NOT met'}")
     return "\n".join(lines)

@@ -20,7 +20,7 @@ import torch
 from tqdm import tqdm
 
 from device_sdk.template_noise import noisy_template
-from device_sdk.training import PrefixCache, mean_feature_embedding, prefix_cache, train_local
+from device_sdk.training import PrefixCache, mean_feature_embedding, prefix_cache, train_local, trainable_keys
 from facecore.models.checkpoint import atomic_torch_save
 from facecore.models.preprocess import embed_faces
 from server_api.strategies import ClientUpdate, FedAvg, FedFace, Strategy
@@ -62,6 +62,8 @@ class CrossDeviceSimulation:
         self.strategy: Strategy = FedFace(config.server_spreadout, backbone=self.dp) if config.uses_spreadout else (self.dp or FedAvg())
         self.caches: dict[int, PrefixCache] = {}  # frozen-prefix activations per device, valid for the whole run
         self.workspace = copy.deepcopy(self.model)  # every device trains in this one copy: no per-device deep copy
+        # Only what local training can change crosses to the strategy (the suffix, with a frozen prefix).
+        self.trained_keys = trainable_keys(self.model, config.local.trainable_blocks)
 
     def _dp_aggregator(self) -> DPFedAvg | None:
         """The server's own DP-FedAvg, its noise calibrated so that the whole run spends dp_epsilon."""
@@ -135,7 +137,7 @@ class CrossDeviceSimulation:
             update = train_local(self.model, state.W[index], device.faces, self.config.local, seed=seed, cache=cache, workspace=self.workspace)
             state.W[index] = self._shared(update.embedding.numpy(), round_number, index)
             losses.append(update.loss_after)
-            delta = {k: (update.state_dict[k] - base[k]).numpy() for k in base}
+            delta = {k: (value - base[k]).numpy() for k, value in update.state_dict.items()}
             yield ClientUpdate(delta, update.n_samples, {"loss_before": update.loss_before, "loss_after": update.loss_after}, device.identity, kind="delta")
 
     def run_round(self, round_number: int, state: SimulationState) -> dict[str, Any]:
@@ -143,9 +145,10 @@ class CrossDeviceSimulation:
         rng = np.random.default_rng([self.config.seed, round_number])
         chosen = sorted(rng.choice(len(self.population.devices), min(self.config.per_round, len(self.population.devices)), replace=False).tolist())
         losses: list[float] = []
-        base = to_numpy(self.model.state_dict())
+        current = self.model.state_dict()
+        base = to_numpy({k: current[k] for k in self.trained_keys})
         result = self.strategy.aggregate_train(round_number, base, self._updates(round_number, chosen, state, losses))
-        self.model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in result.weights.items()})
+        self.model.load_state_dict({**current, **{k: torch.from_numpy(np.asarray(v)) for k, v in result.weights.items()}})
         if self.config.uses_spreadout:
             state.W = self.strategy.aggregate_embeddings(state.W, self.config.server_spreadout).astype(np.float32)
         state.round = round_number
