@@ -92,16 +92,18 @@ def split_backbone(model: nn.Module, trainable_blocks: int | None) -> tuple[nn.M
     return nn.Sequential(model.stem, *list(model.blocks)[:cut]), nn.Sequential(*list(model.blocks)[cut:], model.head)
 
 
-def trainable_keys(model: nn.Module, trainable_blocks: int | None) -> list[str]:
+def trainable_keys(model: nn.Module, trainable_blocks: int | None, names: list[str] | None = None) -> list[str]:
     """The state_dict entries local training can change, in the model's order: every entry, or
-    the trainable suffix's. Updates carry only these, so a frozen-prefix round moves 30% of the
-    backbone instead of all of it (59 of mobilefacenet's 333 tensors at 2 blocks)."""
-    entries = model.state_dict(keep_vars=True)
+    the trainable suffix's (the last blocks and the head, as split_backbone cuts them). Updates
+    carry only these, so a frozen-prefix round moves 30% of mobilefacenet instead of all of it
+    (59 of 333 tensors at 2 blocks). `names`: the model's state_dict keys when already at hand
+    (listing them walks every module, which costs more than a small suffix's training step)."""
+    names = list(model.state_dict(keep_vars=True)) if names is None else names
     if trainable_blocks is None:
-        return list(entries)
-    _, suffix = split_backbone(model, trainable_blocks)
-    ids = {id(v) for v in suffix.state_dict(keep_vars=True).values()}
-    return [k for k, v in entries.items() if id(v) in ids]
+        return names
+    cut = len(model.blocks) - min(trainable_blocks, len(model.blocks))
+    prefixes = ("head.", *(f"blocks.{i}." for i in range(cut, len(model.blocks))))
+    return [k for k in names if k.startswith(prefixes)]
 
 
 @dataclass(frozen=True)
@@ -217,17 +219,16 @@ def train_local(
     if len(faces) == 0:
         raise FaceCoreError("local training needs at least one aligned face")
     started = time.perf_counter()
-    keys = trainable_keys(backbone, config.trainable_blocks)
-    if workspace is None:
-        model = copy.deepcopy(backbone).to(dtype=dtype)
-    else:
-        model = workspace
+    model = copy.deepcopy(backbone).to(dtype=dtype) if workspace is None else workspace
+    entries = model.state_dict(keep_vars=True)  # live tensors: one walk over the modules per device
+    keys = trainable_keys(model, config.trainable_blocks, list(entries))
+    if workspace is not None:
         with torch.no_grad():
             if cache is not None and cache.trainable_blocks == config.trainable_blocks:
                 # the prefix never runs here (its activations are cached): load only what trains
-                source, target = backbone.state_dict(), model.state_dict()
+                source = backbone.state_dict()
                 for k in keys:
-                    target[k].copy_(source[k])
+                    entries[k].copy_(source[k])
             else:
                 model.load_state_dict(backbone.state_dict())
     for p in model.parameters():
@@ -242,8 +243,7 @@ def train_local(
         plain, flipped = cache.plain.to(dtype), cache.flipped.to(dtype)
     w = nn.Parameter(torch.as_tensor(np.asarray(embedding), dtype=dtype).clone())
     loss_before, loss_after, steps = fit_positive(suffix, w, list(suffix.parameters()), plain, flipped, config, seed)
-    trained = model.state_dict()
-    state = {k: trained[k].detach().clone() for k in keys}
+    state = {k: entries[k].detach().clone() for k in keys}
     if not (math.isfinite(loss_after) and all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())):
         raise TrainingDiverged(f"local training diverged (loss {loss_after}); lower the learning rate")
     return LocalUpdate(state, torch.nn.functional.normalize(w.detach(), dim=0), len(faces), loss_before, loss_after, steps, time.perf_counter() - started)

@@ -97,9 +97,12 @@ class CrossDeviceSimulation:
         blocks = self.config.local.trainable_blocks
         if blocks is None:
             return
+        by_faces: dict[int, PrefixCache] = {}  # a benchmark's tiled devices share one photo array per identity
         for device in tqdm(self.population.devices, desc="prefix caches", unit="device", leave=False):
             if device.index not in self.caches:
-                self.caches[device.index] = prefix_cache(self.model, device.faces, blocks)
+                if id(device.faces) not in by_faces:
+                    by_faces[id(device.faces)] = prefix_cache(self.model, device.faces, blocks)
+                self.caches[device.index] = by_faces[id(device.faces)]
 
     @property
     def checkpoint_path(self) -> Path:
