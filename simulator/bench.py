@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from device_sdk.training import LocalTrainingConfig, split_backbone
+from device_sdk.training import LocalTrainingConfig, PrefixCache, split_backbone
 from facecore.losses import positive_loss
 from facecore.models.checkpoint import save_backbone
 from simulator.cross_device.config import CrossDeviceConfig
@@ -43,10 +43,15 @@ def tile_population(population: Population, devices: int) -> Population:
     return Population(tiled, devices, population.excluded_photos)
 
 
-def _simulation(population: Population, model: torch.nn.Module, local: LocalTrainingConfig, out: Path) -> tuple[CrossDeviceSimulation, SimulationState]:
+def _simulation(
+    population: Population, model: torch.nn.Module, local: LocalTrainingConfig, out: Path, workers: int = 1,
+    caches: dict[int, PrefixCache] | None = None,
+) -> tuple[CrossDeviceSimulation, SimulationState]:
     n = len(population.devices)
-    config = CrossDeviceConfig(devices=n, per_round=n, rounds=1, method="fedface", eval_every=1, local=local)
+    config = CrossDeviceConfig(devices=n, per_round=n, rounds=1, method="fedface", eval_every=1, local=local, workers=workers)
     simulation = CrossDeviceSimulation(config, population, model, out)
+    if caches is not None:
+        simulation.caches = caches
     simulation.prepare_caches()
     W = np.random.default_rng(0).standard_normal((n, model.embedding_dim)).astype(np.float32)
     state = SimulationState(0, model.state_dict(), W / np.linalg.norm(W, axis=1, keepdims=True))
@@ -95,7 +100,7 @@ def export_flower_workload(simulation: CrossDeviceSimulation, state: SimulationS
 
 
 def flower_python() -> Path | None:
-    """The interpreter of the Flower environment (`make .venv-flower`), or FEDFACE_FLOWER_PYTHON."""
+    """The interpreter of the Flower environment (`make flower-venv`), or FEDFACE_FLOWER_PYTHON."""
     explicit = os.environ.get("FEDFACE_FLOWER_PYTHON")
     path = Path(explicit) if explicit else REPO / ".venv-flower" / "bin" / "python"
     return path if path.is_file() else None
@@ -106,8 +111,9 @@ def flower_reference(simulation: CrossDeviceSimulation, state: SimulationState, 
     folder = scratch / "flower"
     folder.mkdir()
     export_flower_workload(simulation, state, folder)
-    command = [str(python), "-m", "simulator.flower_bench", "--folder", str(folder), "--devices", str(len(simulation.population.devices)),
-               "--repeats", str(repeats)]
+    # Imported, not run as __main__: Ray's actors unpickle the ClientApp's functions by module name.
+    command = [str(python), "-c", "import sys; from simulator.flower_bench import main; sys.exit(main())", "--folder", str(folder),
+               "--devices", str(len(simulation.population.devices)), "--repeats", str(repeats)]
     done = subprocess.run(command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "RAY_DEDUP_LOGS": "0"},
                           capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -117,13 +123,15 @@ def flower_reference(simulation: CrossDeviceSimulation, state: SimulationState, 
 
 def bench_sim(
     population: Population, model: torch.nn.Module, device_counts: tuple[int, ...] = (10, 100, 1000), trainable_blocks: int | None = 2,
-    repeats: int = 3, flower: bool = False,
+    repeats: int = 3, flower: bool = False, workers: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Median seconds of `repeats` rounds, ours and floor alternating, for each device count; with
-    `flower`, Flower's simulation engine on the same round too (needs `make .venv-flower`)."""
+    """Median seconds of `repeats` rounds for each device count, alternating: ours with `workers`
+    device processes (default: one per core), ours in process, and the floor. With `flower`,
+    Flower's simulation engine on the same round too (needs `make flower-venv`)."""
+    workers = workers or os.cpu_count() or 1
     python = flower_python() if flower else None
     if flower and python is None:
-        raise FileNotFoundError("the Flower reference needs its own environment: run `make .venv-flower` (or set FEDFACE_FLOWER_PYTHON)")
+        raise FileNotFoundError("the Flower reference needs its own environment: run `make flower-venv` (or set FEDFACE_FLOWER_PYTHON)")
     if trainable_blocks is None:
         raise ValueError("the floor replays cached prefix activations: give trainable_blocks")
     local = LocalTrainingConfig(trainable_blocks=trainable_blocks, exact_losses=False)
@@ -131,21 +139,31 @@ def bench_sim(
     for count in device_counts:
         with tempfile.TemporaryDirectory(prefix="fedface-bench-sim-") as scratch:
             simulation, state = _simulation(tile_population(population, count), model, local, Path(scratch))
-            ours, floor = [], []
-            for repeat in range(repeats):
-                started = time.perf_counter()
-                simulation.run_round(repeat + 1, state)
-                ours.append(time.perf_counter() - started)
-                floor.append(floor_seconds(simulation, state))
+            pooled, _ = _simulation(simulation.population, model, local, Path(scratch) / "pooled", workers, simulation.caches)
+            try:
+                if workers > 1:
+                    pooled.run_round(0, state)  # untimed: starts the workers and hands them their devices' activations
+                ours, in_process, floor = [], [], []
+                for repeat in range(repeats):
+                    started = time.perf_counter()
+                    pooled.run_round(repeat + 1, state)
+                    ours.append(time.perf_counter() - started)
+                    started = time.perf_counter()
+                    simulation.run_round(repeat + 1, state)
+                    in_process.append(time.perf_counter() - started)
+                    floor.append(floor_seconds(simulation, state))
+            finally:
+                pooled.close()
             reference = flower_reference(simulation, state, python, repeats, Path(scratch)) if python is not None else {}
         round_s, floor_s = statistics.median(ours), statistics.median(floor)
         results.append({
             "devices": count, "real_identities": len(population.devices), "trainable_blocks": trainable_blocks, "repeats": repeats,
             "round_seconds": round(round_s, 4), "floor_seconds": round(floor_s, 4), "floor_ratio": round(floor_s / round_s, 3),
             "per_device_overhead_ms": round(1000 * (round_s - floor_s) / count, 2),
+            "workers": workers, "round_seconds_in_process": round(statistics.median(in_process), 4),
             "flower_seconds": round(reference["flower_seconds"], 4) if reference else None,
             "flower_ratio": round(reference["flower_seconds"] / round_s, 3) if reference else None,
-            **({"flower_warmup_round_seconds": round(reference["flower_warmup_round_seconds"], 3), "flower_actors": reference["flower_actors"]} if reference else {}),
+            **({k: reference[k] for k in ("flower_warmup_round_seconds", "flower_actors", "flower_train_losses")} if reference else {}),
             "torch_threads": torch.get_num_threads(), "images_per_round": int(sum(len(d.faces) for d in simulation.population.devices)),
         })
     return results

@@ -4,7 +4,7 @@ import torch
 
 from facecore.data.synthetic import synthetic_faces
 from facecore.models import get_backbone
-from simulator.bench import bench_sim, tile_population
+from simulator.bench import bench_sim, flower_python, tile_population
 from simulator.cross_device.population import Population, SimDevice
 
 
@@ -39,3 +39,15 @@ def test_bench_reports_both_timings_and_their_ratio() -> None:
 def test_the_floor_needs_cached_prefix_activations() -> None:
     with pytest.raises(ValueError, match="trainable_blocks"):
         bench_sim(_population(), get_backbone("mobilefacenet_s"), (2,), trainable_blocks=None)
+
+
+@pytest.mark.skipif(flower_python() is None, reason="the optional Flower environment is not installed (make flower-venv)")
+def test_flower_reference_trains_every_device_and_reports_its_ratio() -> None:
+    # Prepare
+    torch.manual_seed(0)
+    model = get_backbone("mobilefacenet_s").eval()
+    # Execute: Flower + Ray run the same devices' local training in their own interpreter
+    (result,) = bench_sim(_population(4), model, device_counts=(4,), trainable_blocks=1, repeats=1, flower=True)
+    # Assert: a warm-up and a timed round, each with every client's training loss aggregated
+    assert result["flower_seconds"] > 0 and result["flower_ratio"] == pytest.approx(result["flower_seconds"] / result["round_seconds"], rel=0.05)
+    assert len(result["flower_train_losses"]) == 2 and all(0 < loss < 4 for loss in result["flower_train_losses"])

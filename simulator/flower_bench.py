@@ -1,6 +1,6 @@
 """Flower's simulation engine (flwr + Ray) on the same round as `fedface bench sim`: the reference (b).
 
-Runs in its own interpreter from `.venv-flower` (`make .venv-flower`), because flwr pins FastAPI,
+Runs in its own interpreter from `.venv-flower` (`make flower-venv`), because flwr pins FastAPI,
 Starlette and uvicorn versions other than the server's. `simulator.bench` writes a work folder:
 - `model.pt`: the round's backbone (a FedFace backbone file);
 - `prefix.npy` and `devices.json`: every device's cached frozen-prefix activations (plain, then
@@ -65,7 +65,7 @@ def _client_app(folder: str) -> Any:
     return app
 
 
-def _server_app(folder: str, devices: int, repeats: int, marks: list[float]) -> Any:
+def _server_app(folder: str, devices: int, repeats: int, marks: list[float], losses: list[float]) -> Any:
     from flwr.app import ArrayRecord, ConfigRecord, Context
     from flwr.serverapp import Grid, ServerApp
     from flwr.serverapp.strategy import FedAvg
@@ -82,7 +82,8 @@ def _server_app(folder: str, devices: int, repeats: int, marks: list[float]) -> 
         def stamp(server_round: int, arrays: ArrayRecord) -> None:  # called before round 1 and after each round
             marks.append(time.perf_counter())
 
-        strategy.start(grid=grid, initial_arrays=initial, num_rounds=repeats + 1, train_config=ConfigRecord({"seed": 1}), evaluate_fn=stamp)
+        result = strategy.start(grid=grid, initial_arrays=initial, num_rounds=repeats + 1, train_config=ConfigRecord({"seed": 1}), evaluate_fn=stamp)
+        losses.extend(float(result.train_metrics_clientapp[r]["loss"]) for r in sorted(result.train_metrics_clientapp))
 
     return app
 
@@ -91,15 +92,18 @@ def run(folder: str, devices: int, repeats: int, cores: int) -> dict[str, Any]:
     from flwr.simulation import run_simulation
 
     marks: list[float] = []
+    losses: list[float] = []  # the clients' mean training loss per round, as Flower aggregated it
     started = time.perf_counter()
     backend = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}, "init_args": {"num_cpus": cores, "include_dashboard": False}}
-    run_simulation(_server_app(folder, devices, repeats, marks), _client_app(folder), num_supernodes=devices, backend_config=backend)
+    run_simulation(_server_app(folder, devices, repeats, marks, losses), _client_app(folder), num_supernodes=devices, backend_config=backend)
     total = time.perf_counter() - started
     if len(marks) != repeats + 2:
         raise RuntimeError(f"Flower ran {max(0, len(marks) - 1)} of {repeats + 1} rounds; see its log above")
+    if len(losses) != repeats + 1:  # a round whose clients all failed aggregates no metrics
+        raise RuntimeError(f"Flower's clients trained in {len(losses)} of {repeats + 1} rounds; see their errors above")
     rounds = [b - a for a, b in zip(marks, marks[1:])]
     return {"flower_seconds": statistics.median(rounds[1:]), "flower_warmup_round_seconds": rounds[0], "flower_total_seconds": total,
-            "flower_rounds": rounds, "flower_actors": cores}
+            "flower_rounds": rounds, "flower_actors": cores, "flower_train_losses": losses}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--devices", type=int, required=True)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 1)
-    args = parser.parse_args(argv)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     result = run(args.folder, args.devices, args.repeats, args.cores)
     print(json.dumps(result), flush=True)
     return 0

@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sim.add_argument("--devices", default="10,100,1000", help="comma-separated device counts (default 10,100,1000)")
     sim.add_argument("--trainable-blocks", type=int, default=2, help="frozen-prefix option: train the last K blocks + head (default 2)")
     sim.add_argument("--repeats", type=int, default=3, help="rounds timed per device count; the median is reported (default 3)")
-    sim.add_argument("--flower", action="store_true", help="also Flower's simulation engine (flwr + Ray) on the same round; needs `make .venv-flower`")
+    sim.add_argument("--flower", action="store_true", help="also Flower's simulation engine (flwr + Ray) on the same round; needs `make flower-venv`")
     sim.add_argument("--model", default="default")
     sim.add_argument("--data")
     sim.add_argument("--json", action="store_true")

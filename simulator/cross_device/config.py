@@ -33,6 +33,8 @@ class CrossDeviceConfig:
     dp_delta: float = 1e-5
     # Devices upload templates blurred to keep this cosine with the true one (None: clean).
     template_noise_cos: float | None = None
+    # Device training in this many persistent processes (simulator/cross_device/workers.py); 1: in process.
+    workers: int = 1
 
     def __post_init__(self) -> None:
         problems = [
@@ -44,6 +46,7 @@ class CrossDeviceConfig:
                 ("dp_clip must be > 0", not self.dp_clip > 0), ("dp_delta must be in (0, 1)", not 0 < self.dp_delta < 1),
                 ("template_noise_cos must be in (0, 1]", self.template_noise_cos is not None and not 0 < self.template_noise_cos <= 1),
                 ("DP-FedAvg needs a federated method", self.dp_epsilon is not None and self.method not in ("fedavg", "fedface")),
+                ("workers must be >= 1", self.workers < 1),
             ) if bad
         ]
         if problems:

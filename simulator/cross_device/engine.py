@@ -27,6 +27,7 @@ from server_api.strategies import ClientUpdate, FedAvg, FedFace, Strategy
 from server_api.strategies.dp_fedavg import DPFedAvg, dp_epsilon, noise_for_epsilon
 from simulator.cross_device.config import CrossDeviceConfig
 from simulator.cross_device.population import Population
+from simulator.cross_device.workers import DevicePool, DeviceTask
 
 Evaluator = Callable[[torch.nn.Module], dict[str, Any]]
 
@@ -64,6 +65,7 @@ class CrossDeviceSimulation:
         self.workspace = copy.deepcopy(self.model)  # every device trains in this one copy: no per-device deep copy
         # Only what local training can change crosses to the strategy (the suffix, with a frozen prefix).
         self.trained_keys = trainable_keys(self.model, config.local.trainable_blocks)
+        self.pool: DevicePool | None = None  # started on the first round when config.workers > 1
 
     def _dp_aggregator(self) -> DPFedAvg | None:
         """The server's own DP-FedAvg, its noise calibrated so that the whole run spends dp_epsilon."""
@@ -129,19 +131,54 @@ class CrossDeviceSimulation:
         return SimulationState(saved["round"], saved["model_state"], saved["W"].numpy(), saved["history"])
 
     # ---- one round -----------------------------------------------------------------------
+    def _seed(self, round_number: int, index: int) -> int:
+        return self.config.seed * 1_000_003 + round_number * 10_007 + index
+
     def _updates(self, round_number: int, chosen: list[int], state: SimulationState, losses: list[float]) -> Iterator[ClientUpdate]:
+        if self.config.workers > 1:
+            yield from self._pooled_updates(round_number, chosen, state, losses)
+            return
         base = self.model.state_dict()
         for index in tqdm(chosen, desc=f"round {round_number}", unit="device", leave=False):
             device = self.population.devices[index]
             cache = None
             if self.config.local.trainable_blocks is not None:
                 cache = self.caches.get(index) or self.caches.setdefault(index, prefix_cache(self.model, device.faces, self.config.local.trainable_blocks))
-            seed = self.config.seed * 1_000_003 + round_number * 10_007 + index
-            update = train_local(self.model, state.W[index], device.faces, self.config.local, seed=seed, cache=cache, workspace=self.workspace)
-            state.W[index] = self._shared(update.embedding.numpy(), round_number, index)
-            losses.append(update.loss_after)
+            update = train_local(self.model, state.W[index], device.faces, self.config.local, seed=self._seed(round_number, index), cache=cache, workspace=self.workspace)
             delta = {k: (value - base[k]).numpy() for k, value in update.state_dict.items()}
-            yield ClientUpdate(delta, update.n_samples, {"loss_before": update.loss_before, "loss_after": update.loss_after}, device.identity, kind="delta")
+            yield self._received(round_number, index, delta, update.embedding.numpy(), update.n_samples, update.loss_before, update.loss_after, state, losses)
+
+    def _pooled_updates(self, round_number: int, chosen: list[int], state: SimulationState, losses: list[float]) -> Iterator[ClientUpdate]:
+        if self.pool is None:
+            self.pool = DevicePool(self.config.workers, self.model, self.config.local)
+        blocks = self.config.local.trainable_blocks
+        if blocks is not None:
+            self.prepare_caches()
+        tasks = []
+        for index in chosen:
+            device = self.population.devices[index]
+            cache = (self.caches[index].plain.numpy(), self.caches[index].flipped.numpy()) if blocks is not None else None
+            tasks.append(DeviceTask(index, state.W[index].copy(), self._seed(round_number, index), len(device.faces),
+                                    faces=device.faces if blocks is None else None, cache=cache))
+        current = self.model.state_dict()
+        weights = {k: current[k].numpy() for k in self.trained_keys}
+        for r in tqdm(self.pool.train(weights, tasks), total=len(tasks), desc=f"round {round_number}", unit="device", leave=False):
+            yield self._received(round_number, r.index, r.delta, r.embedding, r.n_samples, r.loss_before, r.loss_after, state, losses)
+
+    def _received(
+        self, round_number: int, index: int, delta: dict[str, np.ndarray], embedding: np.ndarray, n_samples: int, loss_before: float,
+        loss_after: float, state: SimulationState, losses: list[float],
+    ) -> ClientUpdate:
+        state.W[index] = self._shared(embedding, round_number, index)
+        losses.append(loss_after)
+        device = self.population.devices[index]
+        return ClientUpdate(delta, n_samples, {"loss_before": loss_before, "loss_after": loss_after}, device.identity, kind="delta")
+
+    def close(self) -> None:
+        """Stop the worker processes, if any."""
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
 
     def run_round(self, round_number: int, state: SimulationState) -> dict[str, Any]:
         started = time.perf_counter()
@@ -178,12 +215,15 @@ class CrossDeviceSimulation:
         else:
             self.model.load_state_dict(state.model_state)
         rounds = 0 if self.config.method == "pretrained" else self.config.rounds
-        for round_number in range(state.round + 1, rounds + 1):
-            record = self.run_round(round_number, state)
-            if round_number % self.config.eval_every == 0 or round_number == rounds:
-                record = self._evaluated(record)
-            state.history.append(record)
-            self._log(state, record)
+        try:
+            for round_number in range(state.round + 1, rounds + 1):
+                record = self.run_round(round_number, state)
+                if round_number % self.config.eval_every == 0 or round_number == rounds:
+                    record = self._evaluated(record)
+                state.history.append(record)
+                self._log(state, record)
+        finally:
+            self.close()
         return state
 
     def _evaluated(self, record: dict[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,5 @@
 """The simulator runs the SDK's training and the server's strategies, and resumes exactly."""
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -104,3 +105,24 @@ def test_template_noise_blurs_what_the_server_sees_to_the_calibrated_cosine(mode
     # Assert: unit rows whose cosine with the clean template is about 0.8 (8 draws: loose bound)
     np.testing.assert_allclose(np.linalg.norm(blurred, axis=1), 1.0, rtol=1e-5)
     assert np.mean(np.sum(blurred * clean, axis=1)) == pytest.approx(0.8, abs=0.05)
+
+
+@pytest.mark.parametrize("trainable_blocks", [None, 1])
+def test_worker_processes_give_the_in_process_rounds(model: torch.nn.Module, tmp_path: Path, trainable_blocks: int | None) -> None:
+    # Prepare: the same run, in process and in two persistent worker processes
+    local = LocalTrainingConfig(epochs=1, batch=4, lr=0.05, trainable_blocks=trainable_blocks)
+    config = _config(method="fedface", per_round=3, local=local)
+    # Execute
+    inline = CrossDeviceSimulation(config, _population(), model, tmp_path / "inline")
+    inline_state = inline.run(resume=False)
+    pooled = CrossDeviceSimulation(dataclasses.replace(config, workers=2), _population(), model, tmp_path / "pooled")
+    pooled_state = pooled.run(resume=False)
+    # Assert: the same updates to float rounding (single- vs multi-threaded torch), the workers gone
+    assert pooled.pool is None
+    np.testing.assert_allclose(pooled_state.W, inline_state.W, atol=1e-5)
+    moved = 0
+    for key, value in inline.model.state_dict().items():
+        np.testing.assert_allclose(pooled.model.state_dict()[key].numpy(), value.numpy(), rtol=1e-4, atol=1e-5, err_msg=key)
+        moved += int(not torch.equal(value, model.state_dict()[key]))
+    assert moved > 0
+    assert [h["train_loss"] for h in pooled_state.history[1:]] == pytest.approx([h["train_loss"] for h in inline_state.history[1:]], rel=1e-4)
