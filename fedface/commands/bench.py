@@ -33,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sim.add_argument("--devices", default="10,100,1000", help="comma-separated device counts (default 10,100,1000)")
     sim.add_argument("--trainable-blocks", type=int, default=2, help="frozen-prefix option: train the last K blocks + head (default 2)")
     sim.add_argument("--repeats", type=int, default=3, help="rounds timed per device count; the median is reported (default 3)")
+    sim.add_argument("--workers", type=int, default=None, help="our device processes (default: one per core)")
     sim.add_argument("--flower", action="store_true", help="also Flower's simulation engine (flwr + Ray) on the same round; needs `make flower-venv`")
     sim.add_argument("--model", default="default")
     sim.add_argument("--data")
@@ -74,12 +75,12 @@ def _sim(args: argparse.Namespace) -> int:
         counts = tuple(int(x) for x in args.devices.split(","))
     except ValueError:
         raise SystemExit(f"fedface bench sim: --devices must be comma-separated integers, got {args.devices!r}") from None
-    if min(counts) < 2 or args.repeats < 1 or args.trainable_blocks < 0:
-        raise SystemExit("fedface bench sim: device counts must be >= 2, --repeats >= 1, --trainable-blocks >= 0")
+    if min(counts) < 2 or args.repeats < 1 or args.trainable_blocks < 0 or (args.workers is not None and args.workers < 1):
+        raise SystemExit("fedface bench sim: device counts must be >= 2, --repeats >= 1, --trainable-blocks >= 0, --workers >= 1")
     root = data_root(args.data)
     population = load_population(build_split(root, SplitConfig(seed=0)), root, requested=max(counts))
     try:
-        results = bench_sim(population, load_backbone(args.model), counts, args.trainable_blocks, args.repeats, flower=args.flower)
+        results = bench_sim(population, load_backbone(args.model), counts, args.trainable_blocks, args.repeats, flower=args.flower, workers=args.workers)
     except FileNotFoundError as error:
         raise SystemExit(f"fedface bench sim: {error}") from None
     print(json.dumps(results if len(results) > 1 else results[0]) if args.json else describe(results))

@@ -33,6 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cd.add_argument("--dp-delta", type=float, default=1e-5, help="DP-FedAvg: delta of the epsilon")
     cd.add_argument("--template-noise-cos", type=float, default=None,
                     help="devices upload templates blurred to keep this cosine with the true one (default: clean)")
+    cd.add_argument("--workers", type=int, default=1,
+                    help="train devices in this many persistent processes (one per core is fastest; default 1: in process)")
     cd.add_argument("--eval-every", type=int, default=5)
     cd.add_argument("--folds", default="6-10")
     cd.add_argument("--target", type=float, default=None, help="LFW accuracy for rounds_to_target")
@@ -128,7 +130,7 @@ def _cross_device(args: argparse.Namespace) -> int:
         devices=args.devices, rounds=args.rounds, per_round=args.per_round, method=args.method, init=args.init,
         spreadout=args.spreadout, seed=args.seed, model=args.model, eval_every=args.eval_every,
         eval_folds=parse_folds(args.folds), target_accuracy=args.target, local=local,
-        dp_epsilon=args.dp_epsilon, dp_clip=args.dp_clip, dp_delta=args.dp_delta, template_noise_cos=args.template_noise_cos,
+        dp_epsilon=args.dp_epsilon, dp_clip=args.dp_clip, dp_delta=args.dp_delta, template_noise_cos=args.template_noise_cos, workers=args.workers,
     )
     out = Path(args.out)
     manifest = SplitManifest.load(args.split) if args.split else None
