@@ -145,6 +145,18 @@ async def wait_ready(http: httpx.AsyncClient, timeout: float) -> None:
     raise RuntimeError(f"server at {http.base_url} not ready after {timeout} s")
 
 
+async def aggregation_metrics(http: httpx.AsyncClient, completed: bool, timeout: float = 30.0) -> str:
+    """/metrics once it holds the round's aggregation time. The round reads `completed` as soon as
+    its commit lands; the worker observes the histogram right after, so a fast client can be first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = (await plain(http, "GET", "/metrics")).text
+        count = re.search(r"^fedface_aggregation_seconds_count ([0-9.eE+-]+)$", text, re.M)
+        if not completed or (count and float(count.group(1)) >= 1) or time.monotonic() > deadline:
+            return text
+        await asyncio.sleep(0.1)
+
+
 class DroppedMidUpload(Exception):
     """A device lost its connection halfway through its upload body (and never retried)."""
 
@@ -253,7 +265,7 @@ async def run(url: str, data_dir: Path, n_devices: int, concurrency: int, drop_f
             if final["status"] in ("completed", "failed"):
                 break
             await asyncio.sleep(0.1)
-        metrics = (await plain(http, "GET", "/metrics")).text
+        metrics = await aggregation_metrics(http, final.get("status") == "completed")
 
     closed = final.get("closed_at")
     after_last = datetime.fromisoformat(closed).timestamp() - last_accepted[1] if closed and codes[201] else float("nan")

@@ -23,7 +23,9 @@ import numpy as np
 
 from facecore import tensorfile
 from facecore.secagg import Advert, SecAggClient, quantize, weighted_update
-from server_api.bench_client import DELTA_SCALE, REQUEST_TIMEOUT_S, BenchDevice, bounded, connect, current_model, expect, plain, unit
+from server_api.bench_client import (
+    DELTA_SCALE, REQUEST_TIMEOUT_S, BenchDevice, aggregation_metrics, bounded, connect, current_model, expect, plain, unit,
+)
 
 N_SAMPLES = 32
 
@@ -133,7 +135,7 @@ async def run_secure(url: str, data_dir: Path, n_devices: int, concurrency: int,
                 break
             await asyncio.sleep(0.1)
         round_s = time.perf_counter() - started - pause
-        metrics = (await plain(http, "GET", "/metrics")).text
+        metrics = await aggregation_metrics(http, final["status"] == "completed")
     agg = re.search(r"^fedface_aggregation_seconds_sum ([0-9.eE+-]+)$", metrics, re.M)
     up = np.asarray([d.bytes_up for d in senders])
     down = np.asarray([d.bytes_down for d in senders])
