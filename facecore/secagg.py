@@ -36,6 +36,7 @@ from facecore.errors import FaceCoreError
 
 PRIME = 2**521 - 1  # a Mersenne prime above every 32-byte secret: Shamir works in GF(PRIME)
 SHARE_BYTES = 66
+SHARE_CIPHERTEXT_BYTES = 12 + 8 + 2 * SHARE_BYTES + 16  # nonce, sender and recipient, two shares, GCM tag
 
 
 class SecAggAborted(FaceCoreError):

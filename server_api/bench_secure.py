@@ -36,6 +36,8 @@ class SecureBenchDevice(BenchDevice):
         self.secagg = SecAggClient(0, 0)
         self.bytes_up = self.bytes_down = 0
         self.body = b""
+        self.sharers: list[int] = []  # from the masked-input step: who shared keys, and the fixed point
+        self.bound = self.scale = 0.0
 
     async def counted(self, http: httpx.AsyncClient, method: str, path: str, payload: Any = None, **kwargs: Any) -> httpx.Response:
         response = await self.call(http, method, path, payload, **kwargs)
@@ -94,7 +96,7 @@ async def run_secure(url: str, data_dir: Path, n_devices: int, concurrency: int,
         async def receive(device: SecureBenchDevice) -> None:
             got = expect(await device.counted(http, "GET", url_), 200)
             device.secagg.receive_shares({int(k): base64.b64decode(v) for k, v in got["shares"].items()})
-            device.sharers, device.bound, device.scale = got["key_sharers"], got["bound"], got["scale"]  # type: ignore[attr-defined]
+            device.sharers, device.bound, device.scale = got["key_sharers"], got["bound"], got["scale"]
 
         await step("checkin_s", checkin)
         await step("advertise_s", advertise)
@@ -104,7 +106,7 @@ async def run_secure(url: str, data_dir: Path, n_devices: int, concurrency: int,
         mask_s = []
         for device in senders:  # the devices' own CPU work, outside the server's timed steps
             t0 = time.perf_counter()
-            masked = device.secagg.masked_input(quantize(vector, device.bound, device.scale), device.sharers)  # type: ignore[attr-defined]
+            masked = device.secagg.masked_input(quantize(vector, device.bound, device.scale), device.sharers)
             mask_s.append(time.perf_counter() - t0)
             meta = {"base_version": version, "n_samples": N_SAMPLES, "metrics": {"loss": 0.5}}
             device.body = tensorfile.dumps({"secagg.masked": masked.view(np.int32), "class_embedding": unit(rng, dim)}, {"fedface": json.dumps(meta)})

@@ -25,7 +25,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from facecore.secagg import Advert, mask_bound
+from facecore.secagg import SHARE_CIPHERTEXT_BYTES, Advert, mask_bound
 from server_api.core.db import lock_round
 from server_api.crud import audit
 from server_api.crud import secagg as secagg_crud
@@ -36,7 +36,6 @@ from server_api.schemas import (
 )
 
 STATUS_PHASE = {"unmasking": "unmask", "aggregating": "aggregating", "completed": "completed", "failed": "failed"}
-MAX_SHARE_CIPHERTEXT = 12 + 8 + 2 * 66 + 16  # facecore.secagg: nonce, indices, two shares, GCM tag
 
 
 def settings_of(round_: Round) -> SecureAggregationSettings | None:
@@ -113,11 +112,15 @@ def _selected(session: Session, round_id: int, device: Device) -> None:
         raise Forbidden(f"device {device.id} was not selected for round {round_id}")
 
 
+def _find_member(v: RoundView, device: Device) -> SecAggMember | None:
+    return next((m for m in v.members if m.device_id == device.id), None)
+
+
 def _member_of(v: RoundView, device: Device) -> SecAggMember:
-    for m in v.members:
-        if m.device_id == device.id:
-            return m
-    raise Forbidden(f"device {device.id} did not advertise keys in round {v.round_.id}")
+    member = _find_member(v, device)
+    if member is None:
+        raise Forbidden(f"device {device.id} did not advertise keys in round {v.round_.id}")
+    return member
 
 
 def _b64(raw: bytes) -> str:
@@ -135,7 +138,7 @@ def _decode(value: str, what: str) -> bytes:
 def state_for(session: Session, round_id: int, device: Device) -> SecAggStatePublic:
     v = view(session, round_id, utcnow())
     _selected(session, round_id, device)
-    me = next((m for m in v.members if m.device_id == device.id), None)
+    me = _find_member(v, device)
     phase = v.phase
     state: dict[str, Any] = {"round_id": round_id, "phase": phase, "scale": v.scale, "index": me.index if me else None}
     if phase == "advertise":
@@ -171,7 +174,7 @@ def advertise(session: Session, round_id: int, device: Device, body: SecAggAdver
     v = view(session, round_id, utcnow(), locked=True)
     try:
         _selected(session, round_id, device)
-        if any(m.device_id == device.id for m in v.members):
+        if _find_member(v, device) is not None:
             raise Conflict(f"device {device.id} already advertised keys for round {round_id}")
         if v.phase != "advertise":
             raise Conflict(f"round {round_id} is past the advertise step ({v.phase})")
@@ -197,8 +200,8 @@ def share_keys(session: Session, round_id: int, device: Device, body: SecAggShar
         if given != expected:
             raise InvalidInput(f"shares must go to exactly the other {len(expected)} member(s); missing {sorted(expected - given)[:5]}, unknown {sorted(given - expected)[:5]}")
         ciphertexts = {int(k): _decode(value, f"share for {k}") for k, value in body.shares.items()}
-        if any(len(blob) != MAX_SHARE_CIPHERTEXT for blob in ciphertexts.values()):
-            raise InvalidInput(f"each share ciphertext must be {MAX_SHARE_CIPHERTEXT} bytes")
+        if any(len(blob) != SHARE_CIPHERTEXT_BYTES for blob in ciphertexts.values()):
+            raise InvalidInput(f"each share ciphertext must be {SHARE_CIPHERTEXT_BYTES} bytes")
         secagg_crud.store_shares(session, round_id, me, ciphertexts, v.now)
         audit.record(session, f"device:{device.id}", "secagg.shared", round_id=round_id, device_id=device.id, recipients=len(ciphertexts))
         session.commit()
@@ -236,7 +239,7 @@ def answer_unmask(session: Session, round_id: int, device: Device, body: SecAggU
 # ---- the round's transitions (called by crud.rounds.claim_for_aggregation, lock held) -----------
 def next_transition(session: Session, round_: Round, n_uploaded: int, now: datetime) -> tuple[str, str | None]:
     """("unmasking" | "aggregating" | "failed" | "not_due", failure reason)."""
-    v = RoundView(round_, settings_of(round_), secagg_crud.members(session, round_.id), secagg_crud.selected_count(session, round_.id), now)  # type: ignore[arg-type]
+    v = view(session, round_.id, now)  # the caller holds the round's lock; this is the same row
     t = v.threshold
     if round_.status == "open":
         sharers = len(v.key_sharers)
