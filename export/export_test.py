@@ -83,14 +83,21 @@ def test_a_failed_export_leaves_nothing_behind(tmp_path: Path, real_data: Path, 
     assert list((tmp_path / "out").iterdir()) == []
 
 
-def test_prelu_decomposition_computes_the_same_function() -> None:
-    # Prepare: a PRelu with a negative and a positive per-channel slope, as mobilefacenet has
+@pytest.mark.parametrize(
+    ("slopes", "ops", "float_count"),
+    [
+        ([-0.3, 0.5], ["Conv", "Conv", "Relu", "Add"], 0),  # as mobilefacenet's: every slope <= 1
+        ([-0.3, 1.5], ["Relu", "Sub", "Mul", "Add"], 4),  # a slope above 1 has no convolution form
+    ],
+)
+def test_prelu_rewrite_computes_the_same_function(slopes: list[float], ops: list[str], float_count: int) -> None:
+    # Prepare: a PRelu with per-channel slopes
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    from export.onnx_model import PRELU_TAG, decompose_prelu, float_nodes
+    from export.onnx_model import FLOAT_PRELU_TAG, float_nodes, rewrite_prelu
 
-    slope = numpy_helper.from_array(np.array([-0.3, 0.5], np.float32).reshape(2, 1, 1), "slope")
+    slope = numpy_helper.from_array(np.array(slopes, np.float32).reshape(2, 1, 1), "slope")
     graph = helper.make_graph(
         [helper.make_node("PRelu", ["x", "slope"], ["y"], name="act")], "prelu",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3, 3])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 3, 3])],
@@ -104,8 +111,8 @@ def test_prelu_decomposition_computes_the_same_function() -> None:
 
     expected = run(original)
     # Execute
-    decomposed = decompose_prelu(original)
+    rewritten = rewrite_prelu(original)
     # Assert
-    np.testing.assert_allclose(run(decomposed), expected, rtol=0, atol=1e-7)
-    assert [n.op_type for n in decomposed.graph.node] == ["Relu", "Sub", "Mul", "Add"]
-    assert len(float_nodes(decomposed)) == 4 and all(PRELU_TAG in name for name in float_nodes(decomposed))
+    np.testing.assert_allclose(run(rewritten), expected, rtol=0, atol=1e-6)
+    assert [n.op_type for n in rewritten.graph.node] == ops
+    assert len(float_nodes(rewritten)) == float_count and all(FLOAT_PRELU_TAG in name for name in float_nodes(rewritten))

@@ -42,37 +42,69 @@ def export_fp32(model: torch.nn.Module, path: Path) -> Path:
             input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
             dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
         )
-        graph = decompose_prelu(onnx.load(str(temp)))
+        graph = rewrite_prelu(onnx.load(str(temp)))
         onnx.checker.check_model(graph, full_check=True)
         onnx.save(graph, str(temp))
     return path
 
 
-PRELU_TAG = "/prelu_"  # in the names of the nodes a PRelu became; int8 keeps them in float, as PRelu was
+FLOAT_PRELU_TAG = "/prelu_float_"  # names the nodes of a PRelu that int8 must keep in float
 
 
-def decompose_prelu(model: onnx.ModelProto) -> onnx.ModelProto:
-    """PRelu(x, a) -> Relu(x) + a * (x - Relu(x)): the same function, in ops onnxruntime runs well.
+def rewrite_prelu(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Replace each PRelu(x, a) by a * x + Relu((1 - a) * x): two depthwise 1x1 convolutions, a Relu, an Add.
 
     onnxruntime's PRelu broadcasts its per-channel slope generically and cannot stay in the
-    blocked (NCHWc) layout its convolutions use: on mobilefacenet at batch 1 its 33 PRelus took
-    38% of the fp32 run time. Measured side by side with `fedface bench export` (1 thread, batch 1):
-    fp32 18.0 -> 11.6 ms against torch eager's 16.7-18.4 ms, int8 15.9 -> 9.7 ms."""
+    blocked (NCHWc) or NHWC int8 layouts its convolutions use; its 33 PRelus took 38% of
+    mobilefacenet's fp32 time at batch 1. As convolutions, the optimizer fuses the Relu and the Add
+    into them, and int8 quantizes each slope per channel and never leaves uint8. Measured side by
+    side with `fedface bench export` (1 thread, batch 1): fp32 11.6 -> 6.9 ms (torch eager 14.7 ms),
+    int8 9.7 -> 6.0 ms. The identity needs 1 - a >= 0; a PRelu with a slope above 1, or one whose
+    slope is not a per-channel constant, falls back to Relu(x) + a * (x - Relu(x)), kept in float."""
+    constants = {init.name: init for init in model.graph.initializer}
     nodes = []
     for node in model.graph.node:
         if node.op_type != "PRelu":
             nodes.append(node)
             continue
         (x, slope), out, name = node.input, node.output[0], node.name or node.output[0]
-        nodes += [
-            onnx.helper.make_node("Relu", [x], [f"{name}/pos"], name=f"{name}{PRELU_TAG}relu"),
-            onnx.helper.make_node("Sub", [x, f"{name}/pos"], [f"{name}/neg"], name=f"{name}{PRELU_TAG}sub"),
-            onnx.helper.make_node("Mul", [f"{name}/neg", slope], [f"{name}/scaled"], name=f"{name}{PRELU_TAG}mul"),
-            onnx.helper.make_node("Add", [f"{name}/pos", f"{name}/scaled"], [out], name=f"{name}{PRELU_TAG}add"),
-        ]
+        values = onnx.numpy_helper.to_array(constants[slope]).astype(np.float32) if slope in constants else None
+        if values is not None and values.ndim == 3 and values.shape[1:] == (1, 1) and (values <= 1).all():
+            nodes += _prelu_as_convolutions(model, x, values.reshape(-1), out, name)
+        else:
+            nodes += _prelu_in_float(x, slope, out, name)
     del model.graph.node[:]
     model.graph.node.extend(nodes)
+    used = {name for node in nodes for name in node.input}
+    unused = [init for init in model.graph.initializer if init.name not in used]  # the slopes now in conv weights
+    for init in unused:
+        model.graph.initializer.remove(init)
     return model
+
+
+def _prelu_as_convolutions(model: onnx.ModelProto, x: str, slope: np.ndarray, out: str, name: str) -> list[onnx.NodeProto]:
+    channels = len(slope)
+    model.graph.initializer.extend([
+        onnx.numpy_helper.from_array(slope.reshape(channels, 1, 1, 1), f"{name}/linear_weight"),
+        onnx.numpy_helper.from_array((1 - slope).reshape(channels, 1, 1, 1), f"{name}/positive_weight"),
+    ])
+    depthwise = {"group": channels, "kernel_shape": [1, 1]}
+    return [
+        onnx.helper.make_node("Conv", [x, f"{name}/linear_weight"], [f"{name}/linear"], name=f"{name}/prelu_linear", **depthwise),
+        onnx.helper.make_node("Conv", [x, f"{name}/positive_weight"], [f"{name}/scaled"], name=f"{name}/prelu_scaled", **depthwise),
+        onnx.helper.make_node("Relu", [f"{name}/scaled"], [f"{name}/positive"], name=f"{name}/prelu_relu"),
+        onnx.helper.make_node("Add", [f"{name}/linear", f"{name}/positive"], [out], name=f"{name}/prelu_add"),
+    ]
+
+
+def _prelu_in_float(x: str, slope: str, out: str, name: str) -> list[onnx.NodeProto]:
+    tag = f"{name}{FLOAT_PRELU_TAG}"
+    return [
+        onnx.helper.make_node("Relu", [x], [f"{name}/pos"], name=f"{tag}relu"),
+        onnx.helper.make_node("Sub", [x, f"{name}/pos"], [f"{name}/neg"], name=f"{tag}sub"),
+        onnx.helper.make_node("Mul", [f"{name}/neg", slope], [f"{name}/scaled"], name=f"{tag}mul"),
+        onnx.helper.make_node("Add", [f"{name}/pos", f"{name}/scaled"], [out], name=f"{tag}add"),
+    ]
 
 
 class _FaceCalibration:
@@ -86,23 +118,18 @@ class _FaceCalibration:
         return None if batch is None else {INPUT_NAME: batch}
 
 
-def depthwise_convs(model: onnx.ModelProto) -> list[str]:
-    return [n.name for n in model.graph.node if n.op_type == "Conv" and any(a.name == "group" and a.i > 1 for a in n.attribute)]
-
-
 def float_nodes(model: onnx.ModelProto) -> list[str]:
-    """Nodes the int8 model keeps in float: depthwise convolutions (see quantize_int8) and the
-    decomposed PRelus, whose per-channel negative slopes lose 9 LFW points when their
-    Mul/Add run in uint8 (mean cosine to torch 0.59, measured)."""
-    return depthwise_convs(model) + [n.name for n in model.graph.node if PRELU_TAG in n.name]
+    """The nodes of fallback PRelus: quantized, their per-channel slopes become one uint8 tensor,
+    and with them in uint8 the int8 model lost 9 LFW points (mean cosine to torch 0.59, measured)."""
+    return [n.name for n in model.graph.node if FLOAT_PRELU_TAG in n.name]
 
 
 def quantize_int8(fp32_path: Path, path: Path, calibration_faces: np.ndarray) -> Path:
     """Static per-channel quantization (QOperator), calibrated on real aligned faces.
 
-    Depthwise convolutions stay fp32: onnxruntime's CPU int8 kernels for grouped convolutions
-    are slower than its fp32 ones, and with them quantized the int8 model ran 0.86x the fp32
-    speed at batch 1 (1.24x without them, measured side by side); they hold few weights anyway."""
+    Every convolution is quantized, depthwise ones included: once the PRelus are convolutions too,
+    the graph stays uint8 from end to end, and keeping the depthwise 3x3 convolutions in float
+    was slower (6.45 vs 6.13 ms, measured side by side)."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
