@@ -1,6 +1,7 @@
 """`fedface bench server`: N devices through one round against a real `fedface server --dev`.
 
-Each measured run gets a fresh server (SQLite in a temporary directory, ``--model random``)
+Each measured run gets a fresh server (SQLite in a temporary directory, or with ``--db`` a fresh
+schema in that PostgreSQL database, dropped afterwards; ``--model random``)
 so the two peaks compare like with like: a 10-participant round first, then the N-participant
 round, and ``rss_growth_mb`` is the difference of the two peaks. The load comes from
 :mod:`server_api.bench_client` in a separate process; this process only starts and stops the
@@ -17,6 +18,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +90,7 @@ class RssSampler(threading.Thread):
 class BenchServer:
     """`python -m fedface server --dev` on a free loopback port, in its own session."""
 
-    def __init__(self, data_dir: Path, backbone: str, workers: int = 1) -> None:
+    def __init__(self, data_dir: Path, backbone: str, workers: int = 1, db_url: str | None = None) -> None:
         self.data_dir, self.port = data_dir, _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = data_dir.parent / "server.log"
@@ -96,6 +99,7 @@ class BenchServer:
         env |= {"FEDFACE_RANDOM_BACKBONE": backbone, "FEDFACE_EXPORT_ONNX": "false", "FEDFACE_LOG_LEVEL": "INFO",
                 "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
         args = ["--dev", "--data-dir", str(data_dir), "--model", "random", "--port", str(self.port), "--workers", str(workers)]
+        args += ["--db", db_url] if db_url else []
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "fedface", "server", *args], cwd=REPO, env=env, stdout=log, stderr=log, start_new_session=True
@@ -133,10 +137,38 @@ class BenchServer:
                 self.process.wait(timeout=30)
 
 
-def bench_round(devices: int, concurrency: int, backbone: str, workers: int = 1, drop_fraction: float = 0.0, secure: bool = False) -> dict[str, Any]:
+@contextmanager
+def fresh_database(db_url: str | None) -> Iterator[str | None]:
+    """A PostgreSQL URL whose search_path is a new, empty schema (dropped on exit); None stays None (SQLite)."""
+    if db_url is None:
+        yield None
+        return
+    import secrets
+
+    from sqlalchemy import create_engine, text
+
+    if not db_url.startswith("postgresql"):
+        raise ValueError(f"--db must be a postgresql:// URL (SQLite is the default), got {db_url.split(':', 1)[0]}")
+    url = "postgresql+psycopg://" + db_url.split("://", 1)[1]
+    schema = "bench_" + secrets.token_hex(6)
+    admin = create_engine(url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'CREATE SCHEMA "{schema}"'))
+    try:
+        yield f"{url}{'&' if '?' in url else '?'}options=-csearch_path%3D{schema}"
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+def bench_round(
+    devices: int, concurrency: int, backbone: str, workers: int = 1, drop_fraction: float = 0.0, secure: bool = False,
+    db_url: str | None = None,
+) -> dict[str, Any]:
     """One fresh server, one round with `devices` participants; the client's JSON plus peak RSS."""
-    with tempfile.TemporaryDirectory(prefix="fedface-bench-") as scratch:
-        server = BenchServer(Path(scratch) / "data", backbone, workers)
+    with tempfile.TemporaryDirectory(prefix="fedface-bench-") as scratch, fresh_database(db_url) as database:
+        server = BenchServer(Path(scratch) / "data", backbone, workers, database)
         client: subprocess.Popen[str] | None = None
         sampler = RssSampler(server.process.pid)
         sampler.start()
@@ -165,15 +197,18 @@ def bench_round(devices: int, concurrency: int, backbone: str, workers: int = 1,
     return result
 
 
-def run_server_bench(devices: int = GOAL_DEVICES, concurrency: int = 16, backbone: str = "mobilefacenet", workers: int = 1) -> dict[str, Any]:
+def run_server_bench(
+    devices: int = GOAL_DEVICES, concurrency: int = 16, backbone: str = "mobilefacenet", workers: int = 1, db_url: str | None = None,
+) -> dict[str, Any]:
     """The 10-participant baseline, then the `devices` round; flat JSON-ready results."""
-    base = bench_round(BASELINE_DEVICES, concurrency, backbone, workers)
-    full = bench_round(devices, concurrency, backbone, workers)
+    base = bench_round(BASELINE_DEVICES, concurrency, backbone, workers, db_url=db_url)
+    full = bench_round(devices, concurrency, backbone, workers, db_url=db_url)
     keys = ("ingest_seconds", "uploads_per_s", "p50_upload_ms", "p99_upload_ms", "aggregate_seconds", "completed_after_last_upload_s",
             "setup_seconds", "checkin_seconds", "accepted", "status_codes", "errors", "transport_retries", "round_status", "update_bytes",
             "concurrency")
     growth = full["peak_rss_mb"] - base["peak_rss_mb"]
-    result: dict[str, Any] = {"devices": devices, "backbone": backbone, "workers": workers, **{k: full[k] for k in keys}}
+    database = "postgresql" if db_url else "sqlite"
+    result: dict[str, Any] = {"devices": devices, "backbone": backbone, "workers": workers, "database": database, **{k: full[k] for k in keys}}
     result |= {
         "rss_growth_mb": round(growth, 1), "peak_rss_mb_10": base["peak_rss_mb"], "peak_rss_mb_n": full["peak_rss_mb"],
         "baseline_10": {k: base[k] for k in ("ingest_seconds", "p99_upload_ms", "aggregate_seconds", "accepted", "round_status")},
@@ -227,7 +262,7 @@ def describe(result: dict[str, Any]) -> str:
 
     return "\n".join((
         f"{result['devices']} devices ({result['backbone']}, {result['update_bytes']:,} B updates, concurrency {result['concurrency']}, "
-        f"{result['workers']} server worker(s)): "
+        f"{result['workers']} server worker(s) on {result['database']}): "
         f"{result['accepted']} accepted, round {result['round_status']}",
         f"  ingest {num('ingest_seconds')} s ({num('uploads_per_s', 1)} uploads/s; goal <= {INGEST_GOAL_S:.0f} s: "
         f"{goal(result['ingest_goal_met'])}), upload p50 {num('p50_upload_ms', 0)} ms, p99 {num('p99_upload_ms', 0)} ms",

@@ -20,6 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--concurrency", type=int, default=16, help="requests in flight at once (default 16)")
     server.add_argument("--backbone", default="mobilefacenet", help="random backbone the server starts with (default mobilefacenet)")
     server.add_argument("--workers", type=int, default=1, help="server worker processes, as `fedface server --workers` (default 1)")
+    server.add_argument("--db", default=None, metavar="URL",
+                        help="a PostgreSQL URL: each measured round runs in a fresh schema there, dropped afterwards (default: SQLite)")
     server.add_argument("--secure", action="store_true",
                         help="a plain round and a secure-aggregation round of --devices side by side (no 10-device baseline)")
     server.add_argument("--drop", type=float, default=0.1, help="--secure: fraction of devices dropping after sharing keys (default 0.1)")
@@ -149,6 +151,10 @@ def _server(args: argparse.Namespace) -> int:
 
     if min(args.devices, args.concurrency, args.workers) < 1:
         raise SystemExit("fedface bench server: --devices, --concurrency and --workers must be at least 1")
+    if args.db is not None and not args.db.startswith("postgresql"):
+        raise SystemExit("fedface bench server: --db must be a postgresql:// URL (SQLite is the default)")
+    if args.db is not None and args.secure:
+        raise SystemExit("fedface bench server: --secure runs on SQLite only")
     if args.secure:
         from server_api.bench import describe_secure, run_secure_bench
 
@@ -157,7 +163,7 @@ def _server(args: argparse.Namespace) -> int:
         secure = run_secure_bench(args.devices, args.concurrency, args.backbone, args.drop)
         print(json.dumps(secure) if args.json else describe_secure(secure))
         return 0 if secure["secure"]["round_status"] == "completed" and secure["secure"]["lost"] == 0 else 1
-    result = run_server_bench(args.devices, args.concurrency, args.backbone, args.workers)
+    result = run_server_bench(args.devices, args.concurrency, args.backbone, args.workers, args.db)
     print(json.dumps(result) if args.json else describe(result))
     # Non-zero when the round itself broke (rejected uploads, no aggregation); missed goals are results, not errors.
     return 0 if result["all_accepted"] and result["round_completed"] else 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import pytest
 
@@ -55,3 +56,23 @@ def test_bench_server_secure_round_with_a_dropout(capsys: pytest.CaptureFixture[
     # a masked update is 4 bytes per float parameter against the plain fp16 delta's 2
     assert 1.9 < result["upload_bytes_ratio_vs_fp16"] < 2.2
     assert set(secure["steps_s"]) == {"checkin_s", "advertise_s", "share_keys_s", "receive_shares_s", "upload_s", "unmask_answers_s"}
+
+
+@pytest.mark.skipif(not os.environ.get("FEDFACE_TEST_POSTGRES_URL"), reason="needs FEDFACE_TEST_POSTGRES_URL (.ci/run sets it)")
+def test_bench_server_on_postgresql_leaves_no_schema(capsys: pytest.CaptureFixture[str]) -> None:
+    # Prepare
+    from sqlalchemy import create_engine, text
+
+    url = os.environ["FEDFACE_TEST_POSTGRES_URL"]
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    # Execute
+    code = bench.run(parser.parse_args(["server", "--devices", "4", "--concurrency", "4", "--db", url, "--json"]))
+    result = json.loads(capsys.readouterr().out)
+    # Assert: the round ran on PostgreSQL, and its scratch schemas were dropped
+    assert code == 0 and result["database"] == "postgresql" and result["accepted"] == 4 and result["round_completed"]
+    engine = create_engine("postgresql+psycopg://" + url.split("://", 1)[1])
+    with engine.connect() as connection:
+        left = connection.execute(text("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'bench_%'")).scalars().all()
+    engine.dispose()
+    assert left == []
