@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -206,44 +207,82 @@ def fit_positive(
     return _weighted_mean(epoch_losses[0]), _weighted_mean([x for e in epoch_losses[-1:] for x in e]), steps
 
 
+class Workspace:
+    """A model that devices train in one after another, with what walking its modules yields
+    worked out once instead of per device (for a small frozen-prefix suffix, those walks cost
+    more than its training step): its live state_dict entries, and per prefix cut the trainable
+    keys, the suffix and its parameters. It also keeps the live entries of the backbone it
+    copies from; that backbone must change in place between devices (``load_state_dict`` or
+    ``copy_``, as the simulator does), not get new tensor objects."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.entries = model.state_dict(keep_vars=True)
+        self._cuts: dict[int | None, tuple[list[str], nn.Module, list[nn.Parameter]]] = {}
+        self._source: tuple[weakref.ref[nn.Module], dict[str, Tensor]] | None = None
+
+    def cut(self, trainable_blocks: int | None) -> tuple[list[str], nn.Module, list[nn.Parameter]]:
+        """(trainable keys, trainable suffix, its parameters) for a prefix cut."""
+        if trainable_blocks not in self._cuts:
+            _, suffix = split_backbone(self.model, trainable_blocks)
+            self._cuts[trainable_blocks] = (trainable_keys(self.model, trainable_blocks, list(self.entries)), suffix, list(suffix.parameters()))
+        return self._cuts[trainable_blocks]
+
+    def source_entries(self, backbone: nn.Module) -> dict[str, Tensor]:
+        if self._source is None or self._source[0]() is not backbone:
+            self._source = (weakref.ref(backbone), backbone.state_dict(keep_vars=True))
+        return self._source[1]
+
+    @torch.no_grad()
+    def load(self, backbone: nn.Module, keys: list[str] | None) -> None:
+        """Copy `backbone`'s weights in: all of them, or only `keys`."""
+        source = self.source_entries(backbone)
+        names = list(self.entries) if keys is None else keys
+        torch._foreach_copy_([self.entries[k] for k in names], [source[k] for k in names])
+
+
+def _all_finite(tensors: list[Tensor]) -> bool:
+    """One reduction over all tensors instead of two kernel launches per tensor: a norm is
+    finite exactly when its tensor is (short of squares overflowing float32, which is divergence too)."""
+    floating = [t for t in tensors if t.is_floating_point()]
+    return not floating or bool(torch.isfinite(torch.stack(torch._foreach_norm(floating))).all())
+
+
 def train_local(
     backbone: nn.Module, embedding: np.ndarray | Tensor, faces: np.ndarray, config: LocalTrainingConfig, seed: int = 0,
-    dtype: torch.dtype = torch.float32, cache: PrefixCache | None = None, workspace: nn.Module | None = None,
+    dtype: torch.dtype = torch.float32, cache: PrefixCache | None = None, workspace: Workspace | None = None,
 ) -> LocalUpdate:
     """One round of local training on the owner's aligned faces. `backbone` is not modified.
 
     With `config.trainable_blocks`, only the last blocks and the head train; their input comes
     from `cache` (computed here when not given) instead of running the frozen prefix each step.
-    `workspace`: a model of the same architecture and dtype to train in, overwritten with
-    `backbone`'s weights; reusing one across devices saves a deep copy per device."""
+    `workspace`: a Workspace over a model of the same architecture and dtype to train in,
+    overwritten with `backbone`'s weights; reusing one across devices saves a deep copy and the
+    module walks per device."""
     if len(faces) == 0:
         raise FaceCoreError("local training needs at least one aligned face")
     started = time.perf_counter()
-    model = copy.deepcopy(backbone).to(dtype=dtype) if workspace is None else workspace
-    entries = model.state_dict(keep_vars=True)  # live tensors: one walk over the modules per device
-    keys = trainable_keys(model, config.trainable_blocks, list(entries))
-    if workspace is not None:
-        with torch.no_grad():
-            if cache is not None and cache.trainable_blocks == config.trainable_blocks:
-                # the prefix never runs here (its activations are cached): load only what trains
-                source = backbone.state_dict()
-                for k in keys:
-                    entries[k].copy_(source[k])
-            else:
-                model.load_state_dict(backbone.state_dict())
-    for p in model.parameters():
+    cached = cache is not None and cache.trainable_blocks == config.trainable_blocks
+    if workspace is None:
+        workspace = Workspace(copy.deepcopy(backbone).to(dtype=dtype))
+    else:
+        # the prefix never runs with cached activations: then load only what trains
+        workspace.load(backbone, workspace.cut(config.trainable_blocks)[0] if cached else None)
+    keys, suffix, suffix_parameters = workspace.cut(config.trainable_blocks)
+    for p in suffix_parameters:
         p.requires_grad_(True)
-    _, suffix = split_backbone(model, config.trainable_blocks)
     if config.trainable_blocks is None:
         plain = faces_to_tensor(faces).to(dtype)
         flipped = None
     else:
-        if cache is None or cache.trainable_blocks != config.trainable_blocks:
-            cache = prefix_cache(model, faces, config.trainable_blocks, dtype)
+        if not cached:
+            cache = prefix_cache(workspace.model, faces, config.trainable_blocks, dtype)
+        assert cache is not None
         plain, flipped = cache.plain.to(dtype), cache.flipped.to(dtype)
-    w = nn.Parameter(torch.as_tensor(np.asarray(embedding), dtype=dtype).clone())
-    loss_before, loss_after, steps = fit_positive(suffix, w, list(suffix.parameters()), plain, flipped, config, seed)
-    state = {k: entries[k].detach().clone() for k in keys}
-    if not (math.isfinite(loss_after) and all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())):
+    w = nn.Parameter(torch.tensor(np.asarray(embedding), dtype=dtype))  # a copy (Ray hands read-only arrays)
+    loss_before, loss_after, steps = fit_positive(suffix, w, suffix_parameters, plain, flipped, config, seed)
+    trained = [workspace.entries[k].detach().clone() for k in keys]  # the workspace trains on
+    if not (math.isfinite(loss_after) and _all_finite(trained)):
         raise TrainingDiverged(f"local training diverged (loss {loss_after}); lower the learning rate")
+    state = dict(zip(keys, trained, strict=True))
     return LocalUpdate(state, torch.nn.functional.normalize(w.detach(), dim=0), len(faces), loss_before, loss_after, steps, time.perf_counter() - started)

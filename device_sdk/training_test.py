@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from device_sdk.training import LocalTrainingConfig, TrainingDiverged, mean_feature_embedding, split_backbone, train_local, trainable_keys
+from device_sdk.training import LocalTrainingConfig, TrainingDiverged, mean_feature_embedding, split_backbone, train_local, trainable_keys, Workspace
 from facecore.data.synthetic import synthetic_faces
 from facecore.models.preprocess import faces_to_tensor
 from facecore.models.testing import calibrated_backbone
@@ -108,7 +108,7 @@ def test_a_reused_workspace_gives_the_same_update_as_a_fresh_copy(owner, trainab
     # Prepare: the workspace has just trained another device, so stale weights, grads and modes are in it
     model, faces, embedding = owner
     config = LocalTrainingConfig(epochs=2, batch=4, trainable_blocks=trainable_blocks)
-    workspace = copy.deepcopy(model)
+    workspace = Workspace(copy.deepcopy(model))
     train_local(model, -embedding, faces[::-1].copy(), config, seed=3, workspace=workspace)
     # Execute
     fresh = train_local(model, embedding, faces, config, seed=7)
@@ -139,7 +139,7 @@ def test_a_frozen_prefix_update_carries_only_the_trainable_suffix(owner) -> None
     config = LocalTrainingConfig(batch=4, trainable_blocks=2)
     _, suffix = split_backbone(model, 2)
     # Execute
-    update = train_local(model, embedding, faces, config, seed=5, workspace=copy.deepcopy(model))
+    update = train_local(model, embedding, faces, config, seed=5, workspace=Workspace(copy.deepcopy(model)))
     # Assert: exactly the suffix's entries (by identity, in the model's order), and they moved
     keys = trainable_keys(model, 2)
     assert list(update.state_dict) == keys and len(keys) == len(suffix.state_dict()) < len(model.state_dict())

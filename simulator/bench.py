@@ -45,10 +45,10 @@ def tile_population(population: Population, devices: int) -> Population:
 
 def _simulation(
     population: Population, model: torch.nn.Module, local: LocalTrainingConfig, out: Path, workers: int = 1,
-    caches: dict[int, PrefixCache] | None = None,
+    caches: dict[int, PrefixCache] | None = None, backend: str = "process",
 ) -> tuple[CrossDeviceSimulation, SimulationState]:
     n = len(population.devices)
-    config = CrossDeviceConfig(devices=n, per_round=n, rounds=1, method="fedface", eval_every=1, local=local, workers=workers)
+    config = CrossDeviceConfig(devices=n, per_round=n, rounds=1, method="fedface", eval_every=1, local=local, workers=workers, backend=backend)
     simulation = CrossDeviceSimulation(config, population, model, out)
     if caches is not None:
         simulation.caches = caches
@@ -61,7 +61,7 @@ def _simulation(
 def floor_seconds(simulation: CrossDeviceSimulation, state: SimulationState) -> float:
     """The same batches and steps as `train_local` makes, as one stream (see module doc)."""
     local = simulation.config.local
-    _, suffix = split_backbone(simulation.workspace, local.trainable_blocks)
+    _, suffix = split_backbone(simulation.workspace.model, local.trainable_blocks)
     W = torch.nn.Parameter(torch.from_numpy(state.W.copy()))
     optimizer = torch.optim.SGD([*suffix.parameters(), W], lr=local.lr, momentum=local.momentum)
     suffix.train()
@@ -123,11 +123,13 @@ def flower_reference(simulation: CrossDeviceSimulation, state: SimulationState, 
 
 def bench_sim(
     population: Population, model: torch.nn.Module, device_counts: tuple[int, ...] = (10, 100, 1000), trainable_blocks: int | None = 2,
-    repeats: int = 3, flower: bool = False, workers: int | None = None,
+    repeats: int = 3, flower: bool = False, workers: int | None = None, ray: bool = False,
 ) -> list[dict[str, Any]]:
-    """Median seconds of `repeats` rounds for each device count, alternating: ours with `workers`
-    device processes (default: one per core), ours in process, and the floor. With `flower`,
-    Flower's simulation engine on the same round too (needs `make flower-venv`)."""
+    """Median seconds of `repeats` rounds for each device count, alternating: ours as
+    `fedface sim cross-device` runs by default (in process: `round_seconds`, which the ratios
+    use), ours with `workers` device processes (default: one per core), and the floor. With `flower`,
+    Flower's simulation engine on the same round too (needs `make flower-venv`); with `ray`, ours
+    on its Ray backend with as many actors as `workers` (needs the ray extra)."""
     workers = workers or os.cpu_count() or 1
     python = flower_python() if flower else None
     if flower and python is None:
@@ -140,27 +142,37 @@ def bench_sim(
         with tempfile.TemporaryDirectory(prefix="fedface-bench-sim-") as scratch:
             simulation, state = _simulation(tile_population(population, count), model, local, Path(scratch))
             pooled, _ = _simulation(simulation.population, model, local, Path(scratch) / "pooled", workers, simulation.caches)
+            rayed = _simulation(simulation.population, model, local, Path(scratch) / "ray", workers, simulation.caches, "ray")[0] if ray else None
             try:
                 if workers > 1:
                     pooled.run_round(0, state)  # untimed: starts the workers and hands them their devices' activations
-                ours, in_process, floor = [], [], []
+                if rayed is not None:
+                    rayed.run_round(0, state)  # likewise for the Ray actors
+                ours, in_workers, floor, on_ray = [], [], [], []
                 for repeat in range(repeats):
                     started = time.perf_counter()
                     pooled.run_round(repeat + 1, state)
-                    ours.append(time.perf_counter() - started)
+                    in_workers.append(time.perf_counter() - started)
+                    if rayed is not None:
+                        started = time.perf_counter()
+                        rayed.run_round(repeat + 1, state)
+                        on_ray.append(time.perf_counter() - started)
                     started = time.perf_counter()
                     simulation.run_round(repeat + 1, state)
-                    in_process.append(time.perf_counter() - started)
+                    ours.append(time.perf_counter() - started)
                     floor.append(floor_seconds(simulation, state))
             finally:
                 pooled.close()
+                if rayed is not None:
+                    rayed.close()
             reference = flower_reference(simulation, state, python, repeats, Path(scratch)) if python is not None else {}
         round_s, floor_s = statistics.median(ours), statistics.median(floor)
         results.append({
             "devices": count, "real_identities": len(population.devices), "trainable_blocks": trainable_blocks, "repeats": repeats,
             "round_seconds": round(round_s, 4), "floor_seconds": round(floor_s, 4), "floor_ratio": round(floor_s / round_s, 3),
             "per_device_overhead_ms": round(1000 * (round_s - floor_s) / count, 2),
-            "workers": workers, "round_seconds_in_process": round(statistics.median(in_process), 4),
+            "workers": workers, "round_seconds_workers": round(statistics.median(in_workers), 4),
+            "round_seconds_ray": round(statistics.median(on_ray), 4) if on_ray else None,
             "flower_seconds": round(reference["flower_seconds"], 4) if reference else None,
             "flower_ratio": round(reference["flower_seconds"] / round_s, 3) if reference else None,
             **({k: reference[k] for k in ("flower_warmup_round_seconds", "flower_actors", "flower_train_losses")} if reference else {}),
@@ -170,11 +182,13 @@ def bench_sim(
 
 
 def describe(results: list[dict[str, Any]]) -> str:
-    lines = [f"{'devices':>8} {'ours s':>8} {'in-process s':>12} {'floor s':>8} {'floor/ours':>10} {'flower s':>9} {'flower/ours':>11}"]
+    lines = [f"{'devices':>8} {'ours s':>8} {'workers s':>9} {'on Ray s':>9} {'floor s':>8} {'floor/ours':>10} {'flower s':>9} {'flower/ours':>11}"]
     for r in results:
         flower = f"{r['flower_seconds']:>9.2f} {r['flower_ratio']:>11.3f}" if r["flower_seconds"] is not None else f"{'-':>9} {'-':>11}"
-        lines.append(f"{r['devices']:>8} {r['round_seconds']:>8.2f} {r['round_seconds_in_process']:>12.2f} {r['floor_seconds']:>8.2f} {r['floor_ratio']:>10.3f} {flower}")
-    lines.append(f"ours: {results[0]['workers']} device worker process(es); floor: one process, one stream of the same steps")
+        on_ray = f"{r['round_seconds_ray']:>9.2f}" if r.get("round_seconds_ray") is not None else f"{'-':>9}"
+        lines.append(f"{r['devices']:>8} {r['round_seconds']:>8.2f} {r['round_seconds_workers']:>9.2f} {on_ray} {r['floor_seconds']:>8.2f} {r['floor_ratio']:>10.3f} {flower}")
+    lines.append(f"ours: in process (the default); workers: {results[0]['workers']} device processes; on Ray: as many actors; "
+                 "floor: one process, one stream of the same steps")
     goal = next((r for r in results if r["devices"] >= 1000), None)
     if goal is not None:
         lines.append(f"goal floor_ratio >= 0.9 at {goal['devices']} devices: {'met' if goal['floor_ratio'] >= 0.9 else 'NOT met'}")

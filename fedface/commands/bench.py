@@ -37,6 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sim.add_argument("--repeats", type=int, default=3, help="rounds timed per device count; the median is reported (default 3)")
     sim.add_argument("--workers", type=int, default=None, help="our device processes (default: one per core)")
     sim.add_argument("--flower", action="store_true", help="also Flower's simulation engine (flwr + Ray) on the same round; needs `make flower-venv`")
+    sim.add_argument("--ray", action="store_true", help="also our simulator on its Ray backend (as many actors as --workers); needs the ray extra")
     sim.add_argument("--model", default="default")
     sim.add_argument("--data")
     sim.add_argument("--json", action="store_true")
@@ -82,7 +83,8 @@ def _sim(args: argparse.Namespace) -> int:
     root = data_root(args.data)
     population = load_population(build_split(root, SplitConfig(seed=0)), root, requested=max(counts))
     try:
-        results = bench_sim(population, load_backbone(args.model), counts, args.trainable_blocks, args.repeats, flower=args.flower, workers=args.workers)
+        results = bench_sim(population, load_backbone(args.model), counts, args.trainable_blocks, args.repeats, flower=args.flower, workers=args.workers,
+                            ray=args.ray)
     except FileNotFoundError as error:
         raise SystemExit(f"fedface bench sim: {error}") from None
     print(json.dumps(results if len(results) > 1 else results[0]) if args.json else describe(results))

@@ -35,6 +35,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     help="devices upload templates blurred to keep this cosine with the true one (default: clean)")
     cd.add_argument("--workers", type=int, default=1,
                     help="train devices in this many persistent processes (one per core is fastest; default 1: in process)")
+    cd.add_argument("--backend", choices=("process", "ray"), default="process",
+                    help="where --workers run: local processes (default) or Ray actors (pip install 'fedface[ray]')")
+    cd.add_argument("--ray-address", default=None, metavar="ADDRESS",
+                    help="--backend ray: the cluster to join (default: a local Ray, or RAY_ADDRESS); its nodes need fedface installed")
     cd.add_argument("--eval-every", type=int, default=5)
     cd.add_argument("--folds", default="6-10")
     cd.add_argument("--target", type=float, default=None, help="LFW accuracy for rounds_to_target")
@@ -131,6 +135,7 @@ def _cross_device(args: argparse.Namespace) -> int:
         spreadout=args.spreadout, seed=args.seed, model=args.model, eval_every=args.eval_every,
         eval_folds=parse_folds(args.folds), target_accuracy=args.target, local=local,
         dp_epsilon=args.dp_epsilon, dp_clip=args.dp_clip, dp_delta=args.dp_delta, template_noise_cos=args.template_noise_cos, workers=args.workers,
+        backend=args.backend, ray_address=args.ray_address,
     )
     out = Path(args.out)
     manifest = SplitManifest.load(args.split) if args.split else None

@@ -8,6 +8,8 @@ from device_sdk.training import LocalTrainingConfig
 from facecore.losses import SpreadoutConfig
 
 METHODS = ("pretrained", "fedavg", "fedface", "central")
+BACKENDS = ("process", "ray")
+EXECUTION_FIELDS = ("workers", "backend", "ray_address")  # where devices train, not what the run means
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,10 @@ class CrossDeviceConfig:
     template_noise_cos: float | None = None
     # Device training in this many persistent processes (simulator/cross_device/workers.py); 1: in process.
     workers: int = 1
+    # "process": the workers above on this machine; "ray": that many Ray actors (ray_backend.py), on
+    # the cluster at ray_address (None: a local Ray, or RAY_ADDRESS).
+    backend: str = "process"
+    ray_address: str | None = None
 
     def __post_init__(self) -> None:
         problems = [
@@ -46,7 +52,8 @@ class CrossDeviceConfig:
                 ("dp_clip must be > 0", not self.dp_clip > 0), ("dp_delta must be in (0, 1)", not 0 < self.dp_delta < 1),
                 ("template_noise_cos must be in (0, 1]", self.template_noise_cos is not None and not 0 < self.template_noise_cos <= 1),
                 ("DP-FedAvg needs a federated method", self.dp_epsilon is not None and self.method not in ("fedavg", "fedface")),
-                ("workers must be >= 1", self.workers < 1),
+                ("workers must be >= 1", self.workers < 1), ("backend must be process or ray", self.backend not in BACKENDS),
+                ("ray_address needs backend ray", self.ray_address is not None and self.backend != "ray"),
             ) if bad
         ]
         if problems:

@@ -13,21 +13,24 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
 from device_sdk.template_noise import noisy_template
-from device_sdk.training import PrefixCache, mean_feature_embedding, prefix_cache, train_local, trainable_keys
+from device_sdk.training import PrefixCache, mean_feature_embedding, prefix_cache, train_local, trainable_keys, Workspace
 from facecore.models.checkpoint import atomic_torch_save
 from facecore.models.preprocess import embed_faces
 from server_api.strategies import ClientUpdate, FedAvg, FedFace, Strategy
 from server_api.strategies.dp_fedavg import DPFedAvg, dp_epsilon, noise_for_epsilon
-from simulator.cross_device.config import CrossDeviceConfig
+from simulator.cross_device.config import EXECUTION_FIELDS, CrossDeviceConfig
 from simulator.cross_device.population import Population
 from simulator.cross_device.workers import DevicePool, DeviceTask
+
+if TYPE_CHECKING:
+    from simulator.cross_device.ray_backend import RayDevicePool
 
 Evaluator = Callable[[torch.nn.Module], dict[str, Any]]
 
@@ -62,10 +65,10 @@ class CrossDeviceSimulation:
         self.dp = self._dp_aggregator()
         self.strategy: Strategy = FedFace(config.server_spreadout, backbone=self.dp) if config.uses_spreadout else (self.dp or FedAvg())
         self.caches: dict[int, PrefixCache] = {}  # frozen-prefix activations per device, valid for the whole run
-        self.workspace = copy.deepcopy(self.model)  # every device trains in this one copy: no per-device deep copy
+        self.workspace = Workspace(copy.deepcopy(self.model))  # every device trains in this one copy: no per-device deep copy
         # Only what local training can change crosses to the strategy (the suffix, with a frozen prefix).
         self.trained_keys = trainable_keys(self.model, config.local.trainable_blocks)
-        self.pool: DevicePool | None = None  # started on the first round when config.workers > 1
+        self.pool: DevicePool | RayDevicePool | None = None  # started on the first round when config.workers > 1 or on Ray
 
     def _dp_aggregator(self) -> DPFedAvg | None:
         """The server's own DP-FedAvg, its noise calibrated so that the whole run spends dp_epsilon."""
@@ -121,7 +124,7 @@ class CrossDeviceSimulation:
         # a run may be extended (more rounds, other eval cadence); anything else changes its meaning
         def key(c: dict[str, Any]) -> dict[str, Any]:
             # DP noise is calibrated to the number of rounds, so a DP run cannot be extended
-            free = ("eval_every", "target_accuracy") if c.get("dp_epsilon") is not None else ("rounds", "eval_every", "target_accuracy")
+            free = ("eval_every", "target_accuracy", *EXECUTION_FIELDS) if c.get("dp_epsilon") is not None else ("rounds", "eval_every", "target_accuracy", *EXECUTION_FIELDS)
             return {k: v for k, v in c.items() if k not in free}
 
         if key(saved["config"]) != key(self.config.to_dict()):
@@ -135,7 +138,7 @@ class CrossDeviceSimulation:
         return self.config.seed * 1_000_003 + round_number * 10_007 + index
 
     def _updates(self, round_number: int, chosen: list[int], state: SimulationState, losses: list[float]) -> Iterator[ClientUpdate]:
-        if self.config.workers > 1:
+        if self.config.workers > 1 or self.config.backend == "ray":
             yield from self._pooled_updates(round_number, chosen, state, losses)
             return
         base = self.model.state_dict()
@@ -145,12 +148,18 @@ class CrossDeviceSimulation:
             if self.config.local.trainable_blocks is not None:
                 cache = self.caches.get(index) or self.caches.setdefault(index, prefix_cache(self.model, device.faces, self.config.local.trainable_blocks))
             update = train_local(self.model, state.W[index], device.faces, self.config.local, seed=self._seed(round_number, index), cache=cache, workspace=self.workspace)
-            delta = {k: (value - base[k]).numpy() for k, value in update.state_dict.items()}
+            keys = list(update.state_dict)
+            delta = dict(zip(keys, (d.numpy() for d in torch._foreach_sub(list(update.state_dict.values()), [base[k] for k in keys])), strict=True))
             yield self._received(round_number, index, delta, update.embedding.numpy(), update.n_samples, update.loss_before, update.loss_after, state, losses)
 
     def _pooled_updates(self, round_number: int, chosen: list[int], state: SimulationState, losses: list[float]) -> Iterator[ClientUpdate]:
         if self.pool is None:
-            self.pool = DevicePool(self.config.workers, self.model, self.config.local)
+            if self.config.backend == "ray":
+                from simulator.cross_device.ray_backend import RayDevicePool
+
+                self.pool = RayDevicePool(self.config.workers, self.model, self.config.local, self.config.ray_address)
+            else:
+                self.pool = DevicePool(self.config.workers, self.model, self.config.local)
         blocks = self.config.local.trainable_blocks
         if blocks is not None:
             self.prepare_caches()

@@ -107,15 +107,27 @@ def test_template_noise_blurs_what_the_server_sees_to_the_calibrated_cosine(mode
     assert np.mean(np.sum(blurred * clean, axis=1)) == pytest.approx(0.8, abs=0.05)
 
 
-@pytest.mark.parametrize("trainable_blocks", [None, 1])
-def test_worker_processes_give_the_in_process_rounds(model: torch.nn.Module, tmp_path: Path, trainable_blocks: int | None) -> None:
-    # Prepare: the same run, in process and in two persistent worker processes
+def _has_ray() -> bool:
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(
+    ("trainable_blocks", "backend"),
+    [(None, "process"), (1, "process"),
+     pytest.param(1, "ray", marks=pytest.mark.skipif(not _has_ray(), reason="the ray extra is not installed (make flower-venv has it)"))],
+)
+def test_worker_pools_give_the_in_process_rounds(model: torch.nn.Module, tmp_path: Path, trainable_blocks: int | None, backend: str) -> None:
+    # Prepare: the same run, in process and in two persistent workers (processes or Ray actors)
     local = LocalTrainingConfig(epochs=1, batch=4, lr=0.05, trainable_blocks=trainable_blocks)
     config = _config(method="fedface", per_round=3, local=local)
     # Execute
     inline = CrossDeviceSimulation(config, _population(), model, tmp_path / "inline")
     inline_state = inline.run(resume=False)
-    pooled = CrossDeviceSimulation(dataclasses.replace(config, workers=2), _population(), model, tmp_path / "pooled")
+    pooled = CrossDeviceSimulation(dataclasses.replace(config, workers=2, backend=backend), _population(), model, tmp_path / "pooled")
     pooled_state = pooled.run(resume=False)
     # Assert: the same updates to float rounding (single- vs multi-threaded torch), the workers gone
     assert pooled.pool is None

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from device_sdk.training import LocalTrainingConfig, PrefixCache, train_local
+from device_sdk.training import LocalTrainingConfig, PrefixCache, Workspace, train_local
 from facecore.models.checkpoint import load_backbone, save_backbone
 
 
@@ -48,29 +48,71 @@ class DeviceResult:
     loss_after: float
 
 
-def _serve(conn: Connection, backbone_path: str, local: dict[str, Any], threads: int) -> None:
-    torch.set_num_threads(threads)
-    model = load_backbone(backbone_path)
-    workspace = copy.deepcopy(model)
-    config = LocalTrainingConfig(**local)
-    faces: dict[int, np.ndarray] = {}
-    caches: dict[int, PrefixCache] = {}
-    while (message := conn.recv()) is not None:
-        weights, tasks = message
-        entries = model.state_dict(keep_vars=True)
+class DeviceWorker:
+    """What one worker holds across rounds: the model, its workspace, and the photos or prefix
+    activations of the devices it has seen. Runs the same in a spawned process and in a Ray actor."""
+
+    def __init__(self, model: torch.nn.Module, local: dict[str, Any], threads: int) -> None:
+        torch.set_num_threads(threads)
+        self.model = model
+        self.workspace = Workspace(copy.deepcopy(model))
+        self.config = LocalTrainingConfig(**local)
+        self.faces: dict[int, np.ndarray] = {}
+        self.caches: dict[int, PrefixCache] = {}
+
+    def train(self, weights: Mapping[str, np.ndarray], tasks: Sequence[DeviceTask]) -> Iterator[DeviceResult]:
+        """This round's trainable weights in, one result per task out, in task order."""
+        entries = self.model.state_dict(keep_vars=True)
         with torch.no_grad():
             for key, value in weights.items():
-                entries[key].copy_(torch.from_numpy(value))
+                entries[key].copy_(torch.tensor(value))  # in place, so the workspace's view of the model stays live
         for task in tasks:
             if task.faces is not None:
-                faces[task.index] = task.faces
+                self.faces[task.index] = task.faces
             if task.cache is not None:
-                caches[task.index] = PrefixCache(torch.from_numpy(task.cache[0]), torch.from_numpy(task.cache[1]), config.trainable_blocks or 0)
+                plain, flipped = (torch.from_numpy(a if a.flags.writeable else a.copy()) for a in task.cache)  # Ray hands read-only arrays
+                self.caches[task.index] = PrefixCache(plain, flipped, self.config.trainable_blocks or 0)
             # with cached activations train_local only counts the photos
-            photos = faces.get(task.index, np.empty((task.n_faces, 0), np.uint8))
-            update = train_local(model, task.embedding, photos, config, seed=task.seed, cache=caches.get(task.index), workspace=workspace)
+            photos = self.faces.get(task.index, np.empty((task.n_faces, 0), np.uint8))
+            update = train_local(self.model, task.embedding, photos, self.config, seed=task.seed, cache=self.caches.get(task.index), workspace=self.workspace)
             delta = {k: v.numpy() - weights[k] for k, v in update.state_dict.items()}
-            conn.send(DeviceResult(task.index, delta, update.embedding.numpy(), update.n_samples, update.loss_before, update.loss_after))
+            yield DeviceResult(task.index, delta, update.embedding.numpy(), update.n_samples, update.loss_before, update.loss_after)
+
+    def train_all(self, weights: Mapping[str, np.ndarray], tasks: Sequence[DeviceTask]) -> list[DeviceResult]:
+        return list(self.train(weights, tasks))
+
+
+def _serve(conn: Connection, backbone_path: str, local: dict[str, Any], threads: int) -> None:
+    worker = DeviceWorker(load_backbone(backbone_path), local, threads)
+    while (message := conn.recv()) is not None:
+        for result in worker.train(*message):
+            conn.send(result)
+
+
+def contiguous(weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    plain = {}
+    for key, value in weights.items():
+        value = np.asarray(value)
+        plain[key] = value if value.flags.c_contiguous else np.ascontiguousarray(value)  # 0-d stays 0-d
+    return plain
+
+
+class Assignment:
+    """Devices pinned to workers by index; a device's photos or activations go to its worker once."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self._known: list[set[int]] = [set() for _ in range(workers)]
+
+    def split(self, tasks: Sequence[DeviceTask]) -> list[list[DeviceTask]]:
+        shares: list[list[DeviceTask]] = [[] for _ in range(self.workers)]
+        for task in tasks:
+            w = task.index % self.workers
+            if task.index in self._known[w]:
+                task = dataclasses.replace(task, faces=None, cache=None)
+            self._known[w].add(task.index)
+            shares[w].append(task)
+        return shares
 
 
 class DevicePool:
@@ -89,23 +131,13 @@ class DevicePool:
             theirs.close()
             self._conns.append(ours)
             self._processes.append(process)
-        self._known: list[set[int]] = [set() for _ in range(workers)]
+        self._assignment = Assignment(workers)
 
     def train(self, weights: Mapping[str, np.ndarray], tasks: Sequence[DeviceTask]) -> Iterator[DeviceResult]:
         """Results in the order of `tasks`. Faces and caches are dropped from a task its worker has seen."""
         n = len(self._conns)
-        per_worker: list[list[DeviceTask]] = [[] for _ in range(n)]
-        for task in tasks:
-            w = task.index % n
-            if task.index in self._known[w]:
-                task = dataclasses.replace(task, faces=None, cache=None)
-            self._known[w].add(task.index)
-            per_worker[w].append(task)
-        plain = {}
-        for key, value in weights.items():
-            value = np.asarray(value)
-            plain[key] = value if value.flags.c_contiguous else np.ascontiguousarray(value)  # 0-d stays 0-d
-        for conn, share in zip(self._conns, per_worker):
+        plain = contiguous(weights)
+        for conn, share in zip(self._conns, self._assignment.split(tasks)):
             if share:
                 conn.send((plain, share))
         for task in tasks:

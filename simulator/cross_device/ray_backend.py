@@ -1,0 +1,80 @@
+"""Device training on a Ray cluster, for simulations that outgrow one machine (optional extra).
+
+The same :class:`~simulator.cross_device.workers.DeviceWorker` as the process pool, as one Ray
+actor per worker (one CPU each), so devices train with the SDK's own `train_local` wherever the
+actors land. Devices are pinned to actors by index, as in the process pool: a device's photos or
+prefix activations travel once per run, and each round only the trainable weights (one object in
+the store, shared by all actors) and the embeddings and seeds. Results come back in the round's
+device order, so the strategy sees the same sequence as in process.
+
+Install with ``pip install 'fedface[ray]'``; ``address`` is passed to ``ray.init`` (None: a local
+Ray started for this run, or the cluster named by RAY_ADDRESS).
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from device_sdk.training import LocalTrainingConfig
+from simulator.cross_device.workers import Assignment, DeviceResult, DeviceTask, DeviceWorker, contiguous
+
+
+class RayUnavailable(RuntimeError):
+    pass
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise RayUnavailable("the Ray backend needs Ray: pip install 'fedface[ray]' (or use --workers for local processes)") from None
+    return ray
+
+
+class RayDevicePool:
+    def __init__(self, workers: int, model: torch.nn.Module, local: LocalTrainingConfig, address: str | None = None,
+                 threads_per_worker: int = 1) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        ray = self._ray = _ray()
+        self._started = not ray.is_initialized()
+        if self._started:
+            # The workers import simulator/, device_sdk/ and facecore/ from this checkout.
+            ray.init(address=address, include_dashboard=False, log_to_driver=True, runtime_env=_runtime_env())
+        actor = ray.remote(num_cpus=1)(DeviceWorker)
+        model_ref = ray.put(model)
+        self._actors = [actor.remote(model_ref, dataclasses.asdict(local), threads_per_worker) for _ in range(workers)]
+        self._assignment = Assignment(workers)
+
+    def train(self, weights: Mapping[str, np.ndarray], tasks: Sequence[DeviceTask]) -> Iterator[DeviceResult]:
+        """Results in the order of `tasks`; an actor that failed raises its error here."""
+        weights_ref = self._ray.put(contiguous(weights))
+        shares = self._assignment.split(tasks)
+        pending = {w: actor.train_all.remote(weights_ref, share) for w, (actor, share) in enumerate(zip(self._actors, shares)) if share}
+        answers: dict[int, Iterator[DeviceResult]] = {}
+        for task in tasks:
+            w = task.index % len(self._actors)
+            if w not in answers:
+                answers[w] = iter(self._ray.get(pending[w]))
+            result = next(answers[w])
+            if result.index != task.index:
+                raise RuntimeError(f"Ray worker answered for device {result.index}, expected {task.index}")
+            yield result
+
+    def close(self) -> None:
+        for actor in self._actors:
+            self._ray.kill(actor)
+        self._actors = []
+        if self._started:
+            self._ray.shutdown()
+
+
+def _runtime_env() -> dict[str, Any]:
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    return {"env_vars": {"PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}}
