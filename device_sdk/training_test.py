@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from device_sdk.training import LocalTrainingConfig, TrainingDiverged, mean_feature_embedding, split_backbone, train_local, trainable_keys, Workspace
+from device_sdk.training import LocalTrainingConfig, TrainingDiverged, Workspace, mean_feature_embedding, split_backbone, train_local, trainable_keys
 from facecore.data.synthetic import synthetic_faces
 from facecore.models.preprocess import faces_to_tensor
 from facecore.models.testing import calibrated_backbone

@@ -20,7 +20,7 @@ import torch
 from tqdm import tqdm
 
 from device_sdk.template_noise import noisy_template
-from device_sdk.training import PrefixCache, mean_feature_embedding, prefix_cache, train_local, trainable_keys, Workspace
+from device_sdk.training import PrefixCache, Workspace, mean_feature_embedding, prefix_cache, train_local, trainable_keys
 from facecore.models.checkpoint import atomic_torch_save
 from facecore.models.preprocess import embed_faces
 from server_api.strategies import ClientUpdate, FedAvg, FedFace, Strategy
