@@ -118,7 +118,7 @@ def _has_ray() -> bool:
 @pytest.mark.parametrize(
     ("trainable_blocks", "backend"),
     [(None, "process"), (1, "process"),
-     pytest.param(1, "ray", marks=pytest.mark.skipif(not _has_ray(), reason="the ray extra is not installed (make flower-venv has it)"))],
+     pytest.param(1, "ray", marks=pytest.mark.skipif(not _has_ray(), reason="the ray extra is not installed (pip install 'fedface[ray]')"))],
 )
 def test_worker_pools_give_the_in_process_rounds(model: torch.nn.Module, tmp_path: Path, trainable_blocks: int | None, backend: str) -> None:
     # Prepare: the same run, in process and in two persistent workers (processes or Ray actors)
