@@ -122,24 +122,36 @@ def _non_finite(values: np.ndarray) -> np.ndarray:
 def _backbone_squared_norm(handle: BinaryIO, header: TensorFileHeader) -> float:
     """Sum of squares of every float backbone tensor, refusing NaN/Inf.
 
-    A span at a time rather than a tensor at a time: a mobilefacenet update has 333 tensors, and
-    per-tensor reads and casts made validation the slowest step of an upload."""
+    One read of the backbone's bytes, then per run of same-dtype tensors one float32 dot product,
+    which NaN or Inf anywhere in the run makes non-finite; only then is the run scanned for the
+    culprit. A mobilefacenet update has ~50 such runs, and the exact per-run NaN scan, cast and
+    float64 sum made validation 9 ms of an upload's server time (measured single-threaded)."""
+    spans = list(_float_spans(header, BACKBONE_PREFIX))
+    if not spans:
+        return 0.0
+    first = min(begin for _, begin, _, _ in spans)
+    buffer = bytearray(max(end for _, _, end, _ in spans) - first)  # writable, so torch wraps it without a copy
+    handle.seek(header.data_start + first)
+    if handle.readinto(buffer) != len(buffer):
+        raise InvalidInput("update is truncated")
     squared = 0.0
-    for dtype, begin, end, names in _float_spans(header, BACKBONE_PREFIX):
-        buffer = bytearray(end - begin)  # writable, so torch can wrap it without a copy
-        handle.seek(header.data_start + begin)
-        if handle.readinto(buffer) != len(buffer):
-            raise InvalidInput("update is truncated")
-        values = np.frombuffer(buffer, dtype=DTYPES[dtype])
-        bad = _non_finite(values)
-        if bad.any():
-            first = begin + int(np.argmax(bad)) * values.itemsize
-            name = next(n for n in names if header.tensors[n].begin <= first < header.tensors[n].end)
-            raise InvalidInput(f"{name} contains NaN or Inf")
-        # torch's half->float cast is vectorised (numpy's is 20x slower); float64 accumulation.
-        wide = torch.from_numpy(values).float().numpy() if values.dtype == np.float16 else values
-        squared += float(np.square(wide).sum(dtype=np.float64))
+    for dtype, begin, end, names in spans:
+        values = np.frombuffer(buffer, dtype=DTYPES[dtype], count=(end - begin) // DTYPES[dtype].itemsize, offset=begin - first)
+        wide = torch.from_numpy(values).float()  # torch's half->float cast is vectorised (numpy's is 20x slower)
+        run = float(torch.dot(wide, wide))
+        if not math.isfinite(run):
+            _refuse_non_finite(values, begin, names, header)
+            run = float(np.square(wide.numpy(), dtype=np.float64).sum())  # finite values whose squares overflow float32
+        squared += run
     return squared
+
+
+def _refuse_non_finite(values: np.ndarray, begin: int, names: list[str], header: TensorFileHeader) -> None:
+    bad = _non_finite(values)
+    if bad.any():
+        at = begin + int(np.argmax(bad)) * values.itemsize
+        name = next(n for n in names if header.tensors[n].begin <= at < header.tensors[n].end)
+        raise InvalidInput(f"{name} contains NaN or Inf")
 
 
 def _parse_meta(header: TensorFileHeader) -> UpdateMeta:

@@ -1,0 +1,57 @@
+"""parse_update's one-pass norm and NaN/Inf check against a float64 reference."""
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pytest
+
+from facecore import tensorfile
+from server_api.errors import InvalidInput
+from server_api.services.validation import parse_update
+
+BASE = "ab" * 32
+SPEC = {"a.weight": ("float32", [64, 3]), "a.num_batches_tracked": ("int64", []), "b.weight": ("float32", [500]), "c.bias": ("float32", [7])}
+
+
+def _update(tensors: dict[str, np.ndarray]) -> bytes:
+    entries = {f"backbone.{k}": v for k, v in tensors.items()}
+    entries["class_embedding"] = np.full(4, 0.5, "<f4")
+    return tensorfile.dumps(entries, {"fedface": json.dumps({"base_version": BASE, "n_samples": 3, "metrics": {}})})
+
+
+def _parse(body: bytes, bound: float = 1e30):  # type: ignore[no-untyped-def]
+    return parse_update(io.BytesIO(body), len(body), SPEC, 4, BASE, bound)
+
+
+@pytest.mark.parametrize("wire", ["<f2", "<f4"])
+def test_delta_norm_matches_float64(wire: str) -> None:
+    # Prepare: float runs split by an integer buffer, as BatchNorm's step count splits a real model's
+    rng = np.random.default_rng(0)
+    tensors = {k: (rng.standard_normal(shape) * 0.01).astype(wire) if dtype.startswith("float") else np.zeros(shape, "<i8")
+               for k, (dtype, shape) in SPEC.items()}
+    expected = np.sqrt(sum(np.square(v.astype(np.float64)).sum() for v in tensors.values()))
+    # Execute
+    parsed = _parse(_update(tensors))
+    # Assert
+    assert parsed.delta_norm == pytest.approx(expected, rel=1e-6)
+
+
+def test_nan_is_refused_naming_its_tensor() -> None:
+    # Prepare: NaN in the last tensor of a run of three
+    tensors = {k: np.zeros(shape, "<f4") if dtype.startswith("float") else np.zeros(shape, "<i8") for k, (dtype, shape) in SPEC.items()}
+    tensors["c.bias"][5] = np.nan
+    # Execute / Assert
+    with pytest.raises(InvalidInput, match=r"backbone\.c\.bias contains NaN or Inf"):
+        _parse(_update(tensors))
+
+
+def test_finite_values_whose_squares_overflow_float32_are_not_called_infinite() -> None:
+    # Prepare: 1e20 is a valid float32, its square is not
+    tensors = {k: np.zeros(shape, "<f4") if dtype.startswith("float") else np.zeros(shape, "<i8") for k, (dtype, shape) in SPEC.items()}
+    tensors["b.weight"][0] = 1e20
+    # Execute / Assert: measured in float64, then refused by the bound, not as NaN
+    assert _parse(_update(tensors)).delta_norm == pytest.approx(1e20, rel=1e-6)
+    with pytest.raises(InvalidInput, match="exceeds the bound"):
+        _parse(_update(tensors), bound=1e3)
