@@ -138,3 +138,15 @@ def test_worker_pools_give_the_in_process_rounds(model: torch.nn.Module, tmp_pat
         moved += int(not torch.equal(value, model.state_dict()[key]))
     assert moved > 0
     assert [h["train_loss"] for h in pooled_state.history[1:]] == pytest.approx([h["train_loss"] for h in inline_state.history[1:]], rel=1e-4)
+
+
+def test_ray_backend_without_ray_is_one_clear_error(model: torch.nn.Module, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: `import ray` fails, as where the extra is not installed
+    import sys
+
+    from simulator.cross_device.ray_backend import RayDevicePool, RayUnavailable
+
+    monkeypatch.setitem(sys.modules, "ray", None)
+    # Execute / Assert
+    with pytest.raises(RayUnavailable, match=r"pip install 'fedface\[ray\]'"):
+        RayDevicePool(2, model, LocalTrainingConfig())

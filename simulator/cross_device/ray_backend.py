@@ -14,17 +14,19 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from device_sdk.training import LocalTrainingConfig
+from facecore.errors import FaceCoreError
 from simulator.cross_device.workers import Assignment, DeviceResult, DeviceTask, DeviceWorker, contiguous
 
 
-class RayUnavailable(RuntimeError):
-    pass
+class RayUnavailable(FaceCoreError):
+    """--backend ray without Ray installed."""
 
 
 def _ray() -> Any:
@@ -74,7 +76,5 @@ class RayDevicePool:
 
 
 def _runtime_env() -> dict[str, Any]:
-    from pathlib import Path
-
     repo = Path(__file__).resolve().parents[2]
     return {"env_vars": {"PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}}

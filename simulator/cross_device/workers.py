@@ -62,7 +62,7 @@ class DeviceWorker:
 
     def train(self, weights: Mapping[str, np.ndarray], tasks: Sequence[DeviceTask]) -> Iterator[DeviceResult]:
         """This round's trainable weights in, one result per task out, in task order."""
-        entries = self.model.state_dict(keep_vars=True)
+        entries = self.workspace.source_entries(self.model)  # the live tensors the workspace copies from
         with torch.no_grad():
             for key, value in weights.items():
                 entries[key].copy_(torch.tensor(value))  # in place, so the workspace's view of the model stays live
