@@ -138,8 +138,10 @@ class BenchServer:
 
 
 @contextmanager
-def fresh_database(db_url: str | None) -> Iterator[str | None]:
-    """A PostgreSQL URL whose search_path is a new, empty schema (dropped on exit); None stays None (SQLite)."""
+def fresh_database(db_url: str | None, prefix: str = "bench_") -> Iterator[str | None]:
+    """A PostgreSQL URL whose search_path is a new, empty schema named `prefix`+random (dropped on
+    exit), for runs that must not see each other's tables; None stays None (SQLite). The server
+    tests' per-test schemas come from here too."""
     if db_url is None:
         yield None
         return
@@ -150,7 +152,7 @@ def fresh_database(db_url: str | None) -> Iterator[str | None]:
     if not db_url.startswith("postgresql"):
         raise ValueError(f"--db must be a postgresql:// URL (SQLite is the default), got {db_url.split(':', 1)[0]}")
     url = "postgresql+psycopg://" + db_url.split("://", 1)[1]
-    schema = "bench_" + secrets.token_hex(6)
+    schema = prefix + secrets.token_hex(6)
     admin = create_engine(url, isolation_level="AUTOCOMMIT")
     with admin.connect() as connection:
         connection.execute(text(f'CREATE SCHEMA "{schema}"'))

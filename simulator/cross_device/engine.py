@@ -124,7 +124,7 @@ class CrossDeviceSimulation:
         # a run may be extended (more rounds, other eval cadence); anything else changes its meaning
         def key(c: dict[str, Any]) -> dict[str, Any]:
             # DP noise is calibrated to the number of rounds, so a DP run cannot be extended
-            free = ("eval_every", "target_accuracy", *EXECUTION_FIELDS) if c.get("dp_epsilon") is not None else ("rounds", "eval_every", "target_accuracy", *EXECUTION_FIELDS)
+            free = ("eval_every", "target_accuracy", *EXECUTION_FIELDS, *(("rounds",) if c.get("dp_epsilon") is None else ()))
             return {k: v for k, v in c.items() if k not in free}
 
         if key(saved["config"]) != key(self.config.to_dict()):

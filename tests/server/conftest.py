@@ -7,15 +7,13 @@ untrained mobilefacenet_s without ONNX export, so a test costs well under a seco
 from __future__ import annotations
 
 import os
-import secrets
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-from sqlalchemy import create_engine, text
-
+from server_api.bench import fresh_database
 from server_api.core.config import Settings
 
 warnings.filterwarnings("ignore", message=".*httpx.*starlette.testclient.*")
@@ -26,10 +24,6 @@ from server_helpers import make_settings  # noqa: E402
 
 POSTGRES_URL = os.environ.get("FEDFACE_TEST_POSTGRES_URL")
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.skipif(not POSTGRES_URL, reason="FEDFACE_TEST_POSTGRES_URL not set"))]
-
-
-def _psycopg_url(url: str) -> str:
-    return "postgresql+psycopg://" + url.split("://", 1)[1]
 
 
 @pytest.fixture(autouse=True)
@@ -45,15 +39,9 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         yield f"sqlite:///{tmp_path / 'fedface.db'}"
         return
     assert POSTGRES_URL
-    schema = "t_" + secrets.token_hex(6)
-    admin = create_engine(_psycopg_url(POSTGRES_URL), isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE SCHEMA "{schema}"'))
-    separator = "&" if "?" in POSTGRES_URL else "?"
-    yield f"{_psycopg_url(POSTGRES_URL)}{separator}options=-csearch_path%3D{schema}"
-    with admin.connect() as connection:
-        connection.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-    admin.dispose()
+    with fresh_database(POSTGRES_URL, prefix="t_") as url:
+        assert url is not None
+        yield url
 
 
 @pytest.fixture()
