@@ -52,5 +52,9 @@ class PayloadTooLarge(ServerError):
     pass
 
 
+class Unavailable(ServerError):
+    """The server cannot take this request right now, and the same request will succeed on retry."""
+
+
 class AdminClientError(ServerError):
     """`fedface admin` could not talk to the server or the server refused the request."""

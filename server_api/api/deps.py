@@ -1,7 +1,7 @@
 """Request-scoped dependencies: context, DB session, signed device, admin token."""
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import Depends, Path, Request
@@ -11,7 +11,7 @@ from starlette.concurrency import run_in_threadpool
 
 from server_api.core.security import body_digest, check_admin_token
 from server_api.models import Device
-from server_api.services.auth import authenticate_device
+from server_api.services.auth import SignedRequest, authenticate_device
 from server_api.services.context import ServerContext
 
 
@@ -22,12 +22,19 @@ def get_ctx(request: Request) -> ServerContext:
 CtxDep = Annotated[ServerContext, Depends(get_ctx)]
 
 
-def get_session(ctx: CtxDep) -> Iterator[Session]:
+async def get_session(ctx: CtxDep) -> AsyncIterator[Session]:
+    """A session for the request. Async on purpose: a sync generator dependency costs two thread
+    hops per request (enter and exit), and creating a session does no I/O (it connects on first
+    use, in the route's thread). Closing does I/O only if a transaction is still open (an error
+    path), and then it runs in a thread too."""
     session = ctx.sessions()
     try:
         yield session
     finally:
-        session.close()
+        if session.in_transaction():
+            await run_in_threadpool(session.close)
+        else:
+            session.close()
 
 
 SessionDep = Annotated[Session, Depends(get_session)]
@@ -42,10 +49,8 @@ def signed_path(request: Request) -> str:
 
 async def current_device(request: Request, ctx: CtxDep, session: SessionDep) -> Device:
     body = await request.body()  # bounded by the size-limit middleware
-    return await run_in_threadpool(
-        authenticate_device, session, request.headers, request.method, signed_path(request), body_digest(body),
-        ctx.settings.signature_window_s,
-    )
+    signed = SignedRequest(request.headers, request.method, signed_path(request), body_digest(body))
+    return await run_in_threadpool(authenticate_device, session, signed, ctx.settings.signature_window_s)
 
 
 CurrentDevice = Annotated[Device, Depends(current_device)]

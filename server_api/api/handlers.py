@@ -8,7 +8,7 @@ from fastapi.responses import JSONResponse
 
 from facecore.errors import CheckpointError
 from server_api.errors import (
-    AuthenticationFailed, Conflict, Forbidden, InvalidInput, NotFound, PayloadTooLarge, ServerError,
+    AuthenticationFailed, Conflict, Forbidden, InvalidInput, NotFound, PayloadTooLarge, ServerError, Unavailable,
 )
 
 STATUS: list[tuple[type[Exception], int]] = [
@@ -18,6 +18,7 @@ STATUS: list[tuple[type[Exception], int]] = [
     (Conflict, 409),  # includes StaleRound
     (PayloadTooLarge, 413),
     (InvalidInput, 422),
+    (Unavailable, 503),
     (CheckpointError, 500),
 ]
 
@@ -32,6 +33,8 @@ def status_for(error: Exception) -> int:
 async def _domain_error(request: Request, error: Exception) -> JSONResponse:
     status = status_for(error)
     headers = {"WWW-Authenticate": 'Signature realm="fedface"'} if status == 401 else None
+    if status == 503:
+        headers = {"Retry-After": str(BUSY_RETRY_AFTER_S)}
     return JSONResponse({"detail": str(error)}, status_code=status, headers=headers)
 
 

@@ -49,6 +49,9 @@ class Settings(BaseSettings):
     # the aggregate is all the server needs, and a single delta can leak about its owner's photos.
     keep_update_blobs: bool = False
     torch_threads: int = Field(default=1, ge=1)
+    validation_processes: int = Field(
+        default=1, ge=0, le=64, description="worker processes that parse and check uploads (0: in the request's thread)",
+    )
     log_level: str = "INFO"
     # Chaos knob for the crash tests: pause between writing a new version's blobs and
     # committing it, so a test can kill -9 the process mid-aggregation. Keep 0 in production.

@@ -4,7 +4,7 @@ from __future__ import annotations
 import secrets
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -33,10 +33,13 @@ def register_device(session: Session, public_key: bytes) -> tuple[Device, bool]:
     return device, True
 
 
-def consume_nonce(session: Session, subject: str, nonce: str) -> None:
-    session.add(Nonce(subject=subject, nonce=nonce))
+def consume_nonce(session: Session, subject: str, nonce: str, commit: bool = True) -> None:
+    """Record a used nonce; a replay violates the unique key when the INSERT runs. ``commit=False``
+    leaves it in the caller's transaction, whose commit makes it final."""
     try:
-        session.commit()
+        session.execute(insert(Nonce.__table__).values(subject=subject, nonce=nonce))
+        if commit:
+            session.commit()
     except IntegrityError:
         session.rollback()
         raise AuthenticationFailed("nonce already used (replayed request)") from None

@@ -1,83 +1,126 @@
 """Accepted updates and the idempotency records that replay their responses."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
-from sqlalchemy import func, select
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from server_api.core.db import lock_round
 from server_api.crud import audit
 from server_api.errors import Conflict, Forbidden, StaleRound
-from server_api.models import Enrollment, IdempotencyRecord, Participation, Round, Update
+from server_api.models import Device, Enrollment, IdempotencyRecord, Participation, Round, Update
 
 
-def get_idempotency(session: Session, device_id: str, key: str) -> IdempotencyRecord | None:
-    return session.execute(
-        select(IdempotencyRecord).where(IdempotencyRecord.device_id == device_id, IdempotencyRecord.key == key)
-    ).scalar_one_or_none()
+class Replay(NamedTuple):
+    """What an Idempotency-Key already answered."""
+
+    request_sha256: str
+    status_code: int
+    response: dict[str, Any]
 
 
-def check_can_upload(session: Session, round_id: int, device_id: str, now: datetime) -> None:
+class Recorded(NamedTuple):
+    """record_update's outcome: the response to send, whether this request created the update,
+    and whether it reached the round's target (the caller then starts aggregation)."""
+
+    status_code: int
+    response: dict[str, Any]
+    created: bool
+    due: bool
+
+
+def get_idempotency(session: Session, device_id: str, key: str) -> Replay | None:
+    row = session.execute(
+        select(IdempotencyRecord.request_sha256, IdempotencyRecord.status_code, IdempotencyRecord.response)
+        .where(IdempotencyRecord.device_id == device_id, IdempotencyRecord.key == key)
+    ).one_or_none()
+    return None if row is None else Replay(*row)
+
+
+def check_can_upload(session: Session, round_: Round | None, round_id: int, device_id: str, now: datetime) -> None:
     """Early, unlocked check so a stale upload is refused before it is parsed; record_update repeats it under the lock."""
-    _check(session, round_id, device_id, now, locked=False)
-    session.commit()  # ends the read transaction without expiring the caller's objects
+    _refuse_closed(session, round_id, None if round_ is None else (round_.status, round_.deadline_at), now)
+    problem = _participation_problem(session, round_id, device_id)
+    if problem is not None:
+        raise problem
 
 
-def _check(session: Session, round_id: int, device_id: str, now: datetime, locked: bool) -> Participation:
-    from server_api.crud.rounds import active_round, get_round
+def _refuse_closed(session: Session, round_id: int, state: tuple[str, datetime] | None, now: datetime) -> None:
+    from server_api.crud.rounds import active_round
 
-    round_ = lock_round(session, round_id) if locked else get_round(session, round_id)
-    if round_ is None or round_.status != "open" or now >= round_.deadline_at:
+    if state is None or state[0] != "open" or now >= state[1]:
         active = active_round(session)
         raise StaleRound(round_id, active.id if active else None, active.status if active else None)
-    part = session.execute(
-        select(Participation).where(Participation.round_id == round_id, Participation.device_id == device_id)
-    ).scalar_one_or_none()
-    if part is None or part.status not in ("selected", "uploaded"):
-        raise Forbidden(f"device {device_id} was not selected for round {round_id}")
-    if part.status == "uploaded":
-        raise Conflict(f"device {device_id} already uploaded an update for round {round_id}")
-    if session.get(Enrollment, device_id) is None:
+
+
+def _participation_problem(session: Session, round_id: int, device_id: str) -> Exception | None:
+    """Why this device may not upload to this round, or None: one query for its participation and enrollment."""
+    row = session.execute(
+        select(Participation.status, Enrollment.device_id)
+        .select_from(Device).outerjoin(Participation, (Participation.device_id == Device.id) & (Participation.round_id == round_id))
+        .outerjoin(Enrollment, Enrollment.device_id == Device.id).where(Device.id == device_id)
+    ).one_or_none()
+    status, enrolled = row if row is not None else (None, None)
+    if status not in ("selected", "uploaded"):
+        return Forbidden(f"device {device_id} was not selected for round {round_id}")
+    if status == "uploaded":
+        return Conflict(f"device {device_id} already uploaded an update for round {round_id}")
+    if enrolled is None:
         # An unenrolled device's new embedding would be a template we promised to delete.
-        raise Conflict(f"device {device_id} is not enrolled")
-    return part
+        return Conflict(f"device {device_id} is not enrolled")
+    return None
 
 
 def record_update(
     session: Session, *, round_id: int, device_id: str, blob_sha256: str, size_bytes: int, n_samples: int,
     metrics: dict[str, float], embedding_ciphertext: bytes, idempotency_key: str, request_sha256: str,
-    response: Any, now: datetime, target: int | None = None,
-) -> tuple[Update | None, IdempotencyRecord, bool]:
+    response: Callable[[int], dict[str, Any]], now: datetime, target: int | None = None,
+) -> Recorded:
     """Insert the update, mark the participation and store the idempotent response, atomically.
 
-    Returns (update, record, due): due when this update reached the round's target, so the
-    caller starts aggregation only then (the scheduler handles deadlines). `target` overrides
-    the round's (secure aggregation: the number of devices that shared keys). (None, existing
-    record, False) when a concurrent duplicate with the same key won."""
+    ``response(update_id)`` builds the 201 body. `target` overrides the round's (secure
+    aggregation: the number of devices that shared keys). A concurrent duplicate with the same
+    Idempotency-Key gets the first request's response, created=False.
+
+    Core statements, not ORM objects: on SQLite this transaction holds the only connection, so its
+    Python time is every upload's queueing time (one conditional UPDATE replaces reading the
+    participation and the enrollment and then writing the participation)."""
     try:
-        part = _check(session, round_id, device_id, now, locked=True)
+        state = session.execute(
+            select(Round.status, Round.deadline_at, Round.target_participants).where(Round.id == round_id).with_for_update()
+        ).one_or_none()
+        _refuse_closed(session, round_id, None if state is None else (state.status, state.deadline_at), now)
+        enrolled = select(Enrollment.device_id).where(Enrollment.device_id == device_id).exists()
+        marked = session.execute(
+            update(Participation.__table__)
+            .where(Participation.round_id == round_id, Participation.device_id == device_id, Participation.status == "selected", enrolled)
+            .values(status="uploaded")
+        ).rowcount
+        if marked != 1:
+            replay = get_idempotency(session, device_id, idempotency_key)  # the same request, sent twice at once
+            if replay is not None and replay.request_sha256 == request_sha256:
+                session.rollback()
+                return Recorded(replay.status_code, replay.response, created=False, due=False)
+            raise _participation_problem(session, round_id, device_id) or Conflict(f"device {device_id} cannot upload to round {round_id}")
     except Exception:
         session.rollback()
         raise
-    update = Update(
+    update_id = session.execute(insert(Update.__table__).values(
         round_id=round_id, device_id=device_id, blob_sha256=blob_sha256, size_bytes=size_bytes,
         n_samples=n_samples, metrics=metrics, embedding_ciphertext=embedding_ciphertext, created_at=now,
-    )
-    session.add(update)
-    part.status = "uploaded"
-    session.flush()
-    body = response(update)
-    record = IdempotencyRecord(device_id=device_id, key=idempotency_key, request_sha256=request_sha256, status_code=201, response=body)
-    session.add(record)
+    )).inserted_primary_key[0]
+    body = response(update_id)
+    session.execute(insert(IdempotencyRecord.__table__).values(
+        device_id=device_id, key=idempotency_key, request_sha256=request_sha256, status_code=201, response=body, created_at=now,
+    ))
     uploaded = session.scalar(
         select(func.count()).select_from(Participation).where(Participation.round_id == round_id, Participation.status == "uploaded")
     )
-    round_ = session.get(Round, round_id)  # locked by _check, already in the identity map
-    due = round_ is not None and (uploaded or 0) >= (target if target is not None else round_.target_participants)
-    audit.record(session, f"device:{device_id}", "update.accepted", round_id=round_id, device_id=device_id, n_samples=n_samples, bytes=size_bytes)
+    due = (uploaded or 0) >= (target if target is not None else state.target_participants)
+    audit.record_now(session, f"device:{device_id}", "update.accepted", round_id=round_id, device_id=device_id, n_samples=n_samples, bytes=size_bytes)
     try:
         session.commit()
     except IntegrityError:
@@ -85,8 +128,8 @@ def record_update(
         existing = get_idempotency(session, device_id, idempotency_key)
         if existing is None:
             raise Conflict(f"device {device_id} already uploaded an update for round {round_id}") from None
-        return None, existing, False
-    return update, record, due
+        return Recorded(existing.status_code, existing.response, created=False, due=False)
+    return Recorded(201, body, created=True, due=due)
 
 
 def round_updates(session: Session, round_id: int) -> list[Update]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
@@ -24,19 +25,30 @@ def _signed_headers(headers: Mapping[str, str], window_s: int) -> tuple[str, str
     return timestamp, nonce, signature
 
 
-def authenticate_device(
-    session: Session, headers: Mapping[str, str], method: str, path: str, body_sha256: str, window_s: int
-) -> Device:
-    device_id = headers.get("x-device-id")
+@dataclass(frozen=True)
+class SignedRequest:
+    """A device request as its signature covers it: signature headers, method, path and query, body hash."""
+
+    headers: Mapping[str, str]
+    method: str
+    path: str
+    body_sha256: str
+
+
+def authenticate_device(session: Session, request: SignedRequest, window_s: int, *, commit: bool = True) -> Device:
+    """The signing device, its nonce used up. ``commit=False`` leaves the nonce in the open
+    transaction for a caller that commits it together with its own reads (one transaction, not two)."""
+    device_id = request.headers.get("x-device-id")
     if not device_id:
         raise AuthenticationFailed("missing X-Device-Id header")
-    timestamp, nonce, signature = _signed_headers(headers, window_s)
+    timestamp, nonce, signature = _signed_headers(request.headers, window_s)
     device = device_crud.get_device(session, device_id[:64])
     if device is None:
         raise AuthenticationFailed("unknown device")
-    verify_signature(device.public_key, signature, canonical_message(device.id, method, path, timestamp, nonce, body_sha256))
+    message = canonical_message(device.id, request.method, request.path, timestamp, nonce, request.body_sha256)
+    verify_signature(device.public_key, signature, message)
     # Only after the signature: a forged request must not burn a real device's nonce.
-    device_crud.consume_nonce(session, device.id, nonce)
+    device_crud.consume_nonce(session, device.id, nonce, commit=commit)
     return device
 
 

@@ -15,6 +15,7 @@ from server_api.core.db import make_engine, make_session_factory, run_migrations
 from server_api.core.logging import get_logger
 from server_api.core.metrics import Metrics
 from server_api.core.security import TemplateCipher
+from server_api.services.validation_pool import ValidationPool
 from server_api.storage.blobs import LocalBlobStore
 
 log = get_logger("startup")
@@ -37,6 +38,7 @@ class ServerContext:
     cipher: TemplateCipher
     admin_token: str
     metrics: Metrics
+    validation: ValidationPool
     last_nonce_prune: float = 0.0
     # Model versions are immutable, so their upload spec is read (and JSON-decoded) once per process.
     _version_specs: dict[int, VersionSpec] = field(default_factory=dict)
@@ -61,7 +63,7 @@ class ServerContext:
         return cls(
             settings=settings, engine=engine, sessions=sessions, store=LocalBlobStore(Path(settings.data_dir) / "blobs"),
             cipher=TemplateCipher(secrets.template_key), admin_token=secrets.admin_token,
-            metrics=Metrics(lambda: _db_counts(sessions)),
+            metrics=Metrics(lambda: _db_counts(sessions)), validation=ValidationPool(settings.validation_processes),
         )
 
     def startup(self) -> None:
@@ -70,6 +72,7 @@ class ServerContext:
         run_migrations(self.engine)
         self.store.clean_temp()
         self.bootstrap_model()
+        self.validation.start()
 
     def bootstrap_model(self) -> None:
         from server_api.crud import versions
@@ -85,6 +88,7 @@ class ServerContext:
         log.info("model ready", extra={"fields": {"version": version.version_hash, "backbone": version.backbone}})
 
     def close(self) -> None:
+        self.validation.close()
         self.engine.dispose()
 
 

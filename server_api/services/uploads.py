@@ -18,12 +18,13 @@ from sqlalchemy.orm import Session
 from server_api.core.logging import get_logger
 from server_api.crud import rounds as round_crud
 from server_api.crud import updates as update_crud
-from server_api.errors import Conflict, Forbidden, InvalidInput, NotFound
-from server_api.models import Device, Round, Update, utcnow
+from server_api.errors import Conflict, Forbidden, InvalidInput, NotFound, ServerError
+from server_api.models import Device, Round, utcnow
 from server_api.schemas import UpdatePublic
 from server_api.services import secure_aggregation
+from server_api.services.auth import SignedRequest, authenticate_device
 from server_api.services.context import ServerContext
-from server_api.services.validation import parse_masked_update, parse_update
+from server_api.services.validation_pool import UpdateSpec
 
 IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9_.:-]{8,128}$")
 log = get_logger("uploads")
@@ -38,9 +39,51 @@ class UploadOutcome:
 
 
 def accept_upload(
-    ctx: ServerContext, session: Session, device: Device, round_id: int, spool: Path, size: int,
-    body_sha256: str, idempotency_key: str | None,
+    ctx: ServerContext, session: Session, signed: SignedRequest, round_id: int, spool: Path, size: int, idempotency_key: str | None,
 ) -> UploadOutcome:
+    body_sha256 = signed.body_sha256
+    # The signature, the nonce and the cheap refusals share one transaction: on SQLite each
+    # transaction holds the only connection, and a busy round queues on it.
+    device = authenticate_device(session, signed, ctx.settings.signature_window_s, commit=False)
+    try:
+        previous = _early_checks(ctx, session, device, round_id, body_sha256, idempotency_key)
+    except ServerError:
+        session.commit()  # the nonce stays used: a refused request cannot be replayed either
+        raise
+    # Commits before the slow part: on SQLite every transaction holds the write lock.
+    session.commit()
+    if isinstance(previous, UploadOutcome):
+        return previous
+    spec, dim, base_hash, target, now = previous
+    parsed = ctx.validation.check(spool, size, UpdateSpec(spec, dim, base_hash, ctx.settings.max_delta_norm if target is None else None))
+    blob = ctx.store.adopt(spool, body_sha256)  # the route hashed the body as it arrived
+    ciphertext = ctx.cipher.encrypt(parsed.embedding.astype("<f4").tobytes(), device.id, "update")
+
+    def response(update_id: int) -> dict[str, Any]:
+        public = UpdatePublic(
+            update_id=update_id, round_id=round_id, device_id=device.id, n_samples=parsed.meta.n_samples, size_bytes=size, accepted_at=now,
+        )
+        return public.model_dump(mode="json")
+
+    recorded = update_crud.record_update(
+        session, round_id=round_id, device_id=device.id, blob_sha256=blob, size_bytes=size,
+        n_samples=parsed.meta.n_samples, metrics=dict(parsed.meta.metrics), embedding_ciphertext=ciphertext,
+        idempotency_key=idempotency_key, request_sha256=body_sha256, response=response, now=now, target=target,
+    )
+    if recorded.created:
+        ctx.metrics.updates.inc()
+        ctx.metrics.upload_bytes.inc(size)
+        log.info("update accepted", extra={"fields": {"round_id": round_id, "device_id": device.id, "n_samples": parsed.meta.n_samples, "bytes": size}})
+    return UploadOutcome(recorded.status_code, recorded.response, created=recorded.created, round_due=recorded.due)
+
+
+def _early_checks(
+    ctx: ServerContext, session: Session, device: Device, round_id: int, body_sha256: str, idempotency_key: str | None,
+) -> UploadOutcome | tuple[dict[str, Any], int, str, int | None, datetime]:
+    """The replayed response of a known Idempotency-Key, or what the body is checked against:
+    (spec, embedding dim, base version, secure-aggregation target or None, arrival time).
+    Refuses stale rounds and unselected devices before the body is parsed; record_update
+    repeats that under the lock."""
     if not idempotency_key or not IDEMPOTENCY_KEY.match(idempotency_key):
         raise InvalidInput("Idempotency-Key header is required (8-128 characters of [A-Za-z0-9_.:-])")
     previous = update_crud.get_idempotency(session, device.id, idempotency_key)
@@ -48,40 +91,14 @@ def accept_upload(
         if previous.request_sha256 != body_sha256:
             raise InvalidInput("Idempotency-Key was already used for a different request body")
         return UploadOutcome(previous.status_code, previous.response, created=False)
-
     now = utcnow()
     round_ = round_crud.get_round(session, round_id)
     if round_ is None:
         raise NotFound(f"round {round_id} does not exist")
     spec, dim, base_hash = ctx.version_spec(session, round_.base_version_id)
     target = _secure_target(session, round_, device, now) if secure_aggregation.settings_of(round_) else None
-    # Commits the read transaction before the slow part: on SQLite every transaction holds the write lock.
-    update_crud.check_can_upload(session, round_id, device.id, now)
-    with spool.open("rb") as handle:
-        if target is None:
-            parsed = parse_update(handle, size, spec, dim, base_hash, ctx.settings.max_delta_norm)
-        else:
-            parsed = parse_masked_update(handle, size, spec, dim, base_hash)
-    blob = ctx.store.adopt(spool, body_sha256)  # the route hashed the body as it arrived
-    ciphertext = ctx.cipher.encrypt(parsed.embedding.astype("<f4").tobytes(), device.id, "update")
-
-    def response(update: Update) -> dict[str, Any]:
-        public = UpdatePublic(
-            update_id=update.id, round_id=round_id, device_id=device.id, n_samples=update.n_samples,
-            size_bytes=size, accepted_at=update.created_at,
-        )
-        return public.model_dump(mode="json")
-
-    update, record, due = update_crud.record_update(
-        session, round_id=round_id, device_id=device.id, blob_sha256=blob, size_bytes=size,
-        n_samples=parsed.meta.n_samples, metrics=dict(parsed.meta.metrics), embedding_ciphertext=ciphertext,
-        idempotency_key=idempotency_key, request_sha256=body_sha256, response=response, now=now, target=target,
-    )
-    if update is not None:
-        ctx.metrics.updates.inc()
-        ctx.metrics.upload_bytes.inc(size)
-        log.info("update accepted", extra={"fields": {"round_id": round_id, "device_id": device.id, "n_samples": update.n_samples, "bytes": size}})
-    return UploadOutcome(record.status_code, record.response, created=update is not None, round_due=due)
+    update_crud.check_can_upload(session, round_, round_id, device.id, now)
+    return spec, dim, base_hash, target, now
 
 
 def _secure_target(session: Session, round_: Round, device: Device, now: datetime) -> int:

@@ -5,13 +5,16 @@ import json
 import struct
 
 import numpy as np
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from server_api.models import IdempotencyRecord, Update
+from server_api.crud import updates as update_crud
+from server_api.errors import Conflict
+from server_api.models import IdempotencyRecord, Update, utcnow
 from facecore import tensorfile
 from server_helpers import enrolled_devices, open_round
-from server_testkit import load_backbone_bytes, make_delta, unit_vector, update_file
+from server_testkit import load_backbone_bytes, make_delta, sign, unit_vector, update_file
 
 
 def _setup(client: TestClient, admin: dict, rng: np.random.Generator):  # type: ignore[no-untyped-def]
@@ -75,6 +78,39 @@ def test_duplicate_idempotency_key_returns_same_response_and_one_row(client: Tes
     with client.app.state.ctx.sessions() as session:
         assert session.execute(select(func.count()).select_from(Update)).scalar_one() == 1
         assert session.execute(select(func.count()).select_from(IdempotencyRecord)).scalar_one() == 1
+
+
+def test_recording_the_same_request_twice_replays_its_response(client: TestClient, admin: dict, rng: np.random.Generator) -> None:
+    # Prepare: the race the early checks cannot see, two copies of one request both validated
+    (device, _, _), round_, _, _ = _setup(client, admin, rng)
+    fields = {
+        "round_id": round_["id"], "device_id": device.id, "blob_sha256": "0" * 64, "size_bytes": 10, "n_samples": 3, "metrics": {},
+        "embedding_ciphertext": b"x", "idempotency_key": "same-key-123", "request_sha256": "a" * 64, "now": utcnow(),
+    }
+    # Execute
+    with client.app.state.ctx.sessions() as session:
+        first = update_crud.record_update(session, response=lambda update_id: {"update_id": update_id}, **fields)
+        second = update_crud.record_update(session, response=lambda update_id: {"update_id": -1}, **fields)
+        other = fields | {"idempotency_key": "other-key-456", "request_sha256": "b" * 64}
+        with pytest.raises(Conflict, match="already uploaded"):
+            update_crud.record_update(session, response=lambda update_id: {"update_id": -1}, **other)
+        rows = session.execute(select(func.count()).select_from(Update)).scalar_one()
+    # Assert
+    assert first.created and first.status_code == 201
+    assert not second.created and second.response == first.response and not second.due
+    assert rows == 1
+
+
+def test_a_refused_upload_still_uses_up_its_nonce(client: TestClient, admin: dict, rng: np.random.Generator) -> None:
+    # Prepare: a signed upload to a round that does not exist
+    (device, _, _), _, _, _ = _setup(client, admin, rng)
+    path, body = "/v1/rounds/999/updates", b"not even parsed"
+    headers = {"X-Device-Id": device.id, "Idempotency-Key": "refused-0001", **sign(device.key, device.id, "POST", path, body)}
+    # Execute
+    first, replayed = client.post(path, content=body, headers=headers), client.post(path, content=body, headers=headers)
+    # Assert
+    assert first.status_code == 404
+    assert replayed.status_code == 401 and "nonce" in replayed.json()["detail"]
 
 
 def test_only_selected_devices_may_upload(client: TestClient, admin: dict, rng: np.random.Generator) -> None:

@@ -13,7 +13,7 @@ from server_api.api.deps import CtxDep, CurrentDevice, RoundIdPath, SessionDep, 
 from server_api.schemas import CheckinPublic, ErrorPublic, UpdatePublic
 from server_api.services import participation
 from server_api.services.aggregation import try_aggregate
-from server_api.services.auth import authenticate_device, precheck_device_headers
+from server_api.services.auth import SignedRequest, precheck_device_headers
 from server_api.services.uploads import accept_upload
 
 log = logging.getLogger(__name__)
@@ -51,13 +51,8 @@ async def upload_update(round_id: RoundIdPath, request: Request, background: Bac
             # with this block, and the device resends under the same Idempotency-Key. Not an error.
             log.info("upload abandoned mid-body", extra={"fields": {"round_id": round_id, "bytes": size}})
             return JSONResponse({"detail": "the client disconnected before the body was complete"}, status_code=400)
-        device = await run_in_threadpool(
-            authenticate_device, session, request.headers, request.method, signed_path(request), digest.hexdigest(),
-            ctx.settings.signature_window_s,
-        )
-        outcome = await run_in_threadpool(
-            accept_upload, ctx, session, device, round_id, spool, size, digest.hexdigest(), request.headers.get("idempotency-key")
-        )
+        signed = SignedRequest(request.headers, request.method, signed_path(request), digest.hexdigest())
+        outcome = await run_in_threadpool(accept_upload, ctx, session, signed, round_id, spool, size, request.headers.get("idempotency-key"))
     if outcome.round_due:
         background.add_task(try_aggregate, ctx, round_id)  # the target-th update; deadlines are the scheduler's
     return JSONResponse(outcome.body, status_code=outcome.status_code)
