@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from export.bench import op_profile
 from export.pipeline import ExportError, export_model, sha256
 from facecore.errors import CheckpointError
 from facecore.models import get_backbone
@@ -27,6 +28,19 @@ def test_fp32_and_int8_meet_parity_on_real_faces(exported) -> None:  # type: ign
     assert metrics["int8_mean_cos"] >= 0.99
     assert metrics["int8_lfw_drop"] <= 0.5
     assert metrics["int8_bytes"] <= 1.5e6
+
+
+def test_the_profile_accounts_for_each_kernel_and_finds_the_prelu_nodes(exported) -> None:  # type: ignore[no-untyped-def]
+    # Prepare
+    x = np.random.default_rng(0).standard_normal((1, 3, 112, 112)).astype(np.float32)
+    # Execute
+    fp32, int8 = (op_profile(exported.out_dir / name, x, runs=10) for name in ("model.onnx", "model.int8.onnx"))
+    # Assert: kernel times add up, each engine has its own kernels, PReLU nodes are a real part of both
+    for profile in (fp32, int8):
+        assert profile["ms_per_run"] == pytest.approx(sum(profile["ms_by_op"].values()))
+        assert 0 < profile["prelu_ms"] < profile["ms_per_run"]
+    assert "Conv" in fp32["ms_by_op"] and not any(op.startswith("QLinear") for op in fp32["ms_by_op"])
+    assert "QLinearConv" in int8["ms_by_op"] and "Conv" not in int8["ms_by_op"]
 
 
 def test_manifest_describes_the_files_exactly(exported) -> None:  # type: ignore[no-untyped-def]

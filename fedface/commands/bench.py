@@ -145,6 +145,10 @@ def _export(args: argparse.Namespace) -> int:
             print(f"{engine:>12}: p50 {result[engine]['p50_ms']:.2f} ms  p95 {result[engine]['p95_ms']:.2f} ms")
     print(f"int8 vs fp32: {result.get('int8_speedup_vs_fp32', float('nan')):.2f}x; fp32 vs torch: {result['fp32_speedup_vs_torch']:.2f}x")
     print("bytes: " + ", ".join(f"{k} {v:,}" for k, v in result["bytes"].items()))
+    for engine, profile in result["profile"].items():
+        ops = ", ".join(f"{op} {ms:.2f}" for op, ms in profile["ms_by_op"].items() if ms >= 0.01)
+        print(f"{engine:>12}: {profile['ms_per_run']:.2f} ms in kernels ({ops}); PReLU nodes {profile['prelu_ms']:.2f} ms "
+              f"({100 * profile['prelu_share']:.0f}%)")
     return 0
 
 
