@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy.orm import Session
 
@@ -38,6 +38,12 @@ class UploadOutcome:
     round_due: bool = False  # this update reached the round's target: aggregate now
 
 
+class _UploadPlan(NamedTuple):
+    expected: UpdateSpec  # what the body is checked against
+    target: int | None  # a secure-aggregation round's number of uploads, else None (the round's own)
+    arrived_at: datetime
+
+
 def accept_upload(
     ctx: ServerContext, session: Session, signed: SignedRequest, round_id: int, spool: Path, size: int, idempotency_key: str | None,
 ) -> UploadOutcome:
@@ -46,16 +52,16 @@ def accept_upload(
     # transaction holds the only connection, and a busy round queues on it.
     device = authenticate_device(session, signed, ctx.settings.signature_window_s, commit=False)
     try:
-        previous = _early_checks(ctx, session, device, round_id, body_sha256, idempotency_key)
+        plan = _early_checks(ctx, session, device, round_id, body_sha256, idempotency_key)
     except ServerError:
         session.commit()  # the nonce stays used: a refused request cannot be replayed either
         raise
     # Commits before the slow part: on SQLite every transaction holds the write lock.
     session.commit()
-    if isinstance(previous, UploadOutcome):
-        return previous
-    spec, dim, base_hash, target, now = previous
-    parsed = ctx.validation.check(spool, size, UpdateSpec(spec, dim, base_hash, ctx.settings.max_delta_norm if target is None else None))
+    if isinstance(plan, UploadOutcome):
+        return plan
+    now, target = plan.arrived_at, plan.target
+    parsed = ctx.validation.check(spool, size, plan.expected)
     blob = ctx.store.adopt(spool, body_sha256)  # the route hashed the body as it arrived
     ciphertext = ctx.cipher.encrypt(parsed.embedding.astype("<f4").tobytes(), device.id, "update")
 
@@ -79,11 +85,10 @@ def accept_upload(
 
 def _early_checks(
     ctx: ServerContext, session: Session, device: Device, round_id: int, body_sha256: str, idempotency_key: str | None,
-) -> UploadOutcome | tuple[dict[str, Any], int, str, int | None, datetime]:
-    """The replayed response of a known Idempotency-Key, or what the body is checked against:
-    (spec, embedding dim, base version, secure-aggregation target or None, arrival time).
-    Refuses stale rounds and unselected devices before the body is parsed; record_update
-    repeats that under the lock."""
+) -> UploadOutcome | _UploadPlan:
+    """The replayed response of a known Idempotency-Key, or the plan for a new upload. Refuses
+    stale rounds and unselected devices before the body is parsed; record_update repeats that
+    under the lock."""
     if not idempotency_key or not IDEMPOTENCY_KEY.match(idempotency_key):
         raise InvalidInput("Idempotency-Key header is required (8-128 characters of [A-Za-z0-9_.:-])")
     previous = update_crud.get_idempotency(session, device.id, idempotency_key)
@@ -98,7 +103,7 @@ def _early_checks(
     spec, dim, base_hash = ctx.version_spec(session, round_.base_version_id)
     target = _secure_target(session, round_, device, now) if secure_aggregation.settings_of(round_) else None
     update_crud.check_can_upload(session, round_, round_id, device.id, now)
-    return spec, dim, base_hash, target, now
+    return _UploadPlan(UpdateSpec(spec, dim, base_hash, ctx.settings.max_delta_norm if target is None else None), target, now)
 
 
 def _secure_target(session: Session, round_: Round, device: Device, now: datetime) -> int:
