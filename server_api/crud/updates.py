@@ -40,10 +40,10 @@ def get_idempotency(session: Session, device_id: str, key: str) -> Replay | None
     return None if row is None else Replay(*row)
 
 
-def check_can_upload(session: Session, round_: Round | None, round_id: int, device_id: str, now: datetime) -> None:
+def check_can_upload(session: Session, round_: Round, device_id: str, now: datetime) -> None:
     """Early, unlocked check so a stale upload is refused before it is parsed; record_update repeats it under the lock."""
-    _refuse_closed(session, round_id, None if round_ is None else (round_.status, round_.deadline_at), now)
-    problem = _participation_problem(session, round_id, device_id)
+    _refuse_closed(session, round_.id, (round_.status, round_.deadline_at), now)
+    problem = _participation_problem(session, round_.id, device_id)
     if problem is not None:
         raise problem
 

@@ -8,7 +8,6 @@ committed record (same response) or starts over cleanly.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -18,6 +17,7 @@ from sqlalchemy.orm import Session
 from server_api.core.logging import get_logger
 from server_api.crud import rounds as round_crud
 from server_api.crud import updates as update_crud
+from server_api.crud.updates import Recorded
 from server_api.errors import Conflict, Forbidden, InvalidInput, NotFound, ServerError
 from server_api.models import Device, Round, utcnow
 from server_api.schemas import UpdatePublic
@@ -30,14 +30,6 @@ IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9_.:-]{8,128}$")
 log = get_logger("uploads")
 
 
-@dataclass(frozen=True)
-class UploadOutcome:
-    status_code: int
-    body: dict[str, Any]
-    created: bool
-    round_due: bool = False  # this update reached the round's target: aggregate now
-
-
 class _UploadPlan(NamedTuple):
     expected: UpdateSpec  # what the body is checked against
     target: int | None  # a secure-aggregation round's number of uploads, else None (the round's own)
@@ -46,7 +38,7 @@ class _UploadPlan(NamedTuple):
 
 def accept_upload(
     ctx: ServerContext, session: Session, signed: SignedRequest, round_id: int, spool: Path, size: int, idempotency_key: str | None,
-) -> UploadOutcome:
+) -> Recorded:
     body_sha256 = signed.body_sha256
     # The signature, the nonce and the cheap refusals share one transaction: on SQLite each
     # transaction holds the only connection, and a busy round queues on it.
@@ -58,7 +50,7 @@ def accept_upload(
         raise
     # Commits before the slow part: on SQLite every transaction holds the write lock.
     session.commit()
-    if isinstance(plan, UploadOutcome):
+    if isinstance(plan, Recorded):
         return plan
     now, target = plan.arrived_at, plan.target
     parsed = ctx.validation.check(spool, size, plan.expected)
@@ -80,12 +72,12 @@ def accept_upload(
         ctx.metrics.updates.inc()
         ctx.metrics.upload_bytes.inc(size)
         log.info("update accepted", extra={"fields": {"round_id": round_id, "device_id": device.id, "n_samples": parsed.meta.n_samples, "bytes": size}})
-    return UploadOutcome(recorded.status_code, recorded.response, created=recorded.created, round_due=recorded.due)
+    return recorded
 
 
 def _early_checks(
     ctx: ServerContext, session: Session, device: Device, round_id: int, body_sha256: str, idempotency_key: str | None,
-) -> UploadOutcome | _UploadPlan:
+) -> Recorded | _UploadPlan:
     """The replayed response of a known Idempotency-Key, or the plan for a new upload. Refuses
     stale rounds and unselected devices before the body is parsed; record_update repeats that
     under the lock."""
@@ -95,14 +87,14 @@ def _early_checks(
     if previous is not None:
         if previous.request_sha256 != body_sha256:
             raise InvalidInput("Idempotency-Key was already used for a different request body")
-        return UploadOutcome(previous.status_code, previous.response, created=False)
+        return Recorded(previous.status_code, previous.response, created=False, due=False)
     now = utcnow()
     round_ = round_crud.get_round(session, round_id)
     if round_ is None:
         raise NotFound(f"round {round_id} does not exist")
     spec, dim, base_hash = ctx.version_spec(session, round_.base_version_id)
     target = _secure_target(session, round_, device, now) if secure_aggregation.settings_of(round_) else None
-    update_crud.check_can_upload(session, round_, round_id, device.id, now)
+    update_crud.check_can_upload(session, round_, device.id, now)
     return _UploadPlan(UpdateSpec(spec, dim, base_hash, ctx.settings.max_delta_norm if target is None else None), target, now)
 
 

@@ -101,7 +101,8 @@ class ValidationPool:
     def check(self, path: Path, size: int, expected: UpdateSpec) -> ParsedUpdate:
         if not self.processes:
             return check_update_file(str(path), size, expected)
-        self.start()
+        if not self._started:
+            self.start()
         worker = self._idle.get()
         if not worker.process.is_alive():
             worker = self._replace(worker)

@@ -53,6 +53,6 @@ async def upload_update(round_id: RoundIdPath, request: Request, background: Bac
             return JSONResponse({"detail": "the client disconnected before the body was complete"}, status_code=400)
         signed = SignedRequest(request.headers, request.method, signed_path(request), digest.hexdigest())
         outcome = await run_in_threadpool(accept_upload, ctx, session, signed, round_id, spool, size, request.headers.get("idempotency-key"))
-    if outcome.round_due:
+    if outcome.due:
         background.add_task(try_aggregate, ctx, round_id)  # the target-th update; deadlines are the scheduler's
-    return JSONResponse(outcome.body, status_code=outcome.status_code)
+    return JSONResponse(outcome.response, status_code=outcome.status_code)
