@@ -66,14 +66,8 @@ def bench_export(model: torch.nn.Module, export_dir: Path, runs: int = 200, warm
 def op_profile(path: Path, x: np.ndarray, runs: int = 100) -> dict[str, Any]:
     """Where one batch-1 run's time goes, from onnxruntime's own profiler: ms per operator type,
     and the ms of the nodes written for PReLUs (the share that decides int8's speedup here)."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads, options.inter_op_num_threads = 1, 1
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     with tempfile.TemporaryDirectory() as scratch:
-        options.enable_profiling, options.profile_file_prefix = True, str(Path(scratch) / "ort")
-        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        session = ort_session(path, threads=1, profile_prefix=str(Path(scratch) / "ort"))
         for _ in range(runs):
             session.run(None, {INPUT_NAME: x})
         events = json.loads(Path(session.end_profiling()).read_text())

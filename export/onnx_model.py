@@ -147,13 +147,17 @@ def quantize_int8(fp32_path: Path, path: Path, calibration_faces: np.ndarray) ->
     return path
 
 
-def ort_session(path: Path, threads: int = 1):  # type: ignore[no-untyped-def]
+def ort_session(path: Path, threads: int = 1, profile_prefix: str | None = None):  # type: ignore[no-untyped-def]
+    """The session devices run; with `profile_prefix`, onnxruntime's profiler records every kernel
+    (`session.end_profiling()` writes the JSON)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if profile_prefix is not None:
+        options.enable_profiling, options.profile_file_prefix = True, profile_prefix
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 

@@ -185,7 +185,7 @@ def _float32_dot(wide: np.ndarray) -> float:
 
 def _run_squared_norm(values: np.ndarray, begin: int, names: list[str], header: TensorFileHeader) -> float:
     """One run's sum of squares once the fast sum came out non-finite: refuse NaN/Inf, else float64."""
-    run = _float32_dot(values.astype(np.float32))
+    run = _float32_dot(_scratch.widened([values]))
     if math.isfinite(run):
         return run
     _refuse_non_finite(values, begin, names, header)
