@@ -1,6 +1,6 @@
-"""Memory-mapped cache of aligned 112x112 faces, keyed by source-file content and aligner version.
+"""Memory-mapped cache of aligned faces, keyed by source-file content, aligner version and geometry.
 
-Layout of a cache folder: `faces.u8` (rows of 112*112*3 uint8, append-only) and `index.sqlite`
+One folder holds one crop geometry. Layout: `faces.u8` (rows of size*size*3 uint8, append-only) and `index.sqlite`
 (content hash -> row, status, detection score, landmarks). Rows are appended and flushed before
 the index commits them, so a crash leaves at worst an orphan row, never an index entry that
 points at half-written pixels.
@@ -20,9 +20,6 @@ import numpy as np
 
 from facecore.align.template import FACE_SIZE
 
-ROW_SHAPE = (FACE_SIZE, FACE_SIZE, 3)
-ROW_BYTES = int(np.prod(ROW_SHAPE))
-
 STATUS_OK = "ok"  # a face was detected and aligned
 STATUS_FALLBACK = "fallback"  # no face found; pixels come from the dataset-typical landmarks
 STATUS_NOFACE = "noface"  # no face found and no fallback possible: no pixels
@@ -39,8 +36,10 @@ class CacheEntry:
 
 
 class AlignedFaceCache:
-    def __init__(self, folder: str | Path) -> None:
+    def __init__(self, folder: str | Path, size: int = FACE_SIZE) -> None:
         self.folder = Path(folder)
+        self.row_shape = (size, size, 3)
+        self.row_bytes = size * size * 3
         self.folder.mkdir(parents=True, exist_ok=True)
         self._faces_path = self.folder / "faces.u8"
         self._faces_path.touch(exist_ok=True)
@@ -74,14 +73,14 @@ class AlignedFaceCache:
             with open(self._faces_path, "r+b") as handle:
                 handle.seek(0, os.SEEK_END)
                 # A crash mid-append can leave a partial row; cut it so rows stay aligned.
-                next_row = handle.tell() // ROW_BYTES
-                handle.truncate(next_row * ROW_BYTES)
-                handle.seek(next_row * ROW_BYTES)
+                next_row = handle.tell() // self.row_bytes
+                handle.truncate(next_row * self.row_bytes)
+                handle.seek(next_row * self.row_bytes)
                 for key, face, entry in items:
                     row = -1
                     if face is not None:
-                        if face.shape != ROW_SHAPE or face.dtype != np.uint8:
-                            raise ValueError(f"aligned face must be uint8 {ROW_SHAPE}, got {face.dtype} {face.shape}")
+                        if face.shape != self.row_shape or face.dtype != np.uint8:
+                            raise ValueError(f"aligned face must be uint8 {self.row_shape}, got {face.dtype} {face.shape}")
                         handle.write(np.ascontiguousarray(face).tobytes())
                         row, next_row = next_row, next_row + 1
                     stored[key] = CacheEntry(row, entry.status, entry.score, entry.landmarks, entry.detail)
@@ -99,14 +98,14 @@ class AlignedFaceCache:
         return stored
 
     def faces(self, rows: np.ndarray | list[int]) -> np.ndarray:
-        """Gather rows into an (N,112,112,3) uint8 array."""
+        """Gather rows into an (N,size,size,3) uint8 array."""
         memmap = self._memmap()
         return np.asarray(memmap[np.asarray(rows, dtype=np.int64)])
 
     def _memmap(self) -> np.memmap:
-        n_rows = self._faces_path.stat().st_size // ROW_BYTES
+        n_rows = self._faces_path.stat().st_size // self.row_bytes
         if self._faces is None or len(self._faces) != n_rows:
-            self._faces = np.memmap(self._faces_path, dtype=np.uint8, mode="r", shape=(max(n_rows, 1), *ROW_SHAPE)) if n_rows else None
+            self._faces = np.memmap(self._faces_path, dtype=np.uint8, mode="r", shape=(max(n_rows, 1), *self.row_shape)) if n_rows else None
         if self._faces is None:
             raise LookupError("the aligned-face cache is empty")
         return self._faces

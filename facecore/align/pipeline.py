@@ -1,10 +1,14 @@
-"""Detect, align and cache: paths of photos in, 112x112 aligned faces out.
+"""Detect, align and cache: paths of photos in, faces aligned to a backbone's geometry out.
 
 Images without a face are never dropped silently: each one keeps a status that the
 caller reports by file name. For a dataset whose photos are already roughly centred
 (LFW deep-funneled), a miss can be rescued with the median landmarks of the detected
 photos of the same size; that crop is marked `fallback` and callers decide whether
 to use it (evaluation does and counts it; training does not).
+
+Detection does not depend on the geometry, so a geometry's cache misses first reuse the
+landmarks (and statuses) that the 112x112 ArcFace cache already holds; MTCNN runs only on
+photos no cache has seen.
 """
 from __future__ import annotations
 
@@ -26,10 +30,12 @@ from facecore.align.cache import (
     CacheEntry,
 )
 from facecore.align.detector import Detection, MTCNNDetector
+from facecore.align.geometry import ARCFACE_112, FaceGeometry
 from facecore.align.template import warp_to_template
 from facecore.paths import cache_root
 
-ALIGNER_VERSION = "mtcnn-facenet2.6-arcface112-v1"
+DETECTOR_VERSION = "mtcnn-facenet2.6"
+ALIGNER_VERSION = f"{DETECTOR_VERSION}-{ARCFACE_112.key}-v1"
 MIN_DETECTIONS_FOR_FALLBACK = 8
 
 
@@ -37,7 +43,7 @@ MIN_DETECTIONS_FOR_FALLBACK = 8
 class AlignedSet:
     paths: tuple[Path, ...]
     statuses: tuple[str, ...]
-    faces: np.ndarray  # (K,112,112,3) uint8, one row per usable input, in input order
+    faces: np.ndarray  # (K,size,size,3) uint8, one row per usable input, in input order
     kept: np.ndarray  # (K,) indices into `paths` of the rows of `faces`
 
     def with_status(self, status: str) -> list[Path]:
@@ -51,8 +57,12 @@ class AlignedSet:
         )
 
 
-def default_cache() -> AlignedFaceCache:
-    return AlignedFaceCache(cache_root() / f"aligned-{ALIGNER_VERSION}")
+def aligner_version(geometry: FaceGeometry = ARCFACE_112) -> str:
+    return f"{DETECTOR_VERSION}-{geometry.key}-v1"
+
+
+def default_cache(geometry: FaceGeometry = ARCFACE_112) -> AlignedFaceCache:
+    return AlignedFaceCache(cache_root() / f"aligned-{aligner_version(geometry)}", size=geometry.size)
 
 
 def file_key(path: Path) -> str:
@@ -69,18 +79,32 @@ def load_rgb(path: Path) -> np.ndarray | None:
 
 class FaceAligner:
     def __init__(
-        self, cache: AlignedFaceCache | None = None, detector: MTCNNDetector | None = None, batch_size: int = 64
+        self, cache: AlignedFaceCache | None = None, detector: MTCNNDetector | None = None, batch_size: int = 64,
+        geometry: FaceGeometry = ARCFACE_112, landmark_source: AlignedFaceCache | None = None,
     ) -> None:
+        if cache is not None and cache.row_shape != geometry.row_shape:
+            raise ValueError(f"cache rows {cache.row_shape} do not fit geometry {geometry.key} {geometry.row_shape}")
         self._cache = cache
         self._detector = detector
         self.batch_size = batch_size
+        self.geometry = geometry
+        self._landmark_source = landmark_source
+        # Only the default caches are known to sit side by side; a caller's own cache brings its own source.
+        self._reuse_default_detections = cache is None and landmark_source is None and geometry != ARCFACE_112
 
     @property
     def cache(self) -> AlignedFaceCache:
         # Lazy: a device that only aligns in memory (align_image) never creates a cache on disk.
         if self._cache is None:
-            self._cache = default_cache()
+            self._cache = default_cache(self.geometry)
         return self._cache
+
+    @property
+    def landmark_source(self) -> AlignedFaceCache | None:
+        """The ArcFace 112 cache beside this one, whose detections a new geometry reuses."""
+        if self._landmark_source is None and self._reuse_default_detections:
+            self._landmark_source = default_cache(ARCFACE_112)
+        return self._landmark_source
 
     @property
     def detector(self) -> MTCNNDetector:
@@ -93,8 +117,11 @@ class FaceAligner:
         (detection,) = self.detector.detect([image])
         if detection is None:
             return None
-        face, _ = warp_to_template(image, detection.landmarks)
-        return face, detection
+        return self.warp(image, detection.landmarks), detection
+
+    def warp(self, image: np.ndarray, landmarks: np.ndarray) -> np.ndarray:
+        face, _ = warp_to_template(image, landmarks, self.geometry.size, self.geometry.points)
+        return face
 
     def align_paths(
         self, paths: Sequence[str | Path], allow_fallback: bool = False, progress: bool = True, desc: str = "aligning faces"
@@ -103,6 +130,9 @@ class FaceAligner:
         keys = [file_key(p) for p in paths]
         entries = self.cache.lookup(keys)
         todo = [i for i, k in enumerate(keys) if k not in entries]
+        if todo and self.landmark_source is not None:
+            entries.update(self.cache.add(self._rewarp_known([paths[i] for i in todo], [keys[i] for i in todo])))
+            todo = [i for i in todo if keys[i] not in entries]
         bar = tqdm(total=len(todo), desc=desc, unit="img", disable=not progress or not todo)
         for start in range(0, len(todo), self.batch_size):
             chunk = todo[start : start + self.batch_size]
@@ -114,7 +144,7 @@ class FaceAligner:
         usable = {STATUS_OK, STATUS_FALLBACK} if allow_fallback else {STATUS_OK}
         kept = np.array([i for i, s in enumerate(statuses) if s in usable], dtype=np.int64)
         rows = [entries[keys[i]].row for i in kept]
-        faces = self.cache.faces(rows) if rows else np.zeros((0, 112, 112, 3), np.uint8)
+        faces = self.cache.faces(rows) if rows else np.zeros((0, *self.geometry.row_shape), np.uint8)
         return AlignedSet(paths, statuses, faces, kept)
 
     def _align_chunk(self, paths: list[Path], keys: list[str]) -> list[tuple[str, np.ndarray | None, CacheEntry]]:
@@ -130,13 +160,32 @@ class FaceAligner:
                 continue
             detection = detections[i]
             if detection is not None:
-                face, _ = warp_to_template(image, detection.landmarks)
+                face = self.warp(image, detection.landmarks)
                 items.append((key, face, CacheEntry(-1, STATUS_OK, detection.score, _points(detection.landmarks))))
             elif image.shape in typical:
-                face, _ = warp_to_template(image, typical[image.shape])
+                face = self.warp(image, typical[image.shape])
                 items.append((key, face, CacheEntry(-1, STATUS_FALLBACK, 0.0, _points(typical[image.shape]))))
             else:
                 items.append((key, None, CacheEntry(-1, STATUS_NOFACE, 0.0, None)))
+        return items
+
+
+    def _rewarp_known(self, paths: list[Path], keys: list[str]) -> list[tuple[str, np.ndarray | None, CacheEntry]]:
+        """Entries for the photos whose detection the landmark source already holds."""
+        assert self.landmark_source is not None
+        known = self.landmark_source.lookup(keys)
+        items: list[tuple[str, np.ndarray | None, CacheEntry]] = []
+        for path, key in zip(paths, keys):
+            entry = known.get(key)
+            if entry is None:
+                continue
+            if entry.landmarks is None:  # no face or unreadable: the verdict does not depend on the crop
+                items.append((key, None, entry))
+                continue
+            image = load_rgb(path)
+            if image is None:
+                continue
+            items.append((key, self.warp(image, np.asarray(entry.landmarks)), entry))
         return items
 
 

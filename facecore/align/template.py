@@ -41,9 +41,13 @@ def apply_transform(matrix: np.ndarray, points: np.ndarray) -> np.ndarray:
     return points @ matrix[:, :2].T + matrix[:, 2]
 
 
-def warp_to_template(image: np.ndarray, landmarks: np.ndarray, size: int = FACE_SIZE) -> tuple[np.ndarray, np.ndarray]:
-    """Warp an RGB uint8 image so its five landmarks land on the template. Returns (face, matrix)."""
-    template = ARCFACE_TEMPLATE * (size / FACE_SIZE)
+def warp_to_template(
+    image: np.ndarray, landmarks: np.ndarray, size: int = FACE_SIZE, template: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Warp an RGB uint8 image so its five landmarks land on `template` (the ArcFace one scaled to
+    `size` when None) in a `size` x `size` crop. Returns (face, matrix)."""
+    if template is None:
+        template = ARCFACE_TEMPLATE * (size / FACE_SIZE)
     matrix = similarity_transform(landmarks, template)
     # PIL wants the inverse map: output pixel -> input pixel.
     inverse = np.linalg.inv(np.vstack([matrix, [0.0, 0.0, 1.0]]))[:2]

@@ -6,6 +6,6 @@ registered before the first :func:`get_backbone` call.
 from facecore.models.registry import backbone_names, get_backbone, register_backbone
 
 # Imported for their registration side effect; keep after the registry import.
-from facecore.models import iresnet, mobilefacenet  # noqa: E402,F401  isort: skip
+from facecore.models import dlib_resnet, iresnet, mobilefacenet  # noqa: E402,F401  isort: skip
 
 __all__ = ["backbone_names", "get_backbone", "register_backbone"]
