@@ -10,12 +10,12 @@ from export.bench import op_profile
 from export.pipeline import ExportError, export_model, sha256
 from facecore.errors import CheckpointError
 from facecore.models import get_backbone
-from facecore.models.checkpoint import DEFAULT_MODEL, save_backbone
+from facecore.models.checkpoint import MOBILE_MODEL, save_backbone
 
 
 @pytest.fixture(scope="module")
 def exported(real_data: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    assert DEFAULT_MODEL.is_file(), "the package must bundle its default model"
+    assert MOBILE_MODEL.is_file(), "the package must bundle its default model"
     # two folds keep CI fast; `fedface export` itself scores all five evaluation folds
     return export_model("default", tmp_path_factory.mktemp("export"), real_data, int8=True, lfw_folds=(9, 10))
 

@@ -21,7 +21,7 @@ from facecore.align.pipeline import ALIGNER_VERSION, FaceAligner
 from facecore.data.split import SplitConfig, build_split
 from facecore.errors import FaceCoreError
 from facecore.eval.lfw import evaluate, load_lfw_faces
-from facecore.models.checkpoint import DEFAULT_MODEL, load_backbone, save_backbone
+from facecore.models.checkpoint import load_backbone, model_source, save_backbone
 from facecore.models.preprocess import PIXEL_MEAN, PIXEL_STD, embed_faces
 
 CALIBRATION_FACES = 300
@@ -121,7 +121,7 @@ def _export(model: torch.nn.Module, spec: str, out_dir: Path, root: Path, int8: 
         },
         "output": {"name": OUTPUT_NAME, "shape": ["batch", model.embedding_dim], "normalized": False},
         "files": {kind: {"path": p.name, "sha256": sha256(p), "bytes": p.stat().st_size} for kind, p in files.items()},
-        "torch_state_dict": {"path": torch_file.name, "sha256": sha256(torch_file), "source": str(DEFAULT_MODEL if spec == "default" else spec)},
+        "torch_state_dict": {"path": torch_file.name, "sha256": sha256(torch_file), "source": model_source(spec)},
         "parity": metrics,
     }
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))

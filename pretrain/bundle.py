@@ -1,10 +1,10 @@
-"""Bundle a finished pretraining run as the package's default model, with its model card.
+"""Bundle a finished pretraining run as the package's compact `mobile` model, with its model card.
 
     python -m pretrain.bundle runs/pretrain
 
-Stores the backbone as an fp16 state dict in facecore/weights/default.pt, evaluates the
+Stores the backbone as an fp16 state dict in facecore/weights/mobile.pt, evaluates the
 stored (fp16-rounded) weights with the full LFW protocol on the split's evaluation folds, and
-writes facecore/weights/MODEL_CARD.md and default.json from measured figures only.
+writes facecore/weights/MODEL_CARD.md and mobile.json from measured figures only.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 from facecore.data.split import SplitManifest
 from facecore.eval.baselines import lbp_features
 from facecore.eval.lfw import evaluate, load_lfw_faces
-from facecore.models.checkpoint import DEFAULT_MODEL, load_backbone, save_backbone
+from facecore.models.checkpoint import MOBILE_MODEL, load_backbone, save_backbone
 from facecore.models.preprocess import embed_faces
 from facecore.paths import data_root
 
@@ -33,18 +33,18 @@ def bundle(run_dir: Path) -> dict[str, object]:
         "run": summary, "trained_epochs": len(history), "wall_seconds": round(sum(h["seconds"] for h in history), 1),
         "verification": calibrate_threshold(model, root, folds[:2]),
     }
-    save_backbone(model, DEFAULT_MODEL, meta=meta, half=True)
-    shipped = load_backbone("default")
+    save_backbone(model, MOBILE_MODEL, meta=meta, half=True)
+    shipped = load_backbone("mobile")
     data = load_lfw_faces(root / "lfw", folds)
     report = evaluate(data, lambda f: embed_faces(shipped, f)).report.to_json_dict()
     classical = evaluate(data, lbp_features).report.to_json_dict()
     card = {
-        "backbone": shipped.name, "embedding_dim": shipped.embedding_dim, "file_bytes": DEFAULT_MODEL.stat().st_size,
+        "backbone": shipped.name, "embedding_dim": shipped.embedding_dim, "file_bytes": MOBILE_MODEL.stat().st_size,
         "eval_folds": list(folds), "lfw": report, "lbp_baseline": {k: classical[k] for k in ("accuracy", "accuracy_std", "auc", "tar_at_far")},
         "split_sizes": manifest.sizes(), "split_seed": manifest.config.seed, **meta,
     }
-    (DEFAULT_MODEL.parent / "default.json").write_text(json.dumps(card, indent=1))
-    (DEFAULT_MODEL.parent / "MODEL_CARD.md").write_text(model_card(card, history))
+    (MOBILE_MODEL.parent / "mobile.json").write_text(json.dumps(card, indent=1))
+    (MOBILE_MODEL.parent / "MODEL_CARD.md").write_text(model_card(card, history))
     return card
 
 
@@ -133,10 +133,10 @@ def _pct(value: float | None) -> str:
 
 
 def rewrite_card(run_dir: Path) -> None:
-    """Regenerate MODEL_CARD.md from the stored figures (default.json) without re-evaluating."""
-    card = json.loads((DEFAULT_MODEL.parent / "default.json").read_text())
+    """Regenerate MODEL_CARD.md from the stored figures (mobile.json) without re-evaluating."""
+    card = json.loads((MOBILE_MODEL.parent / "mobile.json").read_text())
     history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    (DEFAULT_MODEL.parent / "MODEL_CARD.md").write_text(model_card(card, history))
+    (MOBILE_MODEL.parent / "MODEL_CARD.md").write_text(model_card(card, history))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,9 @@
-"""Backbone files: what the product ships, what `--model` accepts, and the bundled default.
+"""Backbone files: what the product ships, what `--model` accepts, and the named models.
+
+Named models: `default` (and its architecture name `dlib-resnet`) is the dlib ResNet with the
+weights the setup fetched from the npm registry (`facecore.models.published`); `mobile` is the
+compact MobileFaceNet bundled in `facecore/weights/mobile.pt`; `random` is an untrained backbone.
+Anything else is a path to a backbone or training file.
 
 A backbone file is a torch pickle of a plain dict (loaded with weights_only=True):
 {"format": "fedface-backbone/1", "backbone": name, "embedding_dim": d, "state_dict": {...}, "meta": {...}}.
@@ -18,7 +23,18 @@ from facecore.models.registry import get_backbone
 
 FORMAT = "fedface-backbone/1"
 WEIGHTS_DIR = Path(__file__).resolve().parents[1] / "weights"
-DEFAULT_MODEL = WEIGHTS_DIR / "default.pt"
+MOBILE_MODEL = WEIGHTS_DIR / "mobile.pt"
+PUBLISHED_MODELS = ("default", "dlib-resnet")
+MODEL_NAMES = (*PUBLISHED_MODELS, "mobile", "random")
+
+
+def model_source(spec: str | Path) -> str:
+    """Where a --model spec's weights come from, for manifests and reports."""
+    if str(spec) in PUBLISHED_MODELS:
+        from facecore.models.published import FACE_API
+
+        return f"npm {FACE_API.spec}"
+    return str(MOBILE_MODEL if str(spec) == "mobile" else spec)
 
 
 def save_backbone(model: torch.nn.Module, path: str | Path, meta: dict[str, Any] | None = None, half: bool = False) -> Path:
@@ -54,13 +70,16 @@ def read_backbone_file(path: str | Path) -> dict[str, Any]:
 
 
 def load_backbone(spec: str | Path, backbone: str = "mobilefacenet", seed: int = 0) -> torch.nn.Module:
-    """`random` (untrained, seeded), `default` (bundled) or a path to a backbone/training file."""
+    """A named model (`default`, `dlib-resnet`, `mobile`, `random`: untrained, seeded, of
+    architecture `backbone`) or a path to a backbone/training file."""
     if str(spec) == "random":
         torch.manual_seed(seed)
         return get_backbone(backbone).eval()
-    path = DEFAULT_MODEL if str(spec) == "default" else Path(spec)
-    if str(spec) == "default" and not path.is_file():
-        raise CheckpointError("no bundled default model in this install yet: pass --model PATH or --model random")
+    if str(spec) in PUBLISHED_MODELS:
+        from facecore.models.published import load_dlib_resnet
+
+        return load_dlib_resnet()
+    path = MOBILE_MODEL if str(spec) == "mobile" else Path(spec)
     payload = read_backbone_file(path)
     model = get_backbone(payload["backbone"], embedding_dim=payload["embedding_dim"])
     state = {k: v.float() if v.is_floating_point() else v for k, v in payload["state_dict"].items()}

@@ -60,6 +60,8 @@ FACE_API = NpmPackage(
         ("model/face_recognition_model.bin", "b413e420d6840b2775fba32008db6f3cddb07d485967fb42cfcf379c16a8c589"),
         ("model/face_recognition_model-weights_manifest.json", "cbaffa501b0b9275a12b63357a6843e7e30c054e1c9151e1a5f879b26e32986b"),
         ("LICENSE", "9a3442b79acaf4fbc7c2e07b7e2d8f84af9bb3871bf08a69d80304ab00640e9a"),
+        # The package's own browser bundle (tf.js with its pure-JS CPU backend): the parity test runs it under node.
+        ("dist/face-api.esm.js", "14f0e9813f6d9f14a9cdafb6543a74835ebb13085090e2942310a7a737f55d9a"),
     ),
 )
 FETCH_HINT = "fedface models fetch"
@@ -173,11 +175,19 @@ def dlib_state_dict(tensors: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
     return state
 
 
+# Figures measured for the published model (verification threshold calibrated on LFW folds 1-5).
+CARD = Path(__file__).resolve().parents[1] / "weights" / "dlib-resnet.json"
+
+
 def load_dlib_resnet() -> torch.nn.Module:
-    """The dlib ResNet with the published weights, in eval mode."""
+    """The dlib ResNet with the published weights, in eval mode; `meta` carries its verification threshold."""
     from facecore.models.registry import get_backbone
 
     model = get_backbone("dlib-resnet")
     model.load_state_dict(dlib_state_dict(read_face_api_tensors()))
-    model.meta = {"source": f"npm {FACE_API.spec} model/face_recognition_model.bin (dlib ResNet v1, CC0 weights)"}  # type: ignore[attr-defined]
+    card = json.loads(CARD.read_text()) if CARD.is_file() else {}
+    model.meta = {  # type: ignore[attr-defined]
+        "source": f"npm {FACE_API.spec} model/face_recognition_model.bin (dlib ResNet v1, CC0 weights)",
+        "verification": card.get("verification"),
+    }
     return model.eval()

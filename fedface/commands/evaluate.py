@@ -16,8 +16,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     lfw = targets.add_parser("lfw", help="LFW View-2 verification")
     lfw.add_argument(
         "--model", action="append", default=None,
-        help="checkpoint PATH, 'default' (bundled), 'random' (untrained backbone), or a classical baseline "
-        "'lbp' / 'pca'; repeat to compare several (default: default if bundled, else random)",
+        help="'default' (the dlib ResNet), 'mobile' (the compact model), checkpoint PATH, 'random' (untrained "
+        "backbone), or a classical baseline 'lbp' / 'pca'; repeat to compare several (default: default)",
     )
     lfw.add_argument("--baselines", action="store_true", help="also score the untrained backbone and LBP")
     lfw.add_argument("--backbone", default="mobilefacenet", help="architecture for --model random")
@@ -31,43 +31,52 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from facecore.align.geometry import ARCFACE_112, geometry_of
+    from facecore.align.pipeline import FaceAligner
     from facecore.data.lfw import parse_folds
-    from facecore.eval.lfw import evaluate, load_lfw_faces
+    from facecore.eval.lfw import LFWFaces, evaluate, load_lfw_faces
     from facecore.eval.plots import save_roc_plot
-    from facecore.models.checkpoint import DEFAULT_MODEL
     from facecore.paths import data_root
 
-    specs = args.model or (["default"] if DEFAULT_MODEL.is_file() else ["random"])
+    specs = args.model or ["default"]
     if args.baselines:
         specs += [s for s in ("random", "lbp") if s not in specs]
     folds = parse_folds(args.folds)
     root = data_root(args.data)
     embedders = {spec: _embedder(spec, args, root, folds) for spec in specs}  # fail fast on a bad --model
-    data = load_lfw_faces(root / "lfw", folds, max_pairs_per_fold=args.max_pairs_per_fold, all_people=not args.pairs_only)
+    by_geometry: dict[str, LFWFaces] = {}  # each backbone is scored on crops of its own geometry
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     reports, curves = {}, {}
-    for spec, embed in embedders.items():
+    for spec, (embed, model) in embedders.items():
+        geometry = geometry_of(model) if model is not None else ARCFACE_112
+        if geometry.key not in by_geometry:
+            by_geometry[geometry.key] = load_lfw_faces(
+                root / "lfw", folds, aligner=FaceAligner(geometry=geometry), max_pairs_per_fold=args.max_pairs_per_fold,
+                all_people=not args.pairs_only,
+            )
+        data = by_geometry[geometry.key]
         result = evaluate(data, embed)
         label = _label(spec)
-        reports[label] = {"model": spec, **result.report.to_json_dict()}
+        reports[label] = {"model": spec, "geometry": geometry.key, **result.report.to_json_dict()}
         curves[label] = result.roc
         (out / f"lfw_{_slug(label)}.json").write_text(json.dumps(reports[label], indent=1))
     plot = save_roc_plot(out / "lfw_roc.png", curves, f"LFW folds {args.folds}: all-pairs ROC")
     if args.json:
         print(json.dumps(next(iter(reports.values())) if len(reports) == 1 else reports))
     else:
-        _print_table(reports, data.alignment.summary(), plot)
+        _print_table(reports, next(iter(by_geometry.values())).alignment.summary(), plot)
     return 0
 
 
 def _embedder(spec: str, args: argparse.Namespace, root: Path, folds: tuple[int, ...]):  # type: ignore[no-untyped-def]
+    """(embed function, backbone or None for the classical baselines)."""
     from facecore.eval.baselines import lbp_features
 
     if spec == "lbp":
-        return lbp_features
+        return lbp_features, None
     if spec == "pca":
-        return _pca_embedder(root, folds)
+        return _pca_embedder(root, folds), None
     from functools import partial
 
     import torch
@@ -76,7 +85,8 @@ def _embedder(spec: str, args: argparse.Namespace, root: Path, folds: tuple[int,
     from facecore.models.preprocess import embed_faces
 
     torch.set_num_threads(max(torch.get_num_threads(), 1))
-    return partial(embed_faces, load_backbone(spec, backbone=args.backbone), flip=args.flip)
+    model = load_backbone(spec, backbone=args.backbone)
+    return partial(embed_faces, model, flip=args.flip), model
 
 
 def _pca_embedder(root: Path, folds: tuple[int, ...]):  # type: ignore[no-untyped-def]
@@ -93,7 +103,7 @@ def _pca_embedder(root: Path, folds: tuple[int, ...]):  # type: ignore[no-untype
 
 
 def _label(spec: str) -> str:
-    return {"random": "untrained", "lbp": "LBP (classical)", "pca": "PCA (classical)"}.get(spec, spec if spec == "default" else Path(spec).stem)
+    return {"random": "untrained", "lbp": "LBP (classical)", "pca": "PCA (classical)"}.get(spec, spec if spec in ("default", "dlib-resnet", "mobile") else Path(spec).stem)
 
 
 def _slug(label: str) -> str:
