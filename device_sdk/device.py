@@ -25,6 +25,7 @@ from device_sdk.template_noise import noisy_template, sigma_for_cosine
 from device_sdk.training import LocalTrainingConfig, mean_feature_embedding, train_local
 from device_sdk.transport import Transport
 from facecore import tensorfile
+from facecore.align.geometry import FaceGeometry, geometry_of
 from facecore.align.pipeline import FaceAligner, load_rgb
 from facecore.data.folders import list_photos
 from facecore.models.registry import get_backbone
@@ -99,11 +100,12 @@ class FaceDevice:
             raise NotRegistered()
         return self.transport.request(method, path, key, self.device_id, **kwargs)
 
-    def _align(self, photos: Sequence[str | Path]) -> tuple[np.ndarray, list[str]]:
-        """Align in memory only: the owner's faces never enter a shared, unencrypted cache."""
+    def _align(self, photos: Sequence[str | Path], geometry: FaceGeometry) -> tuple[np.ndarray, list[str]]:
+        """Align in memory only, to the crop the server's model declares: the owner's faces never
+        enter a shared, unencrypted cache."""
         if self._aligner is None:
-            self._aligner = FaceAligner()
-        aligner = self._aligner
+            self._aligner = FaceAligner(geometry=geometry)
+        self._aligner = aligner = self._aligner.with_geometry(geometry)
         faces, missing = [], []
         for path in list_photos(list(photos)):
             image = load_rgb(path)
@@ -112,10 +114,15 @@ class FaceDevice:
                 missing.append(str(path))
             else:
                 faces.append(found[0])
-        return (np.stack(faces) if faces else np.zeros((0, 112, 112, 3), np.uint8)), missing
+        return (np.stack(faces) if faces else np.zeros((0, *geometry.row_shape), np.uint8)), missing
 
     def _model(self) -> dict[str, Any]:
         return self._request("GET", "/v1/models/current").json()
+
+    @staticmethod
+    def _geometry(model: dict[str, Any]) -> FaceGeometry:
+        crop = model["face_geometry"]
+        return FaceGeometry(crop["key"], int(crop["size"]), tuple((float(x), float(y)) for x, y in crop["template"]))
 
     def _download(self, url: str, name: str) -> Path:
         """Version-pinned URLs never change content: keep one file per URL, revalidated by ETag."""
@@ -148,10 +155,10 @@ class FaceDevice:
         return self.state.update_info(device_id=response.json()["device_id"])["device_id"]
 
     def enroll(self, photos: Sequence[str | Path]) -> EnrollResult:
-        faces, missing = self._align(photos)
+        model = self._model()
+        faces, missing = self._align(photos, self._geometry(model))
         if len(faces) < self.min_photos:
             raise NoFaceFound(missing or [f"(only {len(faces)} usable photos, {self.min_photos} needed)"])
-        model = self._model()
         embedding = mean_feature_embedding(self._embedder(model).embed(faces))
         self._request("PUT", f"/v1/devices/{self.device_id}/embedding", body={"embedding": self._shared_template(embedding).tolist()}, expect=(200, 201))
         self.state.save_faces(faces)
@@ -176,6 +183,9 @@ class FaceDevice:
             secure = SecureRound(self._request, checkin["secagg_url"], poll=min(poll, 1.0))
             secure.join()  # before training: the key steps have short deadlines
         backbone = self._load_backbone(checkin["backbone_url"], checkin["base_version"])
+        if faces.shape[1:] != geometry_of(backbone).row_shape:
+            raise NotEnrolled(f"the server's model crops faces as {geometry_of(backbone).key}, this device's faces were cropped "
+                              f"for another model: enroll again")
         embedding = np.asarray(self._request("GET", checkin["embedding_url"]).json()["embedding"], np.float32)
         local = checkin["local"]
         config = LocalTrainingConfig(epochs=local.get("epochs", 1), steps=local.get("steps"), lr=local.get("lr", 0.01), margin=local.get("margin", 0.9), batch=local.get("batch_size", 32))
@@ -214,10 +224,10 @@ class FaceDevice:
         template = self.state.template()
         if template is None:
             raise NotEnrolled()
-        faces, missing = self._align([photo])
+        model = self._model()
+        faces, missing = self._align([photo], self._geometry(model))
         if len(faces) == 0:
             raise NoFaceFound(missing)
-        model = self._model()
         if threshold is None:
             threshold = model.get("verify_threshold")
         if threshold is None:

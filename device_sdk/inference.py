@@ -5,10 +5,15 @@ from pathlib import Path
 
 import numpy as np
 
+from facecore.errors import FaceCoreError
 from facecore.models.preprocess import PIXEL_MEAN, PIXEL_STD
 
 
 class OnnxEmbedder:
+    """Embeds aligned faces of the size the model's input declares (its manifest's `input.shape`
+    and `geometry.size`: 112 for MobileFaceNet, 150 for the dlib ResNet); nothing else about the
+    architecture is read."""
+
     def __init__(self, model_path: str | Path, threads: int = 1) -> None:
         import onnxruntime as ort
 
@@ -16,10 +21,19 @@ class OnnxEmbedder:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         self.session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
-        self.input_name = self.session.get_inputs()[0].name
+        model_input = self.session.get_inputs()[0]
+        self.input_name = model_input.name
+        _, channels, height, width = model_input.shape
+        if channels != 3 or not isinstance(height, int) or height != width:
+            raise FaceCoreError(f"{model_path}: expected an input of shape (batch, 3, size, size), got {model_input.shape}")
+        self.size: int = height
 
     def embed(self, faces: np.ndarray, batch: int = 32) -> np.ndarray:
-        """(N,112,112,3) uint8 aligned faces -> (N,D) L2-normalised float32 embeddings."""
+        """(N,size,size,3) uint8 aligned faces -> (N,D) L2-normalised float32 embeddings."""
+        if faces.ndim != 4 or faces.shape[1:] != (self.size, self.size, 3):
+            raise FaceCoreError(f"this model embeds ({self.size},{self.size},3) aligned faces, got rows of shape {faces.shape[1:]}")
+        if len(faces) == 0:
+            return np.zeros((0, self.session.get_outputs()[0].shape[1]), np.float32)
         out = []
         for start in range(0, len(faces), batch):
             x = (faces[start : start + batch].astype(np.float32) - PIXEL_MEAN) / PIXEL_STD

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from device_sdk.training import Cohort, LocalTrainingConfig, PrefixCache, TrainingDiverged, fit_positive, mean_feature_embedding, split_backbone
+from facecore.align.geometry import geometry_of
 from facecore.errors import FaceCoreError
 from facecore.fusion import FUSIONS, Fusion, make_fusion
 from facecore.models.preprocess import faces_to_tensor
@@ -76,7 +77,7 @@ class FusedSuffix(nn.Module):
 
 
 class PersonalVerifier(nn.Module):
-    """Aligned faces → fused embeddings, and their cosine with the owner's template."""
+    """Aligned faces (the backbone's crop) → fused embeddings, and their cosine with the owner's template."""
 
     def __init__(self, global_backbone: nn.Module, config: PersonalConfig) -> None:
         super().__init__()
@@ -86,7 +87,8 @@ class PersonalVerifier(nn.Module):
         self.prefix = prefix
         for p in self.prefix.parameters():
             p.requires_grad_(False)
-        channels = int(frozen(torch.zeros(1, 3, 112, 112)).shape[1])
+        size = geometry_of(frozen).size
+        channels = int(frozen(torch.zeros(1, 3, size, size)).shape[1])
         self.fused = FusedSuffix(copy.deepcopy(global_suffix), global_suffix, make_fusion(config.fusion, channels, config.lambda_init))
         self.register_buffer("template", torch.zeros(channels))
         self.eval()

@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 import torch
 
+from facecore.align.geometry import geometry_of
 from facecore.models.preprocess import faces_to_tensor
 
 OPSET = 17
@@ -33,19 +34,124 @@ def staged_file(path: Path) -> Iterator[Path]:
 
 
 def export_fp32(model: torch.nn.Module, path: Path) -> Path:
-    """Dynamic batch axis, opset 17, constant-folded (BatchNorm folds into the convolutions)."""
+    """Dynamic batch axis, opset 17, constant-folded (BatchNorm folds into the convolutions).
+
+    The input is the backbone's crop (`geometry_of(model).size`, 112 for MobileFaceNet, 150 for
+    the dlib ResNet). Three rewrites keep onnxruntime in its blocked (NCHWc) float layout and in
+    uint8 once quantized: PReLUs become convolutions (`rewrite_prelu`), pad amounts the tracer
+    computed from tensor shapes become constants (`fold_shape_arithmetic`), and zero padding
+    becomes an identity 1x1 convolution (`rewrite_zero_pad`)."""
     model = model.float().eval().to(memory_format=torch.contiguous_format)
-    example = torch.zeros(1, 3, model.input_size, model.input_size)
+    size = geometry_of(model).size
+    example = torch.zeros(1, 3, size, size)
     with staged_file(path) as temp:
         torch.onnx.export(
             model, (example,), str(temp), dynamo=False, opset_version=OPSET, do_constant_folding=True,
             input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
             dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
         )
-        graph = rewrite_prelu(onnx.load(str(temp)))
+        graph = rewrite_zero_pad(fold_shape_arithmetic(rewrite_prelu(onnx.load(str(temp)))))
         onnx.checker.check_model(graph, full_check=True)
         onnx.save(graph, str(temp))
     return path
+
+
+def fold_shape_arithmetic(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Make each Pad's amounts a constant when they do not depend on the batch size.
+
+    torch's tracer records `F.pad(x, (0, a.shape[3] - b.shape[3], ...))` as Shape, Gather, Sub,
+    Concat, Slice... nodes evaluated on every run (the dlib ResNet's down blocks pad this way).
+    With a fixed crop size they are constants: they are evaluated here at batch 1 and batch 2 and
+    replaced by one initializer when both agree; the nodes only they used are dropped."""
+    import onnxruntime as ort
+
+    initializers = {init.name for init in model.graph.initializer}
+    computed = sorted({n.input[1] for n in model.graph.node if n.op_type == "Pad" and len(n.input) > 1 and n.input[1] and n.input[1] not in initializers})
+    if not computed:
+        return model
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    del probe.graph.output[:]
+    probe.graph.output.extend(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.INT64, None) for name in computed)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    (graph_input,) = [i for i in model.graph.input if i.name not in initializers]
+    dims = [d.dim_value for d in graph_input.type.tensor_type.shape.dim]
+    if not all(dims[1:]):
+        return model  # only the batch axis may be dynamic for the values to be constants
+    at_batch = [session.run(None, {graph_input.name: np.zeros((batch, *dims[1:]), np.float32)}) for batch in (1, 2)]
+    for name, one, two in zip(computed, *at_batch):
+        if np.array_equal(one, two):
+            model.graph.initializer.append(onnx.numpy_helper.from_array(np.asarray(one, np.int64), name))
+    return _drop_dead_nodes(model)
+
+
+def _drop_dead_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Remove the nodes (and initializers) no graph output depends on; an initializer wins over
+    the node that used to compute the same name."""
+    initializers = {init.name for init in model.graph.initializer}
+    needed = {out.name for out in model.graph.output}
+    kept = []
+    for node in reversed(model.graph.node):
+        outputs = [o for o in node.output if o]
+        if any(o in needed for o in outputs) and not all(o in initializers for o in outputs):
+            kept.append(node)
+            needed.update(i for i in node.input if i)
+    del model.graph.node[:]
+    model.graph.node.extend(reversed(kept))
+    for init in [init for init in model.graph.initializer if init.name not in needed]:
+        model.graph.initializer.remove(init)
+    return model
+
+
+def rewrite_zero_pad(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Replace each zero-valued, constant-amount Pad of a 4-D float tensor by a 1x1 convolution
+    with identity weights: the spatial amounts become the convolution's pads, channels added at
+    the start or end become output channels with zero weights (a depthwise convolution when
+    no channel is added). The result is exact (x * 1 + 0).
+
+    onnxruntime has no blocked-layout Pad: each one sent the tensor back to plain NCHW, and with
+    it the residual Add and Relu of every later block (the dlib ResNet's shortcut widens with
+    zero channels; its last two down blocks pad the convolution path by a row and a column).
+    As a convolution, the optimizer fuses the following Add and Relu into it. The dense identity
+    costs C_in x C_out multiply-adds per pixel, at most 0.6M for the dlib ResNet's shortcuts."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    shapes = {
+        v.name: (v.type.tensor_type.elem_type, [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim])
+        for v in (*inferred.graph.value_info, *inferred.graph.input)
+    }
+    constants = {init.name: onnx.numpy_helper.to_array(init) for init in model.graph.initializer}
+    nodes = []
+    for node in model.graph.node:
+        attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        data = node.input[0] if node.input else ""
+        elem_type, dims = shapes.get(data, (None, []))
+        pads = constants.get(node.input[1]) if len(node.input) > 1 else None
+        value = constants.get(node.input[2]) if len(node.input) > 2 and node.input[2] else np.zeros(())
+        if (
+            node.op_type != "Pad" or attributes.get("mode", b"constant") != b"constant" or len(node.input) > 3
+            or elem_type != onnx.TensorProto.FLOAT or len(dims) != 4 or dims[1] is None
+            or pads is None or pads.shape != (8,) or (pads < 0).any() or pads[0] or pads[4] or value is None or np.any(value != 0)
+        ):
+            nodes.append(node)
+            continue
+        (_, c_begin, top, left, _, c_end, bottom, right), channels = pads.tolist(), dims[1]
+        name = node.name or node.output[0]
+        if c_begin or c_end:
+            weight = np.zeros((c_begin + channels + c_end, channels, 1, 1), np.float32)
+            weight[np.arange(channels) + c_begin, np.arange(channels)] = 1.0
+            group = 1
+        else:
+            weight, group = np.ones((channels, 1, 1, 1), np.float32), channels
+        model.graph.initializer.append(onnx.numpy_helper.from_array(weight, f"{name}/identity_weight"))
+        nodes.append(onnx.helper.make_node(
+            "Conv", [data, f"{name}/identity_weight"], list(node.output), name=f"{name}/pad_as_conv",
+            kernel_shape=[1, 1], pads=[top, left, bottom, right], group=group,
+        ))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return _drop_dead_nodes(model)
 
 
 FLOAT_PRELU_TAG = "/prelu_float_"  # names the nodes of a PRelu that int8 must keep in float

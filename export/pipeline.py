@@ -1,7 +1,9 @@
 """`fedface export`: write model.onnx, model.int8.onnx, backbone.pt and manifest.json, checked for parity.
 
 Parity faces come from the evaluation identities, calibration faces from the public ones, so
-the two sets never share a photo or a person.
+the two sets never share a photo or a person. Every face (calibration, parity, LFW) is aligned to
+the backbone's own crop (`geometry_of(model)`), and the manifest carries that geometry (crop size
+and the five template points), so a device aligns without knowing the architecture.
 """
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ import numpy as np
 import torch
 
 from export.onnx_model import INPUT_NAME, OPSET, OUTPUT_NAME, export_fp32, ort_embed, ort_session, quantize_int8
-from facecore.align.pipeline import ALIGNER_VERSION, FaceAligner
+from facecore.align.geometry import ARCFACE_112, FaceGeometry, geometry_of
+from facecore.align.pipeline import FaceAligner, aligner_version
 from facecore.data.split import SplitConfig, build_split
 from facecore.errors import FaceCoreError
 from facecore.eval.lfw import evaluate, load_lfw_faces
@@ -26,6 +29,8 @@ from facecore.models.preprocess import PIXEL_MEAN, PIXEL_STD, embed_faces
 
 CALIBRATION_FACES = 300
 PARITY_FACES = 256
+# The order of the template's rows (facecore.align.template.ARCFACE_TEMPLATE), in the image's own left/right.
+LANDMARKS = ("left_eye", "right_eye", "nose_tip", "mouth_left", "mouth_right")
 
 
 class ExportError(FaceCoreError):
@@ -52,11 +57,12 @@ def prepare_out_dir(out_dir: Path) -> None:
         raise ExportError(f"output directory {out_dir} is not writable")
 
 
-def real_faces(root: Path, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """(calibration faces from public identities, parity faces from evaluation identities)."""
+def real_faces(root: Path, seed: int = 0, geometry: FaceGeometry = ARCFACE_112) -> tuple[np.ndarray, np.ndarray]:
+    """(calibration faces from public identities, parity faces from evaluation identities),
+    aligned to `geometry`."""
     split = build_split(root, SplitConfig(seed=seed))
     rng = np.random.default_rng(seed)
-    aligner = FaceAligner()
+    aligner = FaceAligner(geometry=geometry)
 
     def sample(role: str, count: int) -> np.ndarray:
         images = split.images(role, root)
@@ -64,6 +70,15 @@ def real_faces(root: Path, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
         return aligner.align_paths(chosen, desc=f"aligning {role} faces").faces[:count]
 
     return sample("public", CALIBRATION_FACES), sample("evaluation", PARITY_FACES)
+
+
+def geometry_manifest(geometry: FaceGeometry) -> dict[str, Any]:
+    """What a device needs to make the backbone's crop: warp the five detected landmarks onto
+    `template` (x, y in pixels of the `size` x `size` crop) with a least-squares similarity."""
+    return {
+        "key": geometry.key, "size": geometry.size, "landmarks": list(LANDMARKS),
+        "template": [[round(x, 4), round(y, 4)] for x, y in geometry.template], "aligner": aligner_version(geometry),
+    }
 
 
 def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -85,9 +100,12 @@ def export_model(spec: str, out_dir: Path, root: Path, int8: bool = True, lfw_fo
 
 
 def _export(model: torch.nn.Module, spec: str, out_dir: Path, root: Path, int8: bool, lfw_folds: tuple[int, ...]) -> ExportResult:
+    geometry = geometry_of(model)
+    if getattr(model, "input_size", geometry.size) != geometry.size:
+        raise ExportError(f"backbone {model.name!r} takes {model.input_size}px inputs but declares a {geometry.size}px crop ({geometry.key})")
     torch_file = save_backbone(model, out_dir / "backbone.pt", meta=getattr(model, "meta", {}), half=True)
     fp32_path = export_fp32(model, out_dir / "model.onnx")
-    calibration, parity = real_faces(root)
+    calibration, parity = real_faces(root, geometry=geometry)
     reference = embed_faces(model, parity)
     fp32_cos = _cosines(reference, ort_embed(ort_session(fp32_path, threads=2), parity))
     metrics: dict[str, float | int | None] = {
@@ -100,7 +118,7 @@ def _export(model: torch.nn.Module, spec: str, out_dir: Path, root: Path, int8: 
         int8_path = quantize_int8(fp32_path, out_dir / "model.int8.onnx", calibration)
         session = ort_session(int8_path, threads=2)
         int8_cos = _cosines(reference, ort_embed(session, parity))
-        lfw = load_lfw_faces(root / "lfw", lfw_folds, all_people=False)
+        lfw = load_lfw_faces(root / "lfw", lfw_folds, aligner=FaceAligner(geometry=geometry), all_people=False)
         torch_acc = evaluate(lfw, lambda f: embed_faces(model, f)).report.accuracy
         int8_acc = evaluate(lfw, lambda f: ort_embed(session, f)).report.accuracy
         metrics.update(
@@ -115,10 +133,11 @@ def _export(model: torch.nn.Module, spec: str, out_dir: Path, root: Path, int8: 
         "embedding_dim": model.embedding_dim,
         "opset": OPSET,
         "input": {
-            "name": INPUT_NAME, "shape": ["batch", 3, model.input_size, model.input_size], "layout": "NCHW", "color": "RGB",
+            "name": INPUT_NAME, "shape": ["batch", 3, geometry.size, geometry.size], "layout": "NCHW", "color": "RGB",
             "dtype": "float32", "normalization": f"(pixel - {PIXEL_MEAN}) / {PIXEL_STD}", "mean": PIXEL_MEAN, "std": PIXEL_STD,
-            "alignment": f"5-point similarity warp to the ArcFace 112x112 template ({ALIGNER_VERSION})",
+            "alignment": f"{geometry.describe()}, template in `geometry` ({aligner_version(geometry)})",
         },
+        "geometry": geometry_manifest(geometry),
         "output": {"name": OUTPUT_NAME, "shape": ["batch", model.embedding_dim], "normalized": False},
         "files": {kind: {"path": p.name, "sha256": sha256(p), "bytes": p.stat().st_size} for kind, p in files.items()},
         "torch_state_dict": {"path": torch_file.name, "sha256": sha256(torch_file), "source": model_source(spec)},

@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "data": ("fedface.commands.data", "face data: split identities, align and cache faces, show statistics"),
     "eval": ("fedface.commands.evaluate", "evaluate a backbone on identity-disjoint LFW folds"),
     "pretrain": ("fedface.commands.pretrain", "pretrain the backbone on public identities (or fine-tune on devices)"),
+    "models": ("fedface.commands.models", "the named models (default, mobile): fetch and verify published weights, list them"),
     "export": ("fedface.commands.export", "export a backbone to ONNX (fp32 and int8) with parity checks"),
     "server": ("fedface.commands.server", "run the cross-device FedFace round server"),
     "admin": ("fedface.commands.admin", "operate a round server: open rounds, show their status"),

@@ -112,6 +112,7 @@ class Pretrainer:
                 "config": self.config.to_dict(),
                 "classes": list(self.data.classes),
                 "rng_torch": torch.get_rng_state(),
+                **self._extra_state(),
             },
             self.checkpoint_path,
         )
@@ -120,7 +121,7 @@ class Pretrainer:
         if not self.checkpoint_path.is_file():
             raise CheckpointError(f"nothing to resume: {self.checkpoint_path} does not exist")
         state = torch.load(self.checkpoint_path, map_location=self.device, weights_only=False)
-        saved = PretrainConfig(**state.get("config", {})).resume_key() if "config" in state else {}
+        saved = type(self.config)(**state.get("config", {})).resume_key() if "config" in state else {}
         mismatched = {k: (saved.get(k), v) for k, v in self.config.resume_key().items() if saved.get(k) != v}
         if mismatched or state.get("classes") != list(self.data.classes):
             detail = ", ".join(f"{k}: checkpoint {a!r} vs now {b!r}" for k, (a, b) in mismatched.items()) or "a different identity list"
@@ -131,6 +132,14 @@ class Pretrainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.epoch, self.history = state["epoch"], state["history"]
         torch.set_rng_state(state["rng_torch"])
+        self._load_extra_state(state)
+
+    def _extra_state(self) -> dict[str, object]:
+        """More checkpoint entries a subclass needs for exact resume (none here)."""
+        return {}
+
+    def _load_extra_state(self, state: dict[str, object]) -> None:
+        """Restore what `_extra_state` saved."""
 
     # ---- training ----------------------------------------------------------------------
     def _loader(self, epoch: int) -> DataLoader:  # type: ignore[type-arg]
@@ -145,19 +154,27 @@ class Pretrainer:
             persistent_workers=False,
         )
 
+    def _batch_loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, int]:
+        """The loss of one loader batch and its number of faces (subclasses train on other losses)."""
+        faces, labels = batch
+        faces, labels = normalize_nchw(faces.to(self.device)), labels.to(self.device)
+        return self.head(self._forward(faces).float(), labels), len(labels)
+
+    def _on_record(self, record: dict[str, float]) -> None:
+        """Called with each epoch's record (after evaluation, before the checkpoint is saved)."""
+
     def train_epoch(self) -> dict[str, float]:
         self.model.train()
         self.head.train()
         losses, seen, started = [], 0, time.perf_counter()
         autocast = torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" else torch.autocast("cpu", enabled=False)
         bar = tqdm(total=self.steps_per_epoch, desc=f"epoch {self.epoch + 1}/{self.config.epochs}", unit="step", leave=False)
-        for step, (faces, labels) in enumerate(self._loader(self.epoch)):
+        for step, batch in enumerate(self._loader(self.epoch)):
             if step >= self.steps_per_epoch:
                 break
-            faces, labels = normalize_nchw(faces.to(self.device)), labels.to(self.device)
             try:
                 with autocast:
-                    loss = self.head(self._forward(faces).float(), labels)
+                    loss, size = self._batch_loss(batch)
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
             except (torch.OutOfMemoryError, MemoryError) as error:
@@ -167,7 +184,7 @@ class Pretrainer:
             self.optimizer.step()
             self.scheduler.step()
             losses.append(loss.item())
-            seen += len(labels)
+            seen += size
             rate = seen / (time.perf_counter() - started)
             bar.update()
             bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}", img_s=f"{rate:.1f}", lr=f"{self.scheduler.get_last_lr()[0]:.4f}")
@@ -186,6 +203,7 @@ class Pretrainer:
                 record.update(self.evaluate(self.model))
                 self.model.train()
             self.history.append(record)
+            self._on_record(record)
             self.save_checkpoint()
             with open(self.out / "metrics.jsonl", "a") as log:
                 log.write(json.dumps(record) + "\n")

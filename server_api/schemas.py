@@ -202,10 +202,20 @@ class UpdatePublic(BaseModel):
     accepted_at: datetime
 
 
+class FaceGeometryPublic(BaseModel):
+    """How a device must crop faces for this model: a 5-point similarity warp of the detected
+    landmarks (left eye, right eye, nose tip, left and right mouth corners) onto `template`."""
+
+    key: str = Field(description="names the crop; equal keys mean identical crops")
+    size: int = Field(description="the square crop's side in pixels")
+    template: list[tuple[float, float]] = Field(description="(x, y) of the five landmarks in the crop")
+
+
 class ModelVersionPublic(BaseModel):
     version: str
     backbone: str
     embedding_dim: int
+    face_geometry: FaceGeometryPublic
     round_id: int | None
     created_at: datetime
     backbone_url: str

@@ -112,6 +112,12 @@ class FaceAligner:
             self._detector = MTCNNDetector()
         return self._detector
 
+    def with_geometry(self, geometry: FaceGeometry) -> "FaceAligner":
+        """This aligner for another crop, sharing its loaded detector (in-memory use: no cache)."""
+        if geometry == self.geometry:
+            return self
+        return FaceAligner(detector=self._detector, batch_size=self.batch_size, geometry=geometry)
+
     def align_image(self, image: np.ndarray) -> tuple[np.ndarray, Detection] | None:
         """One in-memory RGB image -> (aligned face, detection), uncached; None if no face."""
         (detection,) = self.detector.detect([image])

@@ -132,6 +132,22 @@ def roc_auc(scores: Any, labels: Any) -> float:
     return float(np.sum(np.diff(far) * (tar[1:] + tar[:-1]) / 2.0))
 
 
+def equal_error_rate(scores: Any, labels: Any) -> float:
+    """The rate where FAR equals FRR (1 - TAR), on the ROC of :func:`roc_curve`.
+
+    FAR - FRR rises from -1 at (0, 0) to 1 at (1, 1); the EER is read off where the ROC's
+    straight segment crosses zero (linear interpolation between its two end points), so
+    tied scores count the same way as in :func:`roc_auc`: 0 for separable scores, 0.5 for
+    all-tied ones, 1 for perfectly inverted ones.
+    """
+    far, tar, _ = roc_curve(scores, labels)
+    gap = far - (1.0 - tar)  # non-decreasing, from -1 to 1
+    k = int(np.argmax(gap >= 0.0))  # first point at or past the crossing; k >= 1 since gap[0] = -1
+    step = gap[k] - gap[k - 1]
+    t = -gap[k - 1] / step if step > 0 else 1.0
+    return float(far[k - 1] + t * (far[k] - far[k - 1]))
+
+
 def _measurable(n_impostors: int, far: float) -> bool:
     # Tolerance so that e.g. 1 / 1e-3 does not round up to 1001.
     return n_impostors >= math.ceil(1.0 / far - 1e-9)

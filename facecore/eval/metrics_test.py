@@ -13,6 +13,7 @@ from facecore.eval.metrics import (
     all_pairs_scores,
     best_threshold,
     cosine_scores,
+    equal_error_rate,
     kfold_accuracy,
     roc_auc,
     roc_curve,
@@ -126,6 +127,29 @@ def test_roc_auc_with_ties_matches_mann_whitney() -> None:
     assert roc_auc([0.1, 0.4, 0.35, 0.8], [0, 0, 1, 1]) == pytest.approx(0.75)
     assert roc_auc([0.5, 0.5, 0.5], [0, 1, 1]) == pytest.approx(0.5)
     assert auc == pytest.approx(mann_whitney)
+
+
+def test_equal_error_rate_hand_cases_and_gaussians() -> None:
+    # Prepare: genuine ~ N(1, 1), impostor ~ N(-1, 1): FAR = FRR at 0, where both are Phi(-1)
+    rng = np.random.default_rng(5)
+    gaussian = np.r_[rng.normal(1.0, 1.0, 20_000), rng.normal(-1.0, 1.0, 20_000)]
+    gaussian_labels = np.r_[np.ones(20_000, int), np.zeros(20_000, int)]
+    phi_minus_one = 0.5 * math.erfc(1.0 / math.sqrt(2.0))
+    # Execute
+    separable = equal_error_rate([0.1, 0.2, 0.8, 0.9], [0, 0, 1, 1])
+    overlap = equal_error_rate([0.1, 0.4, 0.35, 0.8], [0, 0, 1, 1])
+    inverted = equal_error_rate([0.1, 0.2, 0.8, 0.9], [1, 1, 0, 0])
+    all_tied = equal_error_rate([0.5, 0.5, 0.5], [0, 1, 1])
+    between = equal_error_rate([0.1, 0.2, 0.3, 0.6, 0.7, 0.4, 0.8, 0.9], [0, 0, 0, 0, 0, 1, 1, 1])
+    gaussian_eer = equal_error_rate(gaussian, gaussian_labels)
+    # Assert: at any t in (0.35, 0.4) one of two impostors and one of two genuine are wrong
+    assert separable == 0.0
+    assert overlap == pytest.approx(0.5)
+    assert inverted == pytest.approx(1.0)
+    assert all_tied == pytest.approx(0.5)
+    # FAR 2/5 > FRR 1/3 at t = 0.4 and FAR 1/5 < FRR 1/3 at t = 0.7: the crossing lies between
+    assert 1 / 5 < between < 2 / 5
+    assert gaussian_eer == pytest.approx(phi_minus_one, abs=0.01)
 
 
 def test_roc_curve_runs_from_origin_to_one() -> None:

@@ -70,8 +70,37 @@ class ResidualBlock(nn.Module):
         return F.relu(out + shortcut)
 
 
+class DlibStem(nn.Module):
+    """[-1, 1] RGB -> dlib's pixel convention -> 7x7 stride-2 conv, ReLU, 3x3 stride-2 max pool."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 32, 7, stride=2)
+        # [-1, 1] -> (pixel - mean) / 255, per channel: architecture constants, not weights.
+        mean = torch.tensor(DLIB_RGB_MEAN).view(1, 3, 1, 1)
+        self.register_buffer("input_scale", torch.full((1, 1, 1, 1), PIXEL_STD / DLIB_PIXEL_DIVISOR), persistent=False)
+        self.register_buffer("input_shift", (PIXEL_MEAN - mean) / DLIB_PIXEL_DIVISOR, persistent=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.max_pool2d(F.relu(self.conv(x * self.input_scale + self.input_shift)), 3, 2)
+
+
+class DlibHead(nn.Module):
+    """Global mean over the 2x2 map, then a linear map without bias."""
+
+    def __init__(self, embedding_dim: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(256, embedding_dim, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc(x.mean((2, 3)))
+
+
 class DlibResNet(nn.Module):
-    """``(N, 3, 150, 150)`` RGB in [-1, 1] -> ``(N, 128)`` embeddings (unnormalised)."""
+    """``(N, 3, 150, 150)`` RGB in [-1, 1] -> ``(N, 128)`` embeddings (unnormalised).
+
+    ``stem``, ``blocks`` and ``head`` follow the backbone contract of the other architectures, so
+    a device can freeze a prefix of blocks (device_sdk.training.split_backbone)."""
 
     input_size: int = INPUT_SIZE
     geometry: FaceGeometry = DLIB_GEOMETRY
@@ -82,22 +111,16 @@ class DlibResNet(nn.Module):
             raise ValueError(f"embedding_dim must be positive, got {embedding_dim}")
         self.name = name
         self.embedding_dim = embedding_dim
-        self.stem = nn.Conv2d(3, 32, 7, stride=2)
+        self.stem = DlibStem()
         self.blocks = nn.Sequential(*(ResidualBlock(c_in, c_out, down) for _, c_in, c_out, down in BLOCKS))
-        self.fc = nn.Linear(256, embedding_dim, bias=False)
-        # [-1, 1] -> (pixel - mean) / 255, per channel; architecture constants, not weights.
-        mean = torch.tensor(DLIB_RGB_MEAN).view(1, 3, 1, 1)
-        self.register_buffer("input_scale", torch.full((1, 1, 1, 1), PIXEL_STD / DLIB_PIXEL_DIVISOR), persistent=False)
-        self.register_buffer("input_shift", (PIXEL_MEAN - mean) / DLIB_PIXEL_DIVISOR, persistent=False)
+        self.head = DlibHead(embedding_dim)
         for module in self.modules():
             if isinstance(module, nn.Conv2d):
                 nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
                 nn.init.zeros_(module.bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        x = x * self.input_scale + self.input_shift
-        x = F.max_pool2d(F.relu(self.stem(x)), 3, 2)
-        return self.fc(self.blocks(x).mean((2, 3)))
+        return self.head(self.blocks(self.stem(x)))
 
 
 @register_backbone("dlib-resnet")

@@ -6,7 +6,7 @@ model itself is CC0): `model/face_recognition_model.bin` holds 117 tensors in th
 `scale` (value = q * scale + min), and the 8 filters of the 64-channel stage as little-endian float32.
 
 `fetch` runs the ordinary client (`npm pack`), checks the tarball's sha256, and unpacks only the
-files used into `FEDFACE_CACHE/packages/`, atomically. Loading checks each file's sha256 again,
+files used into `FEDFACE_PACKAGES` (default `FEDFACE_CACHE/packages/`), atomically. Loading checks each file's sha256 again,
 so a truncated or edited file is one clear error, not a model that silently scores wrongly.
 """
 from __future__ import annotations
@@ -49,7 +49,16 @@ class NpmPackage:
 
     @property
     def folder(self) -> Path:
-        return cache_root() / "packages" / f"{self.name.strip('@').replace('/', '+')}-{self.version}"
+        return packages_root() / f"{self.name.strip('@').replace('/', '+')}-{self.version}"
+
+
+PACKAGES_ENV = "FEDFACE_PACKAGES"
+
+
+def packages_root() -> Path:
+    """FEDFACE_PACKAGES, else `packages/` in the cache root: weights outlive a private face cache."""
+    explicit = os.environ.get(PACKAGES_ENV)
+    return Path(explicit) if explicit else cache_root() / "packages"
 
 
 FACE_API = NpmPackage(
@@ -167,11 +176,11 @@ def dlib_state_dict(tensors: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         return (filters * gain.view(-1, 1, 1, 1)).contiguous(), bias * gain + shift
 
     state: dict[str, torch.Tensor] = {}
-    state["stem.weight"], state["stem.bias"] = folded("conv32_down")
+    state["stem.conv.weight"], state["stem.conv.bias"] = folded("conv32_down")
     for index, (name, *_rest) in enumerate(BLOCKS):
         for conv in ("conv1", "conv2"):
             state[f"blocks.{index}.{conv}.weight"], state[f"blocks.{index}.{conv}.bias"] = folded(f"{name}/{conv}")
-    state["fc.weight"] = torch.from_numpy(tensors["fc"]).t().contiguous()
+    state["head.fc.weight"] = torch.from_numpy(tensors["fc"]).t().contiguous()
     return state
 
 

@@ -8,10 +8,12 @@ is why ``embedding_dim=None`` means "the backbone's default" here.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import lru_cache
 from typing import Any, TypeVar
 
 from torch import nn
 
+from facecore.align.geometry import FaceGeometry, geometry_of
 from facecore.errors import UnknownBackbone
 
 BackboneFactory = Callable[..., nn.Module]
@@ -63,3 +65,9 @@ def get_backbone(name: str, embedding_dim: int | None = None, **kwargs: Any) -> 
     if missing:
         raise TypeError(f"backbone factory {name!r} returned a module without {', '.join(missing)}")
     return model
+
+
+@lru_cache(maxsize=None)
+def backbone_geometry(name: str) -> FaceGeometry:
+    """The crop geometry of a registered backbone, without keeping a model around."""
+    return geometry_of(get_backbone(name))

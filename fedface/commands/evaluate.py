@@ -1,4 +1,8 @@
-"""`fedface eval lfw`: verification accuracy, AUC and TAR@FAR on identity-disjoint LFW folds."""
+"""`fedface eval lfw`: verification accuracy, AUC and TAR@FAR on identity-disjoint LFW folds.
+
+`fedface eval folder DIR`: TAR@FAR, AUC and EER over all pairs of a user's own folder of people
+(one subfolder per person), and what the model's shipped threshold does on it.
+"""
 from __future__ import annotations
 
 import argparse
@@ -28,9 +32,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     lfw.add_argument("--max-pairs-per-fold", type=int, default=None, help="score fewer pairs (quick look only)")
     lfw.add_argument("--pairs-only", action="store_true", help="TAR@FAR from the pairs only, not all people of the folds")
     lfw.add_argument("--json", action="store_true", help="print one JSON object (one per model, keyed by model) on stdout")
+    folder = targets.add_parser(
+        "folder", help="all-pairs verification on your own photos: DIR/<person>/<photos>",
+        description="Score every pair of photos in DIR (one subfolder per person, any image format Pillow reads): "
+        "TAR at FAR 1e-2/1e-3/1e-4, AUC, EER, and FAR/TAR at the model's own verification threshold. "
+        "Files that are not images, cannot be decoded or show no detected face are skipped and reported.",
+    )
+    folder.add_argument("dir", metavar="DIR", help="folder with one subfolder of photos per person")
+    folder.add_argument(
+        "--model", default="default",
+        help="'default' (the dlib ResNet), 'mobile' (the compact model), 'random' (untrained), or a checkpoint PATH (default: default)",
+    )
+    folder.add_argument("--json", action="store_true", help="print one JSON object on stdout (skipped files listed by name)")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.target == "folder":
+        return run_folder(args)
     from facecore.align.geometry import ARCFACE_112, geometry_of
     from facecore.align.pipeline import FaceAligner
     from facecore.data.lfw import parse_folds
@@ -120,3 +138,52 @@ def _print_table(reports: dict[str, dict], alignment: str, plot: Path) -> None: 
         fmt = lambda v: "   n/a" if v is None else f"{100 * v:6.2f}%"  # noqa: E731
         print(f"{label:<22} {100 * r['accuracy']:7.2f}% ± {100 * r['accuracy_std']:4.2f} {r['auc']:7.4f} {fmt(tar['1e-3']):>9} {fmt(tar['1e-4']):>9}")
     print(f"ROC plot: {plot}", file=sys.stdout)
+
+
+def run_folder(args: argparse.Namespace) -> int:
+    from facecore.eval.folder import evaluate_folder
+    from facecore.models.checkpoint import load_backbone
+
+    model = load_backbone(args.model)
+    report = evaluate_folder(Path(args.dir), model)
+    if args.json:
+        print(json.dumps({"model_spec": args.model, **report.to_json_dict()}, allow_nan=False))
+    else:
+        _print_folder(report, args.model)
+    return 0
+
+
+def _print_folder(report, spec: str) -> None:  # type: ignore[no-untyped-def]
+    from facecore.eval.folder import REASONS
+
+    pct = lambda v: f"{100 * v:.2f}%"  # noqa: E731
+    print(f"Folder {report.folder}, model {spec} ({report.model}, {report.geometry} crops)")
+    print(f"photos used: {report.photos} of {report.files} files; persons: {len(report.persons)}")
+    if report.single_photo_persons:
+        names = ", ".join(report.single_photo_persons)
+        print(f"  {len(report.single_photo_persons)} person(s) with only 1 usable photo contribute impostor pairs only: {names}")
+    if report.empty_persons:
+        print(f"  {len(report.empty_persons)} person folder(s) without a usable photo are not scored: {', '.join(report.empty_persons)}")
+    counts = report.skipped_counts()
+    if counts:
+        print(f"skipped: {sum(counts.values())} file(s): " + ", ".join(f"{n} {REASONS[r]}" for r, n in counts.items()))
+        for reason in counts:
+            names = [s.path for s in report.skipped if s.reason == reason]
+            print(f"  {REASONS[reason]}: {', '.join(names[:5])}" + (f" ... (+{len(names) - 5}, see --json)" if len(names) > 5 else ""))
+    else:
+        print("skipped: none")
+    print(f"pairs: {report.genuine_pairs:,} genuine, {report.impostor_pairs:,} impostor")
+    print(f"mean cosine: genuine {report.genuine_mean:.4f}, impostor {report.impostor_mean:.4f}")
+    print(f"AUC {report.auc:.4f}   EER {pct(report.eer)}")
+    for key, tar in report.tar_at_far.items():
+        shown = "n/a" if tar != tar else pct(tar)  # NaN: fewer impostor pairs than 1/FAR
+        why = f"  (needs >= {round(1 / float(key)):,} impostor pairs)" if tar != tar else ""
+        print(f"TAR@FAR {key:<5} {shown}{why}")
+    check = report.verification
+    if check is None:
+        print("model threshold: none shipped with this model")
+    else:
+        calibrated = f", calibrated for FAR {check.calibrated_far:g}" if check.calibrated_far is not None else ""
+        print(f"model threshold {check.threshold:.4f}{calibrated} (accepts score >= threshold); on this folder:")
+        print(f"  FAR {pct(check.far)} ({check.false_accepts:,} of {report.impostor_pairs:,} impostor pairs accepted)")
+        print(f"  TAR {pct(check.tar)} ({check.false_rejects:,} of {report.genuine_pairs:,} genuine pairs rejected)")

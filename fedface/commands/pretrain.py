@@ -17,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--margin", type=float, default=None, help="margin m (default: CosFace 0.35, ArcFace 0.5)")
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--lr", type=float, default=None, help="default 0.1 (0.02 with --teacher)")
     parser.add_argument("--warmup-epochs", type=float, default=1.0)
     parser.add_argument("--schedule", choices=("cosine", "step"), default="cosine")
     parser.add_argument("--seed", type=int, default=0)
@@ -32,10 +32,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "centralized, non-private upper bound that federated runs are compared with",
     )
     parser.add_argument("--resume", action="store_true", help="continue the run in --out from its last epoch")
-    parser.add_argument("--out", default="runs/pretrain")
+    parser.add_argument("--out", default=None, help="run folder (default runs/pretrain, runs/distill with --teacher)")
+    distill = parser.add_argument_group("distillation (--teacher): see pretrain/DISTILLATION.md")
+    distill.add_argument("--teacher", default=None, help="distil this model (e.g. 'default') into the student on the public faces")
+    distill.add_argument("--init", default="mobile", help="student start: mobile, random or a backbone file")
+    distill.add_argument("--views", type=int, default=8, help="cached jittered views per public photo")
+    distill.add_argument("--view-seed", type=int, default=0)
+    distill.add_argument("--distill-weight", type=float, default=1.0, help="weight of the cosine distance to the teacher")
+    distill.add_argument("--relational-weight", type=float, default=0.0, help="weight of the batch similarity-matrix loss")
+    distill.add_argument("--cosface-weight", type=float, default=0.0, help="weight of CosFace on the public labels")
+    distill.add_argument("--colour-jitter", type=float, default=0.2, help="per-face brightness/contrast jitter")
+    distill.add_argument(
+        "--no-rotate-teacher", dest="rotate_teacher", action="store_false",
+        help="match the teacher's raw space instead of its Procrustes rotation onto the init student's",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.teacher:
+        from pretrain.distill_run import run_distill
+
+        args.lr = 0.02 if args.lr is None else args.lr
+        args.out = args.out or "runs/distill"
+        return run_distill(args)
+    args.lr = 0.1 if args.lr is None else args.lr
+    args.out = args.out or "runs/pretrain"
     import torch
 
     from facecore.data.faces import load_labelled_faces

@@ -7,11 +7,12 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Header, Query, Response
 from fastapi.responses import StreamingResponse
 
+from facecore.models.registry import backbone_geometry
 from server_api.api.deps import CtxDep, CurrentDevice, SessionDep
 from server_api.crud import versions as version_crud
 from server_api.errors import NotFound
 from server_api.models import ModelVersion
-from server_api.schemas import ErrorPublic, ModelVersionPublic
+from server_api.schemas import ErrorPublic, FaceGeometryPublic, ModelVersionPublic
 from server_api.storage.blobs import CHUNK
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
@@ -21,8 +22,10 @@ IMMUTABLE = "private, max-age=31536000, immutable"
 
 
 def _public(version: ModelVersion) -> ModelVersionPublic:
+    geometry = backbone_geometry(version.backbone)
     return ModelVersionPublic(
         version=version.version_hash, backbone=version.backbone, embedding_dim=version.embedding_dim,
+        face_geometry=FaceGeometryPublic(key=geometry.key, size=geometry.size, template=list(geometry.template)),
         round_id=version.round_id, created_at=version.created_at,
         backbone_url=f"/v1/models/{version.version_hash}/backbone",
         onnx_url=f"/v1/models/{version.version_hash}/onnx" if version.onnx_blob else None,

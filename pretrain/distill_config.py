@@ -1,0 +1,50 @@
+"""Distillation hyper-parameters: PretrainConfig plus the teacher, the views and the loss weights.
+
+Invariant: every field that changes what a step computes is in `resume_key`, so --resume refuses
+to continue a run with another recipe.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from pretrain.config import PretrainConfig
+from pretrain.distill_views import ViewJitter
+
+
+@dataclass(frozen=True)
+class DistillConfig(PretrainConfig):
+    teacher: str = "default"
+    init: str = "mobile"  # 'mobile', 'random' or a backbone file
+    views: int = 8
+    view_seed: int = 0
+    rotation_deg: float = 10.0
+    jitter_scale: float = 0.08
+    shift_px: float = 4.0
+    flip: bool = True
+    colour_jitter: float = 0.2  # brightness and contrast factors in 1 ± this, per face, on the fly
+    distill_weight: float = 1.0  # cosine distance to the teacher embedding
+    relational_weight: float = 0.0  # batch cosine-matrix match
+    cosface_weight: float = 0.0  # CosFace on the public labels
+    rotate_teacher: bool = True  # turn the teacher's space onto the init student's (orthogonal Procrustes)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        checks = {
+            "views must be >= 1": self.views >= 1,
+            "loss weights must be >= 0": min(self.distill_weight, self.relational_weight, self.cosface_weight) >= 0,
+            "at least one loss weight must be > 0": max(self.distill_weight, self.relational_weight, self.cosface_weight) > 0,
+            "colour_jitter must be in [0, 1)": 0 <= self.colour_jitter < 1,
+            "distillation trains on the public role only": self.role == "public",
+        }
+        failed = [message for message, ok in checks.items() if not ok]
+        if failed:
+            raise ValueError("; ".join(failed))
+
+    @property
+    def jitter(self) -> ViewJitter:
+        return ViewJitter(self.rotation_deg, self.jitter_scale, self.shift_px, self.flip)
+
+    def resume_key(self) -> dict[str, Any]:
+        same = set(asdict(self)) - set(asdict(PretrainConfig())) | {"lr", "warmup_epochs", "weight_decay", "momentum"}
+        return {**super().resume_key(), **{k: v for k, v in asdict(self).items() if k in same}}

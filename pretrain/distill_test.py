@@ -1,0 +1,173 @@
+"""Distillation on synthetic faces and a tiny random teacher: view consistency, losses, cache reuse,
+exact resume. Synthetic data never backs an accuracy claim."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from facecore.align.geometry import ARCFACE_112, scaled_arcface
+from facecore.align.template import ARCFACE_TEMPLATE, apply_transform, similarity_transform
+from facecore.data.synthetic import synthetic_faces
+from facecore.errors import CheckpointError
+from pretrain.distill import DistillData, Distiller, init_targets
+from pretrain.distill_config import DistillConfig
+from pretrain.distill_loss import cosine_distance, procrustes_rotation, relational_loss
+from pretrain.distill_views import Photo, ViewJitter, build_view_cache, draw_view, view_crops
+
+TEACHER_GEOMETRY = scaled_arcface(150, scale=1.1, shift_y=15.0)  # a dlib-like crop: another size, scale and offset
+
+
+class TinyTeacher(nn.Module):
+    """A random teacher with its own 64px geometry that counts the faces it embeds."""
+
+    name, embedding_dim = "tiny-teacher", 16
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.geometry = scaled_arcface(64, scale=1.1, shift_y=5.0)
+        self.conv = nn.Conv2d(3, 8, 5, stride=4)
+        self.fc = nn.Linear(8 * 16, self.embedding_dim)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += len(x)
+        return self.fc(F.adaptive_avg_pool2d(F.relu(self.conv(x)), 4).flatten(1))
+
+
+def _photos(identities: int = 4, per_identity: int = 4) -> list[Photo]:
+    faces, labels = synthetic_faces(identities, per_identity, seed=5, size=144)
+    landmarks = ARCFACE_TEMPLATE * (144 / 112)
+    return [Photo(f"{i:064x}", int(labels[i]), landmarks, lambda i=i: faces[i]) for i in range(len(labels))]
+
+
+def _data(tmp_path: Path, teacher: nn.Module | None = None, views: int = 2) -> DistillData:
+    photos = _photos()
+    cache = build_view_cache(photos, teacher or TinyTeacher(), "tiny-teacher", ARCFACE_112, tmp_path / "cache", views=views, progress=False)
+    return DistillData(cache, np.array([p.label for p in photos]), tuple(f"syn:{i}" for i in range(4)))
+
+
+def _config(**overrides: object) -> DistillConfig:
+    base = dict(
+        backbone="mobilefacenet_s", embedding_dim=16, init="random", epochs=2, batch=8, lr=0.05, warmup_epochs=0.5, workers=0,
+        eval_every=0, views=2, relational_weight=1.0, cosface_weight=0.1,
+    )
+    return DistillConfig(**{**base, **overrides})  # type: ignore[arg-type]
+
+
+def _dot_centre(crop: np.ndarray) -> np.ndarray:
+    ys, xs = np.nonzero((crop[..., 0] > 200) & (crop[..., 1] < 60) & (crop[..., 2] < 60))
+    return np.array([xs.mean(), ys.mean()])
+
+
+def test_teacher_and_student_crops_of_a_view_show_the_same_face_region() -> None:
+    # Prepare: a grey image with a red dot off the landmarks, and the fixed map student crop -> teacher crop
+    image = np.full((220, 200, 3), 128, np.uint8)
+    image[118:123, 128:133] = (255, 0, 0)  # centre (130, 120)
+    landmarks = np.array([[80.0, 95.0], [122.0, 97.0], [100.0, 120.0], [84.0, 142.0], [118.0, 143.0]])
+    student_to_teacher = similarity_transform(ARCFACE_112.points, TEACHER_GEOMETRY.points)
+    jitter = ViewJitter(rotation_deg=10, scale=0.08, shift_px=4, flip=True)
+    positions, flips = [], []
+    for view in range(12):
+        # Execute
+        drawn = draw_view(7, "ab" * 32, view, jitter)
+        teacher_crop, student_crop = view_crops(image, landmarks, drawn, (TEACHER_GEOMETRY, ARCFACE_112), ARCFACE_112)
+        in_student, in_teacher = _dot_centre(student_crop), _dot_centre(teacher_crop)
+        if drawn.flip:  # both crops are mirrored together: compare in unmirrored coordinates
+            in_student[0], in_teacher[0] = 111 - in_student[0], 149 - in_teacher[0]
+        # Assert: the dot lands where the templates' own relation says, whatever the jitter
+        np.testing.assert_allclose(apply_transform(student_to_teacher, in_student), in_teacher, atol=1.0)
+        positions.append(in_student)
+        flips.append(drawn.flip)
+    # Assert: the views really differ (the dot moves by several pixels) and some are mirrored
+    assert np.ptp(np.array(positions), axis=0).max() > 4
+    assert any(flips) and not all(flips)
+    assert draw_view(7, "ab" * 32, 3, jitter) == draw_view(7, "ab" * 32, 3, jitter)
+
+
+def test_losses_are_zero_when_the_student_equals_the_teacher_and_positive_otherwise() -> None:
+    # Prepare
+    torch.manual_seed(0)
+    teacher = torch.randn(12, 16)
+    rotation = torch.linalg.qr(torch.randn(16, 16))[0]
+    # Execute / Assert
+    assert cosine_distance(3.0 * teacher, teacher).item() == pytest.approx(0.0, abs=1e-6)
+    assert relational_loss(3.0 * teacher, teacher).item() == pytest.approx(0.0, abs=1e-6)
+    assert relational_loss(teacher @ rotation, teacher).item() == pytest.approx(0.0, abs=1e-6)  # rotation-blind
+    assert cosine_distance(torch.randn(12, 16), teacher).item() > 0.5
+    assert relational_loss(torch.randn(12, 16), teacher).item() > 0.01
+
+
+def test_procrustes_turns_the_teacher_space_onto_the_student_space() -> None:
+    # Prepare
+    rng = np.random.default_rng(0)
+    teacher = rng.normal(size=(200, 16)).astype(np.float32)
+    teacher /= np.linalg.norm(teacher, axis=1, keepdims=True)
+    turn = np.linalg.qr(rng.normal(size=(16, 16)))[0].astype(np.float32)
+    # Execute
+    rotation = procrustes_rotation(teacher @ turn.T, teacher)
+    # Assert
+    np.testing.assert_allclose(teacher @ rotation.T, teacher @ turn.T, atol=1e-4)
+
+
+def test_the_view_cache_is_built_once_and_reused(tmp_path: Path) -> None:
+    # Prepare
+    teacher = TinyTeacher()
+    # Execute
+    first = _data(tmp_path, teacher, views=3)
+    calls = teacher.calls
+    second = _data(tmp_path, teacher, views=3)
+    other_seed = build_view_cache(_photos(), teacher, "tiny-teacher", ARCFACE_112, tmp_path / "cache", views=3, seed=1, progress=False)
+    # Assert
+    assert calls == 16 * 3 and teacher.calls == calls + 16 * 3  # the second open called nothing; a new seed did
+    assert second.cache.folder == first.cache.folder != other_seed.folder
+    np.testing.assert_array_equal(np.asarray(second.cache.teacher), np.asarray(first.cache.teacher))
+    assert second.cache.student.shape == (48, 112, 112, 3) and second.cache.teacher.shape == (48, 16)
+    np.testing.assert_allclose(np.linalg.norm(np.asarray(first.cache.teacher), axis=1), 1.0, atol=1e-5)
+    assert [p.name for p in (tmp_path / "cache").iterdir() if p.name.startswith(".")] == []  # no unfinished folders
+
+
+def test_stopping_after_epoch_1_and_resuming_equals_a_straight_run(tmp_path: Path) -> None:
+    # Prepare
+    data = _data(tmp_path)
+    rotation, head = init_targets(Distiller(_config(), data, tmp_path / "probe").model, data, rotate=True)
+    straight = Distiller(_config(), data, tmp_path / "straight", init_head=head, rotation=rotation)
+    # Execute
+    straight.fit()
+    stopped = Distiller(_config(), data, tmp_path / "stopped", init_head=head, rotation=rotation)
+    stopped.out.mkdir(parents=True)
+    stopped.history.append(stopped.train_epoch())
+    stopped.save_checkpoint()
+    resumed = Distiller(_config(), data, tmp_path / "stopped")  # no rotation given: it must come from the checkpoint
+    resumed.resume()
+    resumed.fit()
+    # Assert
+    assert resumed.epoch == straight.epoch == 2
+    np.testing.assert_array_equal(resumed.rotation, straight.rotation)
+    for name, value in straight.model.state_dict().items():
+        torch.testing.assert_close(resumed.model.state_dict()[name], value, rtol=1e-5, atol=1e-6, msg=name)
+    assert [round(h["loss"], 5) for h in resumed.history] == [round(h["loss"], 5) for h in straight.history]
+    with pytest.raises(CheckpointError, match="relational_weight"):
+        Distiller(_config(relational_weight=2.0), data, tmp_path / "stopped").resume()
+
+
+def test_distillation_lowers_the_loss_and_keeps_the_best_epoch(tmp_path: Path) -> None:
+    # Prepare: a fake monitor that prefers epoch 2
+    data = _data(tmp_path)
+    scores = iter([0.6, 0.8, 0.7])
+    trainer = Distiller(
+        _config(epochs=3, relational_weight=0.0, cosface_weight=0.0, warmup_epochs=0), data, tmp_path / "run",
+        evaluate=lambda model: {"lfw_1_5_accuracy": next(scores)},
+    )
+    trainer.config.__dict__["eval_every"] = 1  # frozen dataclass: test-only override
+    # Execute
+    result = trainer.fit()
+    # Assert
+    assert result.history[-1]["loss"] < result.history[0]["loss"]
+    best = torch.load(tmp_path / "run" / "best.pt", weights_only=True)
+    assert best["meta"]["epoch"] == 2 and (tmp_path / "run" / "backbone.pt").is_file()
