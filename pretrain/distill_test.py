@@ -40,7 +40,7 @@ class TinyTeacher(nn.Module):
         return self.fc(F.adaptive_avg_pool2d(F.relu(self.conv(x)), 4).flatten(1))
 
 
-def _photos(identities: int = 4, per_identity: int = 4) -> list[Photo]:
+def _photos(identities: int = 4, per_identity: int = 2) -> list[Photo]:
     faces, labels = synthetic_faces(identities, per_identity, seed=5, size=144)
     landmarks = ARCFACE_TEMPLATE * (144 / 112)
     return [Photo(f"{i:064x}", int(labels[i]), landmarks, lambda i=i: faces[i]) for i in range(len(labels))]
@@ -54,7 +54,7 @@ def _data(tmp_path: Path, teacher: nn.Module | None = None, views: int = 2) -> D
 
 def _config(**overrides: object) -> DistillConfig:
     base = dict(
-        backbone="mobilefacenet_s", embedding_dim=16, init="random", epochs=2, batch=8, lr=0.05, warmup_epochs=0.5, workers=0,
+        backbone="mobilefacenet_s", embedding_dim=16, init="random", epochs=2, batch=4, lr=0.05, warmup_epochs=0.5, workers=0,
         eval_every=0, views=2, relational_weight=1.0, cosface_weight=0.1,
     )
     return DistillConfig(**{**base, **overrides})  # type: ignore[arg-type]
@@ -124,10 +124,10 @@ def test_the_view_cache_is_built_once_and_reused(tmp_path: Path) -> None:
     second = _data(tmp_path, teacher, views=3)
     other_seed = build_view_cache(_photos(), teacher, "tiny-teacher", ARCFACE_112, tmp_path / "cache", views=3, seed=1, progress=False)
     # Assert
-    assert calls == 16 * 3 and teacher.calls == calls + 16 * 3  # the second open called nothing; a new seed did
+    assert calls == 8 * 3 and teacher.calls == calls + 8 * 3  # the second open called nothing; a new seed did
     assert second.cache.folder == first.cache.folder != other_seed.folder
     np.testing.assert_array_equal(np.asarray(second.cache.teacher), np.asarray(first.cache.teacher))
-    assert second.cache.student.shape == (48, 112, 112, 3) and second.cache.teacher.shape == (48, 16)
+    assert second.cache.student.shape == (24, 112, 112, 3) and second.cache.teacher.shape == (24, 16)
     np.testing.assert_allclose(np.linalg.norm(np.asarray(first.cache.teacher), axis=1), 1.0, atol=1e-5)
     assert [p.name for p in (tmp_path / "cache").iterdir() if p.name.startswith(".")] == []  # no unfinished folders
 

@@ -1,6 +1,6 @@
 """`fedface demo` (what `make run` runs): the whole system on one machine, over real HTTP.
 
-Starts the round server (SQLite, bundled model) as its own process, enrolls real-face devices
+Starts the round server (SQLite, the default model) as its own process, enrolls real-face devices
 through the device SDK, runs a few FedFace rounds, and prints LFW accuracy on identity-disjoint
 folds before and after, plus where the report and plots went. Stops the server on the way out,
 also on Ctrl-C or an error.
@@ -22,9 +22,12 @@ import torch
 from tqdm import tqdm
 
 from device_sdk.device import FaceDevice
+from facecore.align.geometry import geometry_of
+from facecore.align.pipeline import FaceAligner
 from facecore.data.split import SplitConfig, build_split
 from facecore.eval.lfw import evaluate, load_lfw_faces
 from facecore.eval.plots import save_line_plot
+from facecore.models.checkpoint import load_backbone
 from facecore.models.preprocess import embed_faces
 from simulator.local_server import LocalServer
 
@@ -40,7 +43,7 @@ def run_demo(
     out.mkdir(parents=True, exist_ok=True)
     split = build_split(root, SplitConfig(seed=0))
     owners = [(identity, [root / p for p in paths]) for identity, paths in sorted(split.sets["devices"].items()) if len(paths) >= 8][:devices]
-    lfw = load_lfw_faces(root / "lfw", folds)
+    lfw = load_lfw_faces(root / "lfw", folds, aligner=FaceAligner(geometry=geometry_of(load_backbone(model))))
     with tempfile.TemporaryDirectory(prefix="fedface-demo-") as scratch, LocalServer(Path(scratch) / "server", model) as server:
         print(f"server up at {server.url} (SQLite, model {model}); enrolling {len(owners)} real-face devices")
         fleet = []

@@ -77,3 +77,18 @@ def test_a_new_geometry_reuses_the_112_detections_without_running_the_detector(r
     photo = photos[int(second.kept[0])]
     (entry,) = detections.lookup([file_key(photo)]).values()
     np.testing.assert_array_equal(aligner.warp(load_rgb(photo), np.asarray(entry.landmarks)), second.faces[0])
+
+
+@pytest.mark.slow
+def test_detections_made_for_a_new_geometry_also_fill_the_112_cache(real_data: Path, tmp_path: Path) -> None:
+    # Prepare: two of four photos already detected
+    photos = sorted((real_data / "lfw").glob("lfw*/Aaron_Peirsol/*.jpg"))[:4]
+    detections = AlignedFaceCache(tmp_path / "a112")
+    FaceAligner(detections).align_paths(photos[:2], progress=False)
+    # Execute
+    FaceAligner(AlignedFaceCache(tmp_path / "dlib", DLIB_GEOMETRY.size), geometry=DLIB_GEOMETRY, landmark_source=detections).align_paths(photos, progress=False)
+    # Assert: the 112 cache now knows all four, with the crops a 112 aligner makes
+    known = detections.lookup([file_key(p) for p in photos])
+    assert len(known) == 4
+    fresh = FaceAligner(AlignedFaceCache(tmp_path / "fresh")).align_paths(photos[2:], progress=False)
+    np.testing.assert_array_equal(detections.faces([known[file_key(p)].row for p in photos[2:]]), fresh.faces)

@@ -142,7 +142,10 @@ class FaceAligner:
         bar = tqdm(total=len(todo), desc=desc, unit="img", disable=not progress or not todo)
         for start in range(0, len(todo), self.batch_size):
             chunk = todo[start : start + self.batch_size]
-            entries.update(self.cache.add(self._align_chunk([paths[i] for i in chunk], [keys[i] for i in chunk])))
+            items = self._align_chunk([paths[i] for i in chunk], [keys[i] for i in chunk])
+            entries.update(self.cache.add([(key, face, entry) for key, face, entry, _ in items]))
+            if self.landmark_source is not None:  # later geometries then reuse these detections too
+                self.landmark_source.add([(key, arcface, entry) for key, _, entry, arcface in items])
             bar.update(len(chunk))
             bar.set_postfix(no_face=sum(entries[keys[i]].status != STATUS_OK for i in todo[: start + len(chunk)]))
         bar.close()
@@ -153,28 +156,29 @@ class FaceAligner:
         faces = self.cache.faces(rows) if rows else np.zeros((0, *self.geometry.row_shape), np.uint8)
         return AlignedSet(paths, statuses, faces, kept)
 
-    def _align_chunk(self, paths: list[Path], keys: list[str]) -> list[tuple[str, np.ndarray | None, CacheEntry]]:
+    def _align_chunk(self, paths: list[Path], keys: list[str]) -> list[tuple[str, np.ndarray | None, CacheEntry, np.ndarray | None]]:
+        """(key, face in this geometry, entry, face in the landmark source's ArcFace 112 crop)."""
         images = [load_rgb(p) for p in paths]
         readable = [i for i, im in enumerate(images) if im is not None]
         detections = dict(zip(readable, self.detector.detect([images[i] for i in readable]))) if readable else {}
         typical = _typical_landmarks([(images[i].shape, d) for i, d in detections.items() if d is not None])  # type: ignore[union-attr]
-        items: list[tuple[str, np.ndarray | None, CacheEntry]] = []
+        items: list[tuple[str, np.ndarray | None, CacheEntry, np.ndarray | None]] = []
         for i, (path, key) in enumerate(zip(paths, keys)):
             image = images[i]
             if image is None:
-                items.append((key, None, CacheEntry(-1, STATUS_UNREADABLE, 0.0, None, f"cannot decode {path.name}")))
+                items.append((key, None, CacheEntry(-1, STATUS_UNREADABLE, 0.0, None, f"cannot decode {path.name}"), None))
                 continue
             detection = detections[i]
             if detection is not None:
-                face = self.warp(image, detection.landmarks)
-                items.append((key, face, CacheEntry(-1, STATUS_OK, detection.score, _points(detection.landmarks))))
+                landmarks, entry = detection.landmarks, CacheEntry(-1, STATUS_OK, detection.score, _points(detection.landmarks))
             elif image.shape in typical:
-                face = self.warp(image, typical[image.shape])
-                items.append((key, face, CacheEntry(-1, STATUS_FALLBACK, 0.0, _points(typical[image.shape]))))
+                landmarks, entry = typical[image.shape], CacheEntry(-1, STATUS_FALLBACK, 0.0, _points(typical[image.shape]))
             else:
-                items.append((key, None, CacheEntry(-1, STATUS_NOFACE, 0.0, None)))
+                items.append((key, None, CacheEntry(-1, STATUS_NOFACE, 0.0, None), None))
+                continue
+            arcface = warp_to_template(image, landmarks)[0] if self.landmark_source is not None else None
+            items.append((key, self.warp(image, landmarks), entry, arcface))
         return items
-
 
     def _rewarp_known(self, paths: list[Path], keys: list[str]) -> list[tuple[str, np.ndarray | None, CacheEntry]]:
         """Entries for the photos whose detection the landmark source already holds."""

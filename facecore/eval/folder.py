@@ -229,7 +229,7 @@ def evaluate_folder(
     codes = np.array([code_of[p] for p in identities])
     genuine, impostor = all_pairs_scores(embeddings, codes)
     scores = np.concatenate([genuine, impostor])
-    labels = np.concatenate([np.ones(genuine.size, int), np.zeros(impostor.size, int)])
+    labels = np.concatenate([np.ones(genuine.size, bool), np.zeros(impostor.size, bool)])
     return FolderReport(
         folder=str(folder), model=str(getattr(model, "name", type(model).__name__)), geometry=aligner.geometry.key,
         files=len(photos) + len(loose), photos=len(identities), persons=persons,

@@ -30,6 +30,14 @@ from facecore.eval.metrics import (
 
 EmbedFn = Callable[[np.ndarray], np.ndarray]
 FARS = (1e-3, 1e-4)
+# LFW people folds 6-10 are the test set: nothing that shapes a model or its settings may see them.
+TEST_FOLDS = frozenset(range(6, 11))
+
+
+def refuse_test_folds(folds: tuple[int, ...] | list[int], choice: str) -> None:
+    """Raise when a choice (a crop, a threshold, a checkpoint) would be made on test folds."""
+    if TEST_FOLDS & set(folds):
+        raise FaceCoreError(f"folds {sorted(TEST_FOLDS & set(folds))} are the test set: choose {choice} on folds 1-5")
 
 
 @dataclass(frozen=True)
@@ -129,4 +137,4 @@ def _all_pairs_roc(genuine: np.ndarray, impostor: np.ndarray, points: int = 400)
     return fars, tars
 
 
-__all__ = ["LFWFaces", "LFWResult", "evaluate", "load_lfw_faces", "roc_curve"]
+__all__ = ["TEST_FOLDS", "LFWFaces", "LFWResult", "evaluate", "load_lfw_faces", "refuse_test_folds", "roc_curve"]

@@ -68,6 +68,7 @@ def _secagg(args: argparse.Namespace) -> int:
 
 
 def _sim(args: argparse.Namespace) -> int:
+    from facecore.align.geometry import geometry_of
     from facecore.data.split import SplitConfig, build_split
     from facecore.models.checkpoint import load_backbone
     from facecore.paths import data_root
@@ -81,9 +82,10 @@ def _sim(args: argparse.Namespace) -> int:
     if min(counts) < 2 or args.repeats < 1 or args.trainable_blocks < 0 or (args.workers is not None and args.workers < 1):
         raise SystemExit("fedface bench sim: device counts must be >= 2, --repeats >= 1, --trainable-blocks >= 0, --workers >= 1")
     root = data_root(args.data)
-    population = load_population(build_split(root, SplitConfig(seed=0)), root, requested=max(counts))
+    model = load_backbone(args.model)
+    population = load_population(build_split(root, SplitConfig(seed=0)), root, requested=max(counts), geometry=geometry_of(model))
     try:
-        results = bench_sim(population, load_backbone(args.model), counts, args.trainable_blocks, args.repeats, flower=args.flower, workers=args.workers,
+        results = bench_sim(population, model, counts, args.trainable_blocks, args.repeats, flower=args.flower, workers=args.workers,
                             ray=args.ray)
     except FileNotFoundError as error:
         raise SystemExit(f"fedface bench sim: {error}") from None

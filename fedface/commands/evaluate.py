@@ -2,6 +2,8 @@
 
 `fedface eval folder DIR`: TAR@FAR, AUC and EER over all pairs of a user's own folder of people
 (one subfolder per person), and what the model's shipped threshold does on it.
+
+`fedface eval geometry`: choose a backbone's crop (template scale and shift) on LFW folds 1-5.
 """
 from __future__ import annotations
 
@@ -44,11 +46,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="'default' (the dlib ResNet), 'mobile' (the compact model), 'random' (untrained), or a checkpoint PATH (default: default)",
     )
     folder.add_argument("--json", action="store_true", help="print one JSON object on stdout (skipped files listed by name)")
+    crop = targets.add_parser(
+        "geometry", help="choose a backbone's crop on LFW folds 1-5 (never the test folds 6-10)",
+        description="Score crops of the ArcFace template scaled about the crop centre and moved up, on LFW folds that "
+        "are not the test set; ranked by TAR@FAR=1e-3 over all pairs, then accuracy. Needs the folds' detections "
+        "in the cache (`fedface eval lfw --model mobile --folds 1-5` makes them).",
+    )
+    crop.add_argument("--model", default="default", help="'default', 'mobile' or a checkpoint PATH (default: default)")
+    crop.add_argument("--folds", default="1-5", help="LFW folds to choose on (default 1-5; 6-10 are refused)")
+    crop.add_argument("--scales", default="0.95,1.0,1.05,1.1,1.15,1.2", help="comma-separated template scales")
+    crop.add_argument("--shifts", default="5,10,15,20", help="comma-separated upward shifts in pixels of the crop")
+    crop.add_argument("--data", help="data root (default: FEDFACE_DATA or ../shared/data)")
+    crop.add_argument("--json", action="store_true", help="print the ranked candidates as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.target == "folder":
         return run_folder(args)
+    if args.target == "geometry":
+        return run_geometry(args)
     from facecore.align.geometry import ARCFACE_112, geometry_of
     from facecore.align.pipeline import FaceAligner
     from facecore.data.lfw import parse_folds
@@ -84,6 +100,30 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(next(iter(reports.values())) if len(reports) == 1 else reports))
     else:
         _print_table(reports, next(iter(by_geometry.values())).alignment.summary(), plot)
+    return 0
+
+
+def run_geometry(args: argparse.Namespace) -> int:
+    from facecore.data.lfw import parse_folds
+    from facecore.errors import FaceCoreError
+    from facecore.eval.geometry_search import search_geometry
+    from facecore.models.checkpoint import load_backbone
+    from facecore.paths import data_root
+
+    try:
+        scales = [float(v) for v in args.scales.split(",")]
+        shifts = [float(v) for v in args.shifts.split(",")]
+    except ValueError:
+        raise FaceCoreError(f"--scales and --shifts take comma-separated numbers, got {args.scales!r} and {args.shifts!r}") from None
+    model = load_backbone(args.model)
+    ranked = search_geometry(model, data_root(args.data) / "lfw", parse_folds(args.folds), scales, shifts)
+    if args.json:
+        print(json.dumps([score.row() for score in ranked]))
+        return 0
+    print(f"{'crop':<28} {'accuracy':>16} {'TAR@1e-3':>9} {'TAR@1e-4':>9}   (LFW folds {args.folds}, best first)")
+    for score in ranked:
+        tar4 = "n/a" if score.tar_1e4 is None else f"{100 * score.tar_1e4:.2f}%"
+        print(f"{score.geometry.key:<28} {100 * score.accuracy:7.2f}% ± {100 * score.accuracy_std:4.2f} {100 * score.tar_1e3:8.2f}% {tar4:>9}")
     return 0
 
 

@@ -33,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from facecore.align.geometry import geometry_of
     from facecore.data.split import SplitConfig, SplitManifest, build_split
     from facecore.models.checkpoint import load_backbone
     from facecore.paths import data_root
@@ -46,14 +47,15 @@ def run(args: argparse.Namespace) -> int:
     )
     root = data_root(args.data)
     manifest = SplitManifest.load(args.split) if args.split else build_split(root, SplitConfig(seed=0))
-    population = load_population(manifest, root, config.devices, config.seed)
+    backbone = load_backbone(config.model)
+    population = load_population(manifest, root, config.devices, config.seed, geometry=geometry_of(backbone))
     if population.notice():
         print(population.notice())
     rng = np.random.default_rng(config.seed)
     devices = [split_photos(d.identity, d.faces, rng) for d in population.devices]
     log = (lambda _: None) if args.json else print
-    cohort = public_cohort(manifest, root, config.cohort, config.seed) if config.cohort else None
-    report = run_face_fusion(config, devices, load_backbone(config.model), Path(args.out), log, cohort)
+    cohort = public_cohort(manifest, root, config.cohort, config.seed, geometry_of(backbone)) if config.cohort else None
+    report = run_face_fusion(config, devices, backbone, Path(args.out), log, cohort)
     if args.json:
         print(json.dumps({name: {"tar_at_far": m["tar_at_far"], "auc": m["auc"]} for name, m in report["methods"].items()}))
     else:

@@ -9,6 +9,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     fetch = actions.add_parser("fetch", help="download (npm pack), verify (sha256) and cache the published weights")
     fetch.add_argument("--force", action="store_true", help="fetch again even if the cached files verify")
     actions.add_parser("list", help="the named models, their crops and where their weights are")
+    measure = actions.add_parser(
+        "measure", help="calibrate the verification threshold on LFW folds 1-5, then measure LFW folds 6-10 and CelebA owners",
+    )
+    measure.add_argument("name", choices=("default", "mobile"))
+    measure.add_argument("--data", help="data root (default: FEDFACE_DATA or ../shared/data)")
+    measure.add_argument("--write", action="store_true", help="store the figures in facecore/weights/<model>.json")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -18,7 +24,22 @@ def run(args: argparse.Namespace) -> int:
         folder = fetch(FACE_API, force=args.force)
         print(f"{FACE_API.spec}: verified in {folder}")
         return 0
+    if args.action == "measure":
+        return _measure(args)
     return _list()
+
+
+def _measure(args: argparse.Namespace) -> int:
+    import json
+
+    from facecore.eval.model_figures import measure, write_figures
+    from facecore.paths import data_root
+
+    figures = measure(args.name, data_root(args.data))
+    print(json.dumps(figures, indent=1))
+    if args.write:
+        print(f"written to {write_figures(args.name, figures)}")
+    return 0
 
 
 def _list() -> int:

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
+from facecore.align.geometry import ARCFACE_112, FaceGeometry
+from facecore.align.pipeline import FaceAligner
 from facecore.data.faces import load_labelled_faces
 from facecore.data.split import SplitManifest
 
@@ -14,7 +16,7 @@ from facecore.data.split import SplitManifest
 class SimDevice:
     index: int
     identity: str
-    faces: np.ndarray  # (n,112,112,3) uint8
+    faces: np.ndarray  # (n,size,size,3) uint8, in the crop of the model being trained
 
 
 @dataclass(frozen=True)
@@ -32,8 +34,10 @@ class Population:
         return None
 
 
-def load_population(manifest: SplitManifest, root: Path, requested: int, seed: int = 0, min_faces: int = 2) -> Population:
-    data = load_labelled_faces(manifest.images("devices", root), desc="aligning device faces")
+def load_population(
+    manifest: SplitManifest, root: Path, requested: int, seed: int = 0, min_faces: int = 2, geometry: FaceGeometry = ARCFACE_112,
+) -> Population:
+    data = load_labelled_faces(manifest.images("devices", root), FaceAligner(geometry=geometry), desc="aligning device faces")
     devices = []
     for label, identity in enumerate(data.classes):
         faces = data.faces[data.labels == label]

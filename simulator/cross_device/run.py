@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from facecore.align.geometry import ARCFACE_112, FaceGeometry, geometry_of
+from facecore.align.pipeline import FaceAligner
 from facecore.data.split import SplitConfig, SplitManifest, build_split
 from facecore.eval.lfw import evaluate, load_lfw_faces
 from facecore.eval.plots import save_line_plot
@@ -19,8 +21,8 @@ from simulator.cross_device.markdown import label, write_markdown
 from simulator.cross_device.population import load_population
 
 
-def lfw_evaluator(root: Path, folds: tuple[int, ...]) -> Evaluator:
-    data = load_lfw_faces(root / "lfw", folds)
+def lfw_evaluator(root: Path, folds: tuple[int, ...], geometry: FaceGeometry = ARCFACE_112) -> Evaluator:
+    data = load_lfw_faces(root / "lfw", folds, aligner=FaceAligner(geometry=geometry))
 
     def score(model: torch.nn.Module) -> dict[str, Any]:
         report = evaluate(data, lambda faces: embed_faces(model, faces)).report
@@ -31,11 +33,11 @@ def lfw_evaluator(root: Path, folds: tuple[int, ...]) -> Evaluator:
 
 def run_cross_device(config: CrossDeviceConfig, root: Path, out: Path, manifest: SplitManifest | None = None, resume: bool = True) -> dict[str, Any]:
     manifest = manifest or build_split(root, SplitConfig(seed=0, eval_folds=config.eval_folds))
-    population = load_population(manifest, root, config.devices, config.seed)
+    model = load_backbone(config.model)
+    population = load_population(manifest, root, config.devices, config.seed, geometry=geometry_of(model))
     if population.notice():
         print(population.notice())
-    model = load_backbone(config.model)
-    evaluator = lfw_evaluator(root, config.eval_folds)
+    evaluator = lfw_evaluator(root, config.eval_folds, geometry_of(model))
     started = time.perf_counter()
     if config.method == "central":
         history = _central(config, population, model, evaluator, out)

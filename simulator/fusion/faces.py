@@ -26,6 +26,8 @@ from tqdm import tqdm
 
 from device_sdk.personal import PersonalConfig, train_personal_verifier
 from device_sdk.training import LocalTrainingConfig, mean_feature_embedding, prefix_cache, split_backbone
+from facecore.align.geometry import ARCFACE_112, FaceGeometry
+from facecore.align.pipeline import FaceAligner
 from facecore.data.faces import load_labelled_faces
 from facecore.data.records import FaceImage
 from facecore.data.split import SplitManifest
@@ -86,7 +88,7 @@ def split_photos(identity: str, faces: np.ndarray, rng: np.random.Generator) -> 
     return DeviceFaces(identity, faces[order[:cut]], faces[order[cut:]])
 
 
-def public_cohort(manifest: SplitManifest, root: Path, size: int, seed: int = 0) -> np.ndarray:
+def public_cohort(manifest: SplitManifest, root: Path, size: int, seed: int = 0, geometry: FaceGeometry = ARCFACE_112) -> np.ndarray:
     """One aligned face of each of `size` public (pretraining) identities: impostors a device may
     hold, since they are neither device owners nor evaluation people."""
     first: dict[str, FaceImage] = {}
@@ -96,7 +98,7 @@ def public_cohort(manifest: SplitManifest, root: Path, size: int, seed: int = 0)
         raise FusionInputError(f"the public split has {len(first)} identities, fewer than the cohort of {size}")
     chosen = sorted(np.random.default_rng(seed).choice(len(first), size, replace=False))
     images = list(first.values())
-    return load_labelled_faces([images[i] for i in chosen], desc="aligning the public cohort").faces
+    return load_labelled_faces([images[i] for i in chosen], FaceAligner(geometry=geometry), desc="aligning the public cohort").faces
 
 
 @torch.no_grad()

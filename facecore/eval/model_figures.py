@@ -1,0 +1,55 @@
+"""The figures a named model ships with (`facecore/weights/<name>.json`), measured in one place.
+
+Order matters for the evaluation discipline: the verification threshold is calibrated on LFW
+folds 1-5 first; folds 6-10 and the CelebA owners are only measured, never used to choose.
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from facecore.align.geometry import geometry_of
+from facecore.align.pipeline import FaceAligner
+from facecore.data.split import SplitConfig, build_split
+from facecore.eval.calibration import calibrate_threshold
+from facecore.eval.cross_source import celeba_owner_check
+from facecore.eval.lfw import TEST_FOLDS, evaluate, load_lfw_faces
+from facecore.models.checkpoint import MOBILE_MODEL, WEIGHTS_DIR, load_backbone, model_source, save_backbone
+from facecore.models.preprocess import embed_faces
+
+FIGURES_FILE = {"default": WEIGHTS_DIR / "dlib-resnet.json", "dlib-resnet": WEIGHTS_DIR / "dlib-resnet.json", "mobile": MOBILE_MODEL.with_suffix(".json")}
+
+
+def fp16_bytes(model: torch.nn.Module) -> int:
+    with tempfile.TemporaryDirectory() as scratch:
+        return save_backbone(model, Path(scratch) / "model.pt", half=True).stat().st_size
+
+
+def measure(spec: str, root: Path, progress: bool = True) -> dict[str, Any]:
+    """Threshold (folds 1-5), LFW folds 6-10, CelebA owners at that threshold, size and crop."""
+    model = load_backbone(spec)
+    verification = calibrate_threshold(model, root / "lfw")
+    model.meta = {**(getattr(model, "meta", None) or {}), "verification": verification}  # type: ignore[attr-defined]
+    folds = tuple(sorted(TEST_FOLDS))
+    data = load_lfw_faces(root / "lfw", folds, aligner=FaceAligner(geometry=geometry_of(model)))
+    lfw = evaluate(data, lambda faces: embed_faces(model, faces)).report.to_json_dict()
+    owners = celeba_owner_check(model, root, build_split(root, SplitConfig(seed=0)), progress=progress).to_json_dict()
+    owners = {k: v for k, v in owners.items() if k not in ("skipped", "single_photo_persons", "empty_persons", "folder")}
+    return {
+        "name": spec, "backbone": model.name, "embedding_dim": int(model.embedding_dim), "weights": model_source(spec),
+        "parameters": sum(p.numel() for p in model.parameters()), "fp16_bytes": fp16_bytes(model),
+        "geometry": {"key": geometry_of(model).key, "size": geometry_of(model).size, "template": list(geometry_of(model).template)},
+        "verification": verification, "lfw": lfw, "celeba_owners": owners,
+    }
+
+
+def write_figures(spec: str, figures: dict[str, Any]) -> Path:
+    """Merge into the model's JSON (training history a bundle wrote stays)."""
+    path = FIGURES_FILE[spec]
+    stored = json.loads(path.read_text()) if path.is_file() else {}
+    path.write_text(json.dumps({**stored, **figures}, indent=1) + "\n")
+    return path
