@@ -1,4 +1,10 @@
 # FedFace round server image: `docker compose up` (see docker-compose.yml).
+
+# The default model's weights come from an npm package; npm stays in this stage only.
+FROM node:20-slim AS weights
+WORKDIR /weights
+RUN npm pack @vladmandic/face-api@1.7.15
+
 FROM python:3.11-slim
 
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -16,6 +22,11 @@ COPY device_sdk device_sdk
 COPY simulator simulator
 RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu . \
  && pip install --no-deps facenet-pytorch==2.6.0
+
+# Verified against the recorded sha256 and unpacked into the image, not the /data volume.
+ENV FEDFACE_PACKAGES=/opt/fedface/packages
+COPY --from=weights /weights/vladmandic-face-api-1.7.15.tgz /tmp/face-api.tgz
+RUN fedface models fetch --tarball /tmp/face-api.tgz && rm /tmp/face-api.tgz
 
 RUN useradd --system --create-home --uid 10001 fedface && mkdir /data && chown fedface /data
 USER fedface

@@ -97,44 +97,51 @@ def installed_files(package: NpmPackage = FACE_API) -> dict[str, Path]:
     return found
 
 
-def fetch(package: NpmPackage = FACE_API, force: bool = False) -> Path:
-    """Download the package with npm, verify it, and unpack the files used. Idempotent."""
+def fetch(package: NpmPackage = FACE_API, force: bool = False, tarball: Path | None = None) -> Path:
+    """Download the package with npm (or take `tarball`, e.g. from a container's build stage),
+    verify it, and unpack the files used. Idempotent."""
     if not force:
         try:
             installed_files(package)
             return package.folder
         except (WeightsMissing, WeightsCorrupt):
             pass
-    if shutil.which("npm") is None:
-        raise WeightsMissing(f"npm is needed to fetch {package.spec}: install Node.js and npm (Debian: apt-get install npm)")
     package.folder.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=package.folder.parent) as scratch:
-        result = subprocess.run(
-            ["npm", "pack", package.spec, "--pack-destination", scratch, "--json"],
-            capture_output=True, text=True, check=False, timeout=600,
-        )
-        if result.returncode != 0:
-            last = (result.stderr.strip().splitlines() or ["no output"])[-1]
-            raise WeightsMissing(f"`npm pack {package.spec}` failed: {last}")
-        tarballs = list(Path(scratch).glob("*.tgz"))
-        if len(tarballs) != 1:
-            raise WeightsMissing(f"`npm pack {package.spec}` wrote {len(tarballs)} tarballs, expected 1")
-        if sha256_file(tarballs[0]) != package.tarball_sha256:
-            raise WeightsCorrupt(f"the {package.spec} tarball npm returned does not match its recorded sha256")
+        archive_path = Path(tarball) if tarball is not None else _npm_pack(package, Path(scratch))
+        if not archive_path.is_file():
+            raise WeightsMissing(f"{archive_path} does not exist")
+        if sha256_file(archive_path) != package.tarball_sha256:
+            raise WeightsCorrupt(f"{archive_path.name} is not the {package.spec} tarball (its sha256 differs from the recorded one)")
         staging = Path(scratch) / "unpacked"
-        with tarfile.open(tarballs[0], "r:gz") as archive:
+        with tarfile.open(archive_path, "r:gz") as archive:
             for relative, _ in package.files:
-                member = archive.getmember(f"package/{relative}")
+                source = archive.extractfile(archive.getmember(f"package/{relative}"))
+                assert source is not None
                 target = staging / relative
                 target.parent.mkdir(parents=True, exist_ok=True)
-                source = archive.extractfile(member)
-                assert source is not None
                 target.write_bytes(source.read())
         if package.folder.exists():
             shutil.rmtree(package.folder)
         os.replace(staging, package.folder)
     installed_files(package)
     return package.folder
+
+
+def _npm_pack(package: NpmPackage, scratch: Path) -> Path:
+    if shutil.which("npm") is None:
+        raise WeightsMissing(f"npm is needed to fetch {package.spec}: install Node.js and npm (Debian: apt-get install npm)")
+    result = subprocess.run(
+        ["npm", "pack", package.spec, "--pack-destination", str(scratch), "--json"],
+        capture_output=True, text=True, check=False, timeout=600,
+    )
+    if result.returncode != 0:
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise WeightsMissing(f"`npm pack {package.spec}` failed: {last}")
+    tarballs = list(scratch.glob("*.tgz"))
+    if len(tarballs) != 1:
+        raise WeightsMissing(f"`npm pack {package.spec}` wrote {len(tarballs)} tarballs, expected 1")
+    return tarballs[0]
 
 
 def read_face_api_tensors(package: NpmPackage = FACE_API) -> dict[str, np.ndarray]:

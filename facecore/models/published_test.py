@@ -106,3 +106,14 @@ def test_fetch_replaces_a_corrupt_file_with_the_published_one(copied_package: Pa
     assert sorted(p.relative_to(copied_package).as_posix() for p in copied_package.rglob("*") if p.is_file()) == sorted(
         relative for relative, _ in published.FACE_API.files
     )
+
+
+def test_a_tarball_that_is_not_the_published_one_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: an empty packages folder and a stranger's tarball
+    monkeypatch.setenv(published.PACKAGES_ENV, str(tmp_path / "packages"))
+    stranger = tmp_path / "face-api.tgz"
+    stranger.write_bytes(b"\x1f\x8b not the package")
+    # Execute / Assert: refused before anything is unpacked
+    with pytest.raises(published.WeightsCorrupt, match="is not the @vladmandic/face-api@1.7.15 tarball"):
+        published.fetch(tarball=stranger)
+    assert not published.FACE_API.folder.exists()

