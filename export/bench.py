@@ -1,4 +1,5 @@
-"""`fedface bench export`: batch-1, single-thread latency of torch eager, ONNX fp32 and ONNX int8, side by side."""
+"""`fedface bench export`: batch-1, single-thread latency of torch eager, ONNX fp32 and ONNX int8, side by side,
+for one model or several (each at its own crop size), all engines interleaved in one run."""
 from __future__ import annotations
 
 import json
@@ -13,6 +14,7 @@ import numpy as np
 import torch
 
 from export.onnx_model import INPUT_NAME, ort_session
+from facecore.align.geometry import geometry_of
 
 PRELU_SCOPE = "/PRelu/"  # the exporter names the nodes it writes for a PReLU under its scope
 
@@ -28,58 +30,87 @@ def _latencies(call: Callable[[], object], runs: int, warmup: int) -> list[float
     return times
 
 
-def bench_export(model: torch.nn.Module, export_dir: Path, runs: int = 200, warmup: int = 20, rounds: int = 3) -> dict[str, Any]:
-    """Interleave the three engines over several rounds so machine drift hits all of them alike."""
+ENGINES = (("torch_eager", None), ("onnx_fp32", "model.onnx"), ("onnx_int8", "model.int8.onnx"))
+
+
+def bench_exports(exports: dict[str, tuple[torch.nn.Module, Path]], runs: int = 300, warmup: int = 10, rounds: int = 10) -> dict[str, Any]:
+    """Every engine of every model (label -> (torch backbone, export folder)), interleaved: each of
+    `rounds` rounds runs each engine `runs // rounds` times, the engines' order rotating by one per
+    round, so machine drift hits all of them alike. Each model gets an input of its own crop size."""
     torch.set_num_threads(1)
-    model = model.float().eval()
-    x = np.random.default_rng(0).standard_normal((1, 3, 112, 112)).astype(np.float32)
-    tensor = torch.from_numpy(x)
-    engines: dict[str, Callable[[], object]] = {}
+    engines: dict[tuple[str, str], Callable[[], object]] = {}
+    inputs: dict[str, np.ndarray] = {}
+    for label, (model, export_dir) in exports.items():
+        model = model.float().eval()
+        size = geometry_of(model).size
+        inputs[label] = x = np.random.default_rng(0).standard_normal((1, 3, size, size)).astype(np.float32)
+        tensor = torch.from_numpy(x)
 
-    def torch_eager() -> object:
-        with torch.inference_mode():
-            return model(tensor)
+        def torch_eager(model: torch.nn.Module = model, tensor: torch.Tensor = tensor) -> object:
+            with torch.inference_mode():
+                return model(tensor)
 
-    engines["torch_eager"] = torch_eager
-    for name, file in (("onnx_fp32", "model.onnx"), ("onnx_int8", "model.int8.onnx")):
-        if (export_dir / file).is_file():
-            session = ort_session(export_dir / file, threads=1)
-            engines[name] = lambda s=session: s.run(None, {INPUT_NAME: x})
-    samples: dict[str, list[float]] = {name: [] for name in engines}
-    for _ in range(rounds):
-        for name, call in engines.items():
-            samples[name] += _latencies(call, runs // rounds, warmup)
-    result: dict[str, Any] = {
-        name: {"p50_ms": float(np.percentile(t, 50)), "p95_ms": float(np.percentile(t, 95)), "runs": len(t)} for name, t in samples.items()
-    }
-    result["bytes"] = {f: (export_dir / f).stat().st_size for f in ("model.onnx", "model.int8.onnx", "backbone.pt") if (export_dir / f).is_file()}
-    if "onnx_int8" in result:
-        result["int8_speedup_vs_fp32"] = result["onnx_fp32"]["p50_ms"] / result["onnx_int8"]["p50_ms"]
-    result["fp32_speedup_vs_torch"] = result["torch_eager"]["p50_ms"] / result["onnx_fp32"]["p50_ms"]
-    result["threads"] = 1
-    result["batch"] = 1
-    result["profile"] = {name: op_profile(export_dir / file, x) for name, file in (("onnx_fp32", "model.onnx"), ("onnx_int8", "model.int8.onnx"))
-                         if (export_dir / file).is_file()}
-    return result
+        engines[label, "torch_eager"] = torch_eager
+        for name, file in ENGINES[1:]:
+            if (export_dir / file).is_file():
+                session = ort_session(export_dir / file, threads=1)
+                engines[label, name] = lambda s=session, x=x: s.run(None, {INPUT_NAME: x})
+    order = list(engines)
+    samples: dict[tuple[str, str], list[float]] = {key: [] for key in order}
+    per_round = max(1, runs // rounds)
+    for round_index in range(rounds):
+        shift = round_index % len(order)
+        for key in order[shift:] + order[:shift]:
+            samples[key] += _latencies(engines[key], per_round, warmup)
+    models: dict[str, Any] = {}
+    for label, (model, export_dir) in exports.items():
+        result: dict[str, Any] = {
+            name: {"p50_ms": float(np.percentile(t, 50)), "p95_ms": float(np.percentile(t, 95)), "runs": len(t)}
+            for (owner, name), t in samples.items() if owner == label
+        }
+        geometry = geometry_of(model)
+        result["backbone"] = model.name
+        result["input"] = [1, 3, geometry.size, geometry.size]
+        result["params"] = sum(p.numel() for p in model.parameters())
+        result["bytes"] = {f: (export_dir / f).stat().st_size for f in ("model.onnx", "model.int8.onnx", "backbone.pt") if (export_dir / f).is_file()}
+        result["fp32_speedup_vs_torch"] = result["torch_eager"]["p50_ms"] / result["onnx_fp32"]["p50_ms"]
+        if "onnx_int8" in result:
+            result["int8_speedup_vs_fp32"] = result["onnx_fp32"]["p50_ms"] / result["onnx_int8"]["p50_ms"]
+            result["int8_over_fp32_ms"] = result["onnx_int8"]["p50_ms"] / result["onnx_fp32"]["p50_ms"]
+            result["int8_over_fp32_bytes"] = result["bytes"]["model.int8.onnx"] / result["bytes"]["model.onnx"]
+        result["profile"] = {name: op_profile(export_dir / file, inputs[label]) for name, file in ENGINES[1:] if (export_dir / file).is_file()}
+        models[label] = result
+    return {"models": models, "threads": 1, "batch": 1, "rounds": rounds, "warmup_per_round": warmup}
+
+
+def bench_export(model: torch.nn.Module, export_dir: Path, runs: int = 300, warmup: int = 10, rounds: int = 10) -> dict[str, Any]:
+    """One model's engines (`bench_exports` with one entry), flat."""
+    result = bench_exports({model.name: (model, export_dir)}, runs, warmup, rounds)
+    return {**result["models"][model.name], "threads": 1, "batch": 1}
 
 
 def op_profile(path: Path, x: np.ndarray, runs: int = 100) -> dict[str, Any]:
     """Where one batch-1 run's time goes, from onnxruntime's own profiler: ms per operator type,
-    and the ms of the nodes written for PReLUs (the share that decides int8's speedup here)."""
+    the kernels run per operator type (ReorderInput/ReorderOutput are the blocked layout's
+    entries and exits, Transpose the uint8 NHWC path's), and the ms of the nodes written for
+    PReLUs (the share that decided int8's speedup for MobileFaceNet)."""
     with tempfile.TemporaryDirectory() as scratch:
         session = ort_session(path, threads=1, profile_prefix=str(Path(scratch) / "ort"))
         for _ in range(runs):
             session.run(None, {INPUT_NAME: x})
         events = json.loads(Path(session.end_profiling()).read_text())
     by_op: dict[str, float] = defaultdict(float)
+    count: dict[str, int] = defaultdict(int)
     prelu_us = 0.0
     for event in events:
         if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
             by_op[event["args"]["op_name"]] += event["dur"]
+            count[event["args"]["op_name"]] += 1
             prelu_us += event["dur"] if PRELU_SCOPE in event["name"] else 0.0
     total_us = sum(by_op.values())
     return {
         "ms_per_run": total_us / runs / 1000, "prelu_ms": prelu_us / runs / 1000,
         "prelu_share": prelu_us / total_us if total_us else 0.0,
         "ms_by_op": {op: us / runs / 1000 for op, us in sorted(by_op.items(), key=lambda item: -item[1])},
+        "nodes_by_op": {op: n // runs for op, n in sorted(count.items())},
     }

@@ -77,7 +77,7 @@ def geometry_manifest(geometry: FaceGeometry) -> dict[str, Any]:
     `template` (x, y in pixels of the `size` x `size` crop) with a least-squares similarity."""
     return {
         "key": geometry.key, "size": geometry.size, "landmarks": list(LANDMARKS),
-        "template": [[round(x, 4), round(y, 4)] for x, y in geometry.template], "aligner": aligner_version(geometry),
+        "template": [[x, y] for x, y in geometry.template], "aligner": aligner_version(geometry),
     }
 
 

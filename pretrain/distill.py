@@ -126,17 +126,25 @@ class Distiller(Pretrainer):
             save_backbone(self.model, self.out / "best.pt", meta=meta)
 
 
-def init_targets(model: torch.nn.Module, data: DistillData, rotate: bool) -> tuple[np.ndarray | None, torch.Tensor]:
+def init_targets(
+    model: torch.nn.Module, data: DistillData, rotate: bool
+) -> tuple[np.ndarray | None, torch.Tensor, dict[str, float]]:
     """From the init student's embeddings of view 0: the Procrustes rotation of the teacher's space
-    onto the student's (None unless `rotate`), and each class's mean embedding (a CosFace head start)."""
+    onto the student's (None unless `rotate`), each class's mean embedding (a CosFace head start),
+    and the init's mean cosine distance to the raw and to the rotated teacher embeddings."""
     from pretrain.distill_loss import procrustes_rotation
 
     embeddings = embed_faces(model, data.first_views())
-    rotation = procrustes_rotation(embeddings, np.asarray(data.cache.teacher[:: data.cache.views])) if rotate else None
+    teacher = np.asarray(data.cache.teacher[:: data.cache.views])
+    turn = procrustes_rotation(embeddings, teacher) if teacher.shape[1] == embeddings.shape[1] else None
+    distances = {"init_distance_raw": float(np.mean(1 - np.sum(embeddings * teacher, 1))) if turn is not None else float("nan")}
+    if turn is not None:
+        distances["init_distance_rotated"] = float(np.mean(1 - np.sum(embeddings * (teacher @ turn.T), 1)))
+    rotation = turn if rotate else None
     means = np.zeros((len(data.classes), embeddings.shape[1]), np.float32)
     np.add.at(means, data.labels, embeddings)
     means /= np.maximum(np.linalg.norm(means, axis=1, keepdims=True), 1e-12)
-    return rotation, torch.from_numpy(means)
+    return rotation, torch.from_numpy(means), distances
 
 
 def lfw_folds_monitor(root: Path, folds: tuple[int, ...] = (1, 2, 3, 4, 5), geometry: FaceGeometry = ARCFACE_112) -> EvalFn:

@@ -84,10 +84,11 @@ def run_distill(args: argparse.Namespace) -> int:
         trainer.resume()
         print(f"resumed after epoch {trainer.epoch}")
     else:
-        rotation, head = init_targets(student, data, rotate=config.rotate_teacher and config.init != "random")
+        rotation, head, distances = init_targets(student, data, rotate=config.rotate_teacher and config.init != "random")
+        print("init student vs teacher (view 0): " + json.dumps(distances), flush=True)
         trainer = Distiller(config, data, out, evaluate=monitor, init_state=student.state_dict(), init_head=head, rotation=rotation)
         (out / "metrics.jsonl").unlink(missing_ok=True)
-        baseline = {"epoch": 0, **monitor(trainer.model)}
+        baseline = {"epoch": 0, **distances, **(monitor(trainer.model) if args.init_eval else {})}
         with open(out / "metrics.jsonl", "a") as log:
             log.write(json.dumps(baseline) + "\n")
         print("init: " + " ".join(f"{k}={v:.4g}" for k, v in baseline.items()), flush=True)

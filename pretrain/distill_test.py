@@ -135,7 +135,7 @@ def test_the_view_cache_is_built_once_and_reused(tmp_path: Path) -> None:
 def test_stopping_after_epoch_1_and_resuming_equals_a_straight_run(tmp_path: Path) -> None:
     # Prepare
     data = _data(tmp_path)
-    rotation, head = init_targets(Distiller(_config(), data, tmp_path / "probe").model, data, rotate=True)
+    rotation, head, _ = init_targets(Distiller(_config(), data, tmp_path / "probe").model, data, rotate=True)
     straight = Distiller(_config(), data, tmp_path / "straight", init_head=head, rotation=rotation)
     # Execute
     straight.fit()

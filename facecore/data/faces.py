@@ -12,7 +12,7 @@ from facecore.data.records import FaceImage
 
 @dataclass(frozen=True)
 class LabelledFaces:
-    faces: np.ndarray  # (N,112,112,3) uint8
+    faces: np.ndarray  # (N,S,S,3) uint8 in the aligner's crop
     labels: np.ndarray  # (N,) int64 into `classes`
     classes: tuple[str, ...]  # identity names
     sources: tuple[Path, ...]  # source file of each row

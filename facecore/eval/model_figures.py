@@ -18,10 +18,8 @@ from facecore.data.split import SplitConfig, build_split
 from facecore.eval.calibration import calibrate_threshold
 from facecore.eval.cross_source import celeba_owner_check
 from facecore.eval.lfw import TEST_FOLDS, evaluate, load_lfw_faces
-from facecore.models.checkpoint import MOBILE_MODEL, WEIGHTS_DIR, load_backbone, model_source, save_backbone
+from facecore.models.checkpoint import FIGURES, load_backbone, model_source, save_backbone
 from facecore.models.preprocess import embed_faces
-
-FIGURES_FILE = {"default": WEIGHTS_DIR / "dlib-resnet.json", "dlib-resnet": WEIGHTS_DIR / "dlib-resnet.json", "mobile": MOBILE_MODEL.with_suffix(".json")}
 
 
 def fp16_bytes(model: torch.nn.Module) -> int:
@@ -49,7 +47,7 @@ def measure(spec: str, root: Path, progress: bool = True) -> dict[str, Any]:
 
 def write_figures(spec: str, figures: dict[str, Any]) -> Path:
     """Merge into the model's JSON (training history a bundle wrote stays)."""
-    path = FIGURES_FILE[spec]
+    path = FIGURES[spec]
     stored = json.loads(path.read_text()) if path.is_file() else {}
     path.write_text(json.dumps({**stored, **figures}, indent=1) + "\n")
     return path

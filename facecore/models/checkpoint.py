@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+import json
 from typing import Any
 
 import torch
@@ -26,6 +27,9 @@ WEIGHTS_DIR = Path(__file__).resolve().parents[1] / "weights"
 MOBILE_MODEL = WEIGHTS_DIR / "mobile.pt"
 PUBLISHED_MODELS = ("default", "dlib-resnet")
 MODEL_NAMES = (*PUBLISHED_MODELS, "mobile", "random")
+# The measured figures of each named model (`fedface models measure NAME --write`); its verification
+# threshold, calibrated on LFW folds 1-5, is read from here, the one place it is stored.
+FIGURES = {"default": WEIGHTS_DIR / "dlib-resnet.json", "dlib-resnet": WEIGHTS_DIR / "dlib-resnet.json", "mobile": WEIGHTS_DIR / "mobile.json"}
 
 
 def model_source(spec: str | Path) -> str:
@@ -78,8 +82,19 @@ def load_backbone(spec: str | Path, backbone: str = "mobilefacenet", seed: int =
     if str(spec) in PUBLISHED_MODELS:
         from facecore.models.published import load_dlib_resnet
 
-        return load_dlib_resnet()
-    path = MOBILE_MODEL if str(spec) == "mobile" else Path(spec)
+        return _with_figures(load_dlib_resnet(), str(spec))
+    if str(spec) == "mobile":
+        return _with_figures(_load_file(MOBILE_MODEL), "mobile")
+    return _load_file(Path(spec))
+
+
+def _with_figures(model: torch.nn.Module, name: str) -> torch.nn.Module:
+    figures = json.loads(FIGURES[name].read_text()) if FIGURES[name].is_file() else {}
+    model.meta = {**getattr(model, "meta", {}), "verification": figures.get("verification")}  # type: ignore[attr-defined]
+    return model
+
+
+def _load_file(path: Path) -> torch.nn.Module:
     payload = read_backbone_file(path)
     model = get_backbone(payload["backbone"], embedding_dim=payload["embedding_dim"])
     state = {k: v.float() if v.is_floating_point() else v for k, v in payload["state_dict"].items()}

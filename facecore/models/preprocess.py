@@ -1,4 +1,4 @@
-"""The one input convention every backbone, exporter and device shares."""
+"""The one input convention every backbone, exporter and device shares: RGB scaled to [-1, 1]."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,7 +11,7 @@ PIXEL_STD = 127.5
 
 
 def faces_to_tensor(faces: np.ndarray | torch.Tensor, device: str | torch.device = "cpu") -> torch.Tensor:
-    """(N,112,112,3) uint8 -> (N,3,112,112) float32 in channels_last memory layout."""
+    """(N,S,S,3) uint8 aligned faces (S: the backbone's crop size) -> (N,3,S,S) float32 in [-1, 1], channels_last."""
     tensor = torch.as_tensor(faces, device=device)
     if tensor.dtype != torch.uint8 or tensor.ndim != 4 or tensor.shape[-1] != 3:
         raise ValueError(f"faces must be uint8 (N,H,W,3), got {tensor.dtype} {tuple(tensor.shape)}")

@@ -191,19 +191,11 @@ def dlib_state_dict(tensors: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
     return state
 
 
-# Figures measured for the published model (verification threshold calibrated on LFW folds 1-5).
-CARD = Path(__file__).resolve().parents[1] / "weights" / "dlib-resnet.json"
-
-
 def load_dlib_resnet() -> torch.nn.Module:
-    """The dlib ResNet with the published weights, in eval mode; `meta` carries its verification threshold."""
+    """The dlib ResNet with the published weights, in eval mode (`load_backbone` adds its threshold)."""
     from facecore.models.registry import get_backbone
 
     model = get_backbone("dlib-resnet")
     model.load_state_dict(dlib_state_dict(read_face_api_tensors()))
-    card = json.loads(CARD.read_text()) if CARD.is_file() else {}
-    model.meta = {  # type: ignore[attr-defined]
-        "source": f"npm {FACE_API.spec} model/face_recognition_model.bin (dlib ResNet v1, CC0 weights)",
-        "verification": card.get("verification"),
-    }
+    model.meta = {"source": f"npm {FACE_API.spec} model/face_recognition_model.bin (dlib ResNet v1, CC0 weights)"}  # type: ignore[attr-defined]
     return model.eval()

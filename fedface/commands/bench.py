@@ -9,10 +9,14 @@ from pathlib import Path
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     targets = parser.add_subparsers(dest="target", metavar="TARGET", required=True)
-    export = targets.add_parser("export", help="batch-1 single-thread latency: torch eager vs ONNX fp32 vs ONNX int8")
-    export.add_argument("--model", default="default")
-    export.add_argument("--dir", help="an existing export directory (default: export --int8 into a temporary one)")
-    export.add_argument("--runs", type=int, default=300)
+    export = targets.add_parser("export", help="batch-1 single-thread latency: torch eager vs ONNX fp32 vs ONNX int8, per model, interleaved")
+    export.add_argument("--model", action="append", metavar="MODEL",
+                        help="a model to measure, repeatable: all engines of all models run interleaved in one run "
+                             "(default: --model default --model mobile, the dlib ResNet next to MobileFaceNet)")
+    export.add_argument("--dir", action="append", metavar="DIR",
+                        help="an existing export directory, one per --model in the same order (default: export --int8 into temporary ones)")
+    export.add_argument("--runs", type=int, default=300, help="timed runs per engine and model (default 300)")
+    export.add_argument("--rounds", type=int, default=10, help="interleaving rounds the runs are split into (default 10)")
     export.add_argument("--data")
     export.add_argument("--json", action="store_true")
     server = targets.add_parser("server", help="N simulated devices through one round against a real `fedface server --dev` over HTTP")
@@ -129,29 +133,51 @@ def _device(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from export.bench import bench_export
+    from export.bench import bench_exports
     from export.pipeline import export_model
     from facecore.models.checkpoint import load_backbone
     from facecore.paths import data_root
 
+    specs = list(dict.fromkeys(args.model or ["default", "mobile"]))
+    if args.dir and len(args.dir) != len(specs):
+        raise SystemExit(f"fedface bench export: give one --dir per --model ({len(specs)} models, {len(args.dir)} folders)")
+    if args.runs < 1 or not 1 <= args.rounds <= args.runs:
+        raise SystemExit("fedface bench export: --runs must be >= 1 and 1 <= --rounds <= --runs")
     with tempfile.TemporaryDirectory() as scratch:
-        folder = Path(args.dir) if args.dir else Path(scratch)
+        folders = [Path(d) for d in args.dir] if args.dir else [Path(scratch) / f"model{i}" for i in range(len(specs))]
         if not args.dir:
-            export_model(args.model, folder, data_root(args.data), int8=True)
-        result = bench_export(load_backbone(args.model), folder, runs=args.runs)
-    if args.json:
-        print(json.dumps(result))
-        return 0
-    for engine in ("torch_eager", "onnx_fp32", "onnx_int8"):
-        if engine in result:
-            print(f"{engine:>12}: p50 {result[engine]['p50_ms']:.2f} ms  p95 {result[engine]['p95_ms']:.2f} ms")
-    print(f"int8 vs fp32: {result.get('int8_speedup_vs_fp32', float('nan')):.2f}x; fp32 vs torch: {result['fp32_speedup_vs_torch']:.2f}x")
-    print("bytes: " + ", ".join(f"{k} {v:,}" for k, v in result["bytes"].items()))
-    for engine, profile in result["profile"].items():
-        ops = ", ".join(f"{op} {ms:.2f}" for op, ms in profile["ms_by_op"].items() if ms >= 0.01)
-        print(f"{engine:>12}: {profile['ms_per_run']:.2f} ms in kernels ({ops}); PReLU nodes {profile['prelu_ms']:.2f} ms "
-              f"({100 * profile['prelu_share']:.0f}%)")
+            for spec, folder in zip(specs, folders):
+                export_model(spec, folder, data_root(args.data), int8=True)
+        result = bench_exports({spec: (load_backbone(spec), folder) for spec, folder in zip(specs, folders)}, runs=args.runs, rounds=args.rounds)
+    print(json.dumps(result) if args.json else _describe_export(result))
     return 0
+
+
+def _describe_export(result: dict) -> str:  # type: ignore[type-arg]
+    models = result["models"]
+    lines = [f"batch {result['batch']}, {result['threads']} thread; p50 (p95) ms over {next(iter(models.values()))['torch_eager']['runs']} runs "
+             f"per engine, all engines interleaved in {result['rounds']} rounds"]
+    lines.append(f"{'model':<14}{'backbone':<15}{'input':>6}{'params':>8}{'torch eager':>18}{'onnx fp32':>18}{'onnx int8':>18}"
+                 f"{'fp32 vs torch':>14}{'int8/fp32':>10}{'fp32 MB':>9}{'int8 MB':>9}{'int8/fp32 size':>15}")
+    for label, r in models.items():
+        cells = [f"{r[e]['p50_ms']:7.2f} ({r[e]['p95_ms']:6.2f})" if e in r else "-" for e in ("torch_eager", "onnx_fp32", "onnx_int8")]
+        bytes_ = r["bytes"]
+        lines.append(
+            f"{label:<14}{r['backbone']:<15}{r['input'][-1]:>6}{r['params'] / 1e6:>7.2f}M{cells[0]:>18}{cells[1]:>18}{cells[2]:>18}"
+            f"{r['fp32_speedup_vs_torch']:>13.2f}x{r.get('int8_over_fp32_ms', float('nan')):>10.2f}"
+            f"{bytes_['model.onnx'] / 1e6:>9.2f}{bytes_.get('model.int8.onnx', float('nan')) / 1e6:>9.2f}{r.get('int8_over_fp32_bytes', float('nan')):>15.2f}"
+        )
+    labels = list(models)
+    for other in labels[1:]:
+        a, b = models[labels[0]], models[other]
+        ratios = ", ".join(f"{e} {a[e]['p50_ms'] / b[e]['p50_ms']:.2f}x" for e in ("torch_eager", "onnx_fp32", "onnx_int8") if e in a and e in b)
+        lines.append(f"{labels[0]} / {other} (p50 ratio): {ratios}")
+    for label, r in models.items():
+        for engine, profile in r["profile"].items():
+            ops = ", ".join(f"{op} {ms:.2f}" for op, ms in profile["ms_by_op"].items() if ms >= 0.01)
+            lines.append(f"{label} {engine}: {profile['ms_per_run']:.2f} ms in kernels ({ops}); PReLU nodes {profile['prelu_ms']:.2f} ms "
+                         f"({100 * profile['prelu_share']:.0f}%)")
+    return "\n".join(lines)
 
 
 def _server(args: argparse.Namespace) -> int:

@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     crop = targets.add_parser(
         "geometry", help="choose a backbone's crop on LFW folds 1-5 (never the test folds 6-10)",
         description="Score crops of the ArcFace template scaled about the crop centre and moved up, on LFW folds that "
-        "are not the test set; ranked by TAR@FAR=1e-3 over all pairs, then accuracy. Needs the folds' detections "
+        "are not the test set; ranked by pairs accuracy, then TAR@FAR=1e-3 over all pairs. Needs the folds' detections "
         "in the cache (`fedface eval lfw --model mobile --folds 1-5` makes them).",
     )
     crop.add_argument("--model", default="default", help="'default', 'mobile' or a checkpoint PATH (default: default)")

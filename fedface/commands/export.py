@@ -1,4 +1,4 @@
-"""`fedface export --model PATH|default --out DIR [--int8] [--json]`."""
+"""`fedface export --model default|dlib-resnet|mobile|random|PATH --out DIR [--int8] [--json]`."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +7,9 @@ from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="default", help="backbone file PATH or 'default'")
+    parser.add_argument("--model", default="default",
+                        help="'default' (= 'dlib-resnet', the published weights), 'mobile' (the bundled MobileFaceNet), 'random', or a backbone file PATH; "
+                             "faces are aligned to the backbone's own crop, which the manifest records")
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--int8", action="store_true", help="also write model.int8.onnx (static per-channel quantization)")
     parser.add_argument("--data", help="data root for calibration and parity faces (default: FEDFACE_DATA or ../shared/data)")
@@ -25,5 +27,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         for key, value in result.metrics.items():
             print(f"{key:>20}: {value}")
+        crop = result.manifest["geometry"]
+        print(f"{'geometry':>20}: {crop['key']} ({crop['size']}x{crop['size']} crop)")
         print(f"wrote {', '.join(sorted(f['path'] for f in result.manifest['files'].values()))} and manifest.json to {args.out}")
     return 0

@@ -41,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     distill.add_argument("--distill-weight", type=float, default=1.0, help="weight of the cosine distance to the teacher")
     distill.add_argument("--relational-weight", type=float, default=0.0, help="weight of the batch similarity-matrix loss")
     distill.add_argument("--cosface-weight", type=float, default=0.0, help="weight of CosFace on the public labels")
+    distill.add_argument("--no-init-eval", dest="init_eval", action="store_false", help="skip the LFW folds 1-5 check of the init")
     distill.add_argument("--colour-jitter", type=float, default=0.2, help="per-face brightness/contrast jitter")
     distill.add_argument(
         "--no-rotate-teacher", dest="rotate_teacher", action="store_false",
