@@ -33,7 +33,7 @@ def _latencies(call: Callable[[], object], runs: int, warmup: int) -> list[float
 ENGINES = (("torch_eager", None), ("onnx_fp32", "model.onnx"), ("onnx_int8", "model.int8.onnx"))
 
 
-def bench_exports(exports: dict[str, tuple[torch.nn.Module, Path]], runs: int = 300, warmup: int = 10, rounds: int = 10) -> dict[str, Any]:
+def bench_exports(exports: dict[str, tuple[torch.nn.Module, Path]], runs: int = 600, warmup: int = 10, rounds: int = 20) -> dict[str, Any]:
     """Every engine of every model (label -> (torch backbone, export folder)), interleaved: each of
     `rounds` rounds runs each engine `runs // rounds` times, the engines' order rotating by one per
     round, so machine drift hits all of them alike. Each model gets an input of its own crop size."""
@@ -81,12 +81,6 @@ def bench_exports(exports: dict[str, tuple[torch.nn.Module, Path]], runs: int = 
         result["profile"] = {name: op_profile(export_dir / file, inputs[label]) for name, file in ENGINES[1:] if (export_dir / file).is_file()}
         models[label] = result
     return {"models": models, "threads": 1, "batch": 1, "rounds": rounds, "warmup_per_round": warmup}
-
-
-def bench_export(model: torch.nn.Module, export_dir: Path, runs: int = 300, warmup: int = 10, rounds: int = 10) -> dict[str, Any]:
-    """One model's engines (`bench_exports` with one entry), flat."""
-    result = bench_exports({model.name: (model, export_dir)}, runs, warmup, rounds)
-    return {**result["models"][model.name], "threads": 1, "batch": 1}
 
 
 def op_profile(path: Path, x: np.ndarray, runs: int = 100) -> dict[str, Any]:

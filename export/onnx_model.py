@@ -114,8 +114,12 @@ def rewrite_zero_pad(model: onnx.ModelProto) -> onnx.ModelProto:
     onnxruntime has no blocked-layout Pad: each one sent the tensor back to plain NCHW, and with
     it the residual Add and Relu of every later block (the dlib ResNet's shortcut widens with
     zero channels; its last two down blocks pad the convolution path by a row and a column).
-    As a convolution, the optimizer fuses the following Add and Relu into it. The dense identity
-    costs C_in x C_out multiply-adds per pixel, at most 0.6M for the dlib ResNet's shortcuts."""
+    As a convolution, the optimizer fuses the following Add and Relu into it: the dlib ResNet's fp32
+    graph went from 25 layout changes (ReorderInput/ReorderOutput) to 1, its int8 graph from 5 Pads
+    and 7 Transposes to none and 3. The dense identity costs C_in x C_out multiply-adds per pixel
+    (at most 0.6M in the dlib ResNet). Its time is dominated by 3x3 convolutions either way, so the
+    gain is small: measured side by side (1 thread, batch 1, 600 runs each, interleaved), fp32
+    10.44 -> 10.25 ms, int8 2.67 -> 2.61 ms."""
     inferred = onnx.shape_inference.infer_shapes(model)
     shapes = {
         v.name: (v.type.tensor_type.elem_type, [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim])

@@ -127,14 +127,16 @@ class Distiller(Pretrainer):
 
 
 def init_targets(
-    model: torch.nn.Module, data: DistillData, rotate: bool
+    model: torch.nn.Module, data: DistillData, rotate: bool, embeddings: np.ndarray | None = None
 ) -> tuple[np.ndarray | None, torch.Tensor, dict[str, float]]:
     """From the init student's embeddings of view 0: the Procrustes rotation of the teacher's space
     onto the student's (None unless `rotate`), each class's mean embedding (a CosFace head start),
-    and the init's mean cosine distance to the raw and to the rotated teacher embeddings."""
+    and the init's mean cosine distance to the raw and to the rotated teacher embeddings.
+    `embeddings`: the model's embeddings of `data.first_views()` when already known."""
     from pretrain.distill_loss import procrustes_rotation
 
-    embeddings = embed_faces(model, data.first_views())
+    if embeddings is None:
+        embeddings = embed_faces(model, data.first_views())
     teacher = np.asarray(data.cache.teacher[:: data.cache.views])
     turn = procrustes_rotation(embeddings, teacher) if teacher.shape[1] == embeddings.shape[1] else None
     distances = {"init_distance_raw": float(np.mean(1 - np.sum(embeddings * teacher, 1))) if turn is not None else float("nan")}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import time
 from functools import partial
@@ -21,10 +22,11 @@ from facecore.align.pipeline import FaceAligner, default_cache, file_key, load_r
 from facecore.data.split import SplitConfig, SplitManifest, build_split
 from facecore.eval.plots import save_line_plot
 from facecore.models.checkpoint import load_backbone
+from facecore.models.preprocess import embed_faces
 from facecore.paths import cache_root, data_root
 from pretrain.distill import MONITOR_KEY, DistillData, Distiller, init_targets, lfw_folds_monitor
 from pretrain.distill_config import DistillConfig
-from pretrain.distill_views import Photo, build_view_cache
+from pretrain.distill_views import Photo, build_view_cache, weights_digest
 from pretrain.evaluation import check_disjoint_from_evaluation
 
 
@@ -84,7 +86,8 @@ def run_distill(args: argparse.Namespace) -> int:
         trainer.resume()
         print(f"resumed after epoch {trainer.epoch}")
     else:
-        rotation, head, distances = init_targets(student, data, rotate=config.rotate_teacher and config.init != "random")
+        embeddings = _first_view_embeddings(student, data)
+        rotation, head, distances = init_targets(student, data, config.rotate_teacher and config.init != "random", embeddings)
         print("init student vs teacher (view 0): " + json.dumps(distances), flush=True)
         trainer = Distiller(config, data, out, evaluate=monitor, init_state=student.state_dict(), init_head=head, rotation=rotation)
         (out / "metrics.jsonl").unlink(missing_ok=True)
@@ -122,6 +125,18 @@ def run_distill(args: argparse.Namespace) -> int:
           f"wall {summary['wall_seconds_this_invocation']} s this invocation")
     print(f"best (LFW folds 1-5): {json.dumps(best)}; backbone: {result.backbone_path}; summary in {out / 'summary.json'}")
     return 0
+
+
+def _first_view_embeddings(student: torch.nn.Module, data: DistillData) -> np.ndarray:
+    """The init student's embeddings of view 0, cached beside the view cache (keyed by both)."""
+    path = data.cache.folder.parent / f"init-{weights_digest(student)}-{data.cache.folder.name}.npy"
+    if path.is_file():
+        return np.load(path)
+    embeddings = embed_faces(student, data.first_views())
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.npy")
+    np.save(tmp, embeddings)
+    os.replace(tmp, path)
+    return embeddings
 
 
 def _plots(out: Path, records: list[dict[str, float]]) -> None:

@@ -15,8 +15,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: --model default --model mobile, the dlib ResNet next to MobileFaceNet)")
     export.add_argument("--dir", action="append", metavar="DIR",
                         help="an existing export directory, one per --model in the same order (default: export --int8 into temporary ones)")
-    export.add_argument("--runs", type=int, default=300, help="timed runs per engine and model (default 300)")
-    export.add_argument("--rounds", type=int, default=10, help="interleaving rounds the runs are split into (default 10)")
+    export.add_argument("--runs", type=int, default=600, help="timed runs per engine and model (default 600)")
+    export.add_argument("--rounds", type=int, default=20, help="interleaving rounds the runs are split into (default 20)")
     export.add_argument("--data")
     export.add_argument("--json", action="store_true")
     server = targets.add_parser("server", help="N simulated devices through one round against a real `fedface server --dev` over HTTP")
