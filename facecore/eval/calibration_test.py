@@ -25,18 +25,18 @@ def test_no_choice_is_made_on_the_test_folds(folds: tuple[int, ...], tmp_path: P
 
 @pytest.mark.slow
 def test_the_threshold_accepts_the_calibrated_fraction_of_impostors(real_data: Path) -> None:
-    # Prepare: the compact bundled model on two non-test folds
+    # Prepare: a cheap seeded backbone (the rule does not depend on the model) on one non-test fold
     from facecore.eval.lfw import load_lfw_faces
     from facecore.eval.metrics import all_pairs_scores
     from facecore.models.checkpoint import load_backbone
     from facecore.models.preprocess import embed_faces
 
-    model = load_backbone("mobile")
+    model = load_backbone("random", backbone="mobilefacenet_s")
     # Execute
-    calibrated = calibrate_threshold(model, real_data / "lfw", (1, 2), far=1e-2)
-    # Assert: at most 1% of those folds' impostor pairs score above it, and just barely
-    data = load_lfw_faces(real_data / "lfw", (1, 2))
+    calibrated = calibrate_threshold(model, real_data / "lfw", (1,), far=1e-2)
+    # Assert: at most 1% of the fold's impostor pairs score above it, and just barely
+    data = load_lfw_faces(real_data / "lfw", (1,))
     _, impostor = all_pairs_scores(embed_faces(model, data.faces), data.identities)
     accepted = float(np.mean(impostor > calibrated["threshold"]))
     assert 0.009 <= accepted <= 0.01
-    assert calibrated["far"] == 1e-2 and "folds 1-2" in calibrated["calibration"]
+    assert calibrated["far"] == 1e-2 and "LFW people folds 1-1" in calibrated["calibration"]

@@ -7,12 +7,13 @@ from torch import nn
 from facecore.errors import UnknownBackbone
 from facecore.models import backbone_names, get_backbone, register_backbone
 
-EXPECTED_DEFAULT_DIMS = {"mobilefacenet": 128, "mobilefacenet_s": 128, "iresnet18": 512, "iresnet34": 512}
+EXPECTED_DEFAULT_DIMS = {"dlib-resnet": 128, "mobilefacenet": 128, "mobilefacenet_s": 128, "iresnet18": 512, "iresnet34": 512}
+EXPECTED_INPUT_SIZE = {"dlib-resnet": 150}
 
 
-def _faces(batch: int = 2) -> torch.Tensor:
+def _faces(batch: int = 2, size: int = 112) -> torch.Tensor:
     torch.manual_seed(0)
-    return torch.randn(batch, 3, 112, 112)
+    return torch.randn(batch, 3, size, size)
 
 
 def _param_count(model: nn.Module) -> int:
@@ -31,17 +32,18 @@ def test_registered_names() -> None:
 def test_output_shape_and_attributes(name: str) -> None:
     # Prepare
     model = get_backbone(name).eval()
+    size = EXPECTED_INPUT_SIZE.get(name, 112)
 
     # Execute
     with torch.no_grad():
-        out = model(_faces())
+        out = model(_faces(size=size))
 
     # Assert
     assert out.shape == (2, EXPECTED_DEFAULT_DIMS[name])
     assert torch.isfinite(out).all()
     assert model.name == name
     assert model.embedding_dim == EXPECTED_DEFAULT_DIMS[name]
-    assert model.input_size == 112
+    assert model.input_size == size
 
 
 def test_mobilefacenet_parameter_count_matches_paper() -> None:
