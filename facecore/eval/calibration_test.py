@@ -39,4 +39,7 @@ def test_the_threshold_accepts_the_calibrated_fraction_of_impostors(real_data: P
     _, impostor = all_pairs_scores(embed_faces(model, data.faces), data.identities)
     accepted = float(np.mean(impostor > calibrated["threshold"]))
     assert 0.009 <= accepted <= 0.01
-    assert calibrated["far"] == 1e-2 and "LFW people folds 1-1" in calibrated["calibration"]
+    assert calibrated["far"] == 1e-2 and "LFW folds 1-1" in calibrated["calibration"]
+    # and a model that trained on the fold's people has nobody left to calibrate on
+    with pytest.raises(FaceCoreError, match="fewer than 2 people the model did not train on"):
+        calibrate_threshold(model, real_data / "lfw", (1,), exclude=set(data.identities.tolist()))
