@@ -5,6 +5,8 @@ from pathlib import Path
 
 import torch
 
+from facecore.align.geometry import ARCFACE_112, FaceGeometry
+from facecore.align.pipeline import FaceAligner
 from facecore.data.lfw import LFW
 from facecore.data.split import SplitManifest
 from facecore.errors import SplitOverlap
@@ -24,10 +26,10 @@ def check_disjoint_from_evaluation(manifest: SplitManifest, root: Path, role: st
         )
 
 
-def lfw_monitor(root: Path, folds: tuple[int, ...]):  # type: ignore[no-untyped-def]
+def lfw_monitor(root: Path, folds: tuple[int, ...], geometry: FaceGeometry = ARCFACE_112):  # type: ignore[no-untyped-def]
     """Accuracy on the evaluation folds' pairs, for the training plot only: checkpoints are never
     chosen by it, so it cannot leak the test set into the product."""
-    data = load_lfw_faces(root / "lfw", folds, all_people=False)
+    data = load_lfw_faces(root / "lfw", folds, aligner=FaceAligner(geometry=geometry), all_people=False)
 
     def monitor(model: torch.nn.Module) -> dict[str, float]:
         result = evaluate(data, lambda faces: embed_faces(model, faces))

@@ -60,7 +60,9 @@ def run(args: argparse.Namespace) -> int:
     args.out = args.out or "runs/pretrain"
     import torch
 
+    from facecore.align.pipeline import FaceAligner
     from facecore.data.faces import load_labelled_faces
+    from facecore.models.registry import backbone_geometry
     from facecore.data.split import SplitConfig, SplitManifest, build_split
     from facecore.eval.plots import save_line_plot
     from facecore.models.checkpoint import load_backbone
@@ -91,9 +93,10 @@ def run(args: argparse.Namespace) -> int:
         config = PretrainConfig(**{**config.to_dict(), "backbone": base.name, "embedding_dim": base.embedding_dim})
         init_state = base.state_dict()
     torch.set_num_threads(torch.get_num_threads())
-    data = load_labelled_faces(manifest.images(config.role, root), desc=f"aligning {config.role} faces")
+    geometry = backbone_geometry(config.backbone)  # the dlib ResNet trains on its own 150x150 crops
+    data = load_labelled_faces(manifest.images(config.role, root), FaceAligner(geometry=geometry), desc=f"aligning {config.role} faces")
     print(f"training on {config.role}: {data.describe()}")
-    monitor = lfw_monitor(root, manifest.config.eval_folds)
+    monitor = lfw_monitor(root, manifest.config.eval_folds, geometry)
     trainer = Pretrainer(config, data, out, evaluate=monitor, init_state=init_state)
     if args.resume:
         trainer.resume()
