@@ -121,8 +121,7 @@ class FaceDevice:
 
     @staticmethod
     def _geometry(model: dict[str, Any]) -> FaceGeometry:
-        crop = model["face_geometry"]
-        return FaceGeometry(crop["key"], int(crop["size"]), tuple((float(x), float(y)) for x, y in crop["template"]))
+        return FaceGeometry.from_json(model["face_geometry"])
 
     def _download(self, url: str, name: str) -> Path:
         """Version-pinned URLs never change content: keep one file per URL, revalidated by ETag."""

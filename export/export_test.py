@@ -65,8 +65,7 @@ def test_manifest_describes_the_files_exactly(exported) -> None:  # type: ignore
 
 
 def _geometry(manifest: dict) -> FaceGeometry:  # type: ignore[type-arg]
-    crop = manifest["geometry"]
-    return FaceGeometry(crop["key"], crop["size"], tuple((x, y) for x, y in crop["template"]))
+    return FaceGeometry.from_json(manifest["geometry"])
 
 
 def test_dlib_resnet_meets_parity_on_its_own_150px_crops(exported_dlib) -> None:  # type: ignore[no-untyped-def]

@@ -75,10 +75,7 @@ def real_faces(root: Path, seed: int = 0, geometry: FaceGeometry = ARCFACE_112) 
 def geometry_manifest(geometry: FaceGeometry) -> dict[str, Any]:
     """What a device needs to make the backbone's crop: warp the five detected landmarks onto
     `template` (x, y in pixels of the `size` x `size` crop) with a least-squares similarity."""
-    return {
-        "key": geometry.key, "size": geometry.size, "landmarks": list(LANDMARKS),
-        "template": [[x, y] for x, y in geometry.template], "aligner": aligner_version(geometry),
-    }
+    return {**geometry.to_json(), "landmarks": list(LANDMARKS), "aligner": aligner_version(geometry)}
 
 
 def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:

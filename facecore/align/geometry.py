@@ -9,7 +9,9 @@ convention stays one pair of numbers.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -42,6 +44,14 @@ class FaceGeometry:
     @property
     def row_shape(self) -> tuple[int, int, int]:
         return (self.size, self.size, 3)
+
+    def to_json(self) -> dict[str, Any]:
+        """{"key", "size", "template": [[x, y] x 5]}: the form manifests, the API and figures files carry."""
+        return {"key": self.key, "size": self.size, "template": [[x, y] for x, y in self.template]}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> FaceGeometry:
+        return cls(str(data["key"]), int(data["size"]), tuple((float(x), float(y)) for x, y in data["template"]))
 
     def describe(self) -> str:
         return f"5-point similarity warp to a {self.size}x{self.size} crop ({self.key})"

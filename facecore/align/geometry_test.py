@@ -1,3 +1,4 @@
+import json
 from pathlib import Path
 
 import numpy as np
@@ -92,3 +93,10 @@ def test_detections_made_for_a_new_geometry_also_fill_the_112_cache(real_data: P
     assert len(known) == 4
     fresh = FaceAligner(AlignedFaceCache(tmp_path / "fresh")).align_paths(photos[2:], progress=False)
     np.testing.assert_array_equal(detections.faces([known[file_key(p)].row for p in photos[2:]]), fresh.faces)
+
+
+def test_a_geometry_survives_its_json_form() -> None:
+    # Prepare / Execute: what manifests, /v1/models and the figures files carry
+    restored = FaceGeometry.from_json(json.loads(json.dumps(DLIB_GEOMETRY.to_json())))
+    # Assert
+    assert restored == DLIB_GEOMETRY and restored.row_shape == (150, 150, 3)

@@ -34,12 +34,13 @@ def calibrate_threshold(
     above, among the folds' people not in `exclude` (identities such as "lfw:Name")."""
     refuse_test_folds(folds, "a verification threshold")
     data = load_lfw_faces(lfw_root, folds, aligner=FaceAligner(geometry=geometry_of(model)))
-    unseen = ~np.isin(data.identities, list(exclude)) if exclude else np.ones(len(data.identities), bool)
-    if len(set(data.identities[unseen].tolist())) < 2:
+    unseen = ~np.isin(data.identities, list(exclude))
+    people = len(np.unique(data.identities[unseen]))
+    if people < 2:
         raise FaceCoreError(f"LFW folds {folds[0]}-{folds[-1]} have fewer than 2 people the model did not train on")
     _, impostor = all_pairs_scores(embed_faces(model, data.faces[unseen]), data.identities[unseen])
-    people = f"the {len(set(data.identities[unseen].tolist())):,} people of LFW folds {folds[0]}-{folds[-1]}"
     return {
         "threshold": float(threshold_at_far(impostor, far)), "far": far,
-        "calibration": f"all {impostor.size:,} impostor pairs of {people}" + (" the model never trained on" if exclude else ""),
+        "calibration": f"all {impostor.size:,} impostor pairs of the {people:,} people of LFW folds {folds[0]}-{folds[-1]}"
+        + (" the model never trained on" if exclude else ""),
     }

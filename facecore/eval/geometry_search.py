@@ -53,10 +53,10 @@ class _Rewarper:
         self._photos: dict[Path, tuple[str, np.ndarray | None, np.ndarray | None]] = {}
 
     def align_paths(self, paths: Sequence[Path], allow_fallback: bool = True, desc: str = "") -> AlignedSet:
-        missing = [Path(p) for p in paths if Path(p) not in self._photos]
-        known = self.detections.lookup([file_key(p) for p in missing])
-        for path in tqdm(missing, desc=f"decoding {desc.removeprefix('aligning ')}", unit="img", disable=not missing):
-            entry = known.get(file_key(path))
+        missing = {Path(p): file_key(Path(p)) for p in paths if Path(p) not in self._photos}
+        known = self.detections.lookup(list(missing.values()))
+        for path, key in tqdm(missing.items(), desc=f"decoding {desc.removeprefix('aligning ')}", unit="img", disable=not missing):
+            entry = known.get(key)
             if entry is None:
                 raise FaceCoreError(f"{path} has no detection in {self.detections.folder}: run `fedface eval lfw` on these folds first")
             landmarks = np.asarray(entry.landmarks) if entry.landmarks else None

@@ -47,7 +47,7 @@ def measure(spec: str, root: Path, progress: bool = True) -> dict[str, Any]:
     return {
         "name": spec, "backbone": model.name, "embedding_dim": int(model.embedding_dim), "weights": model_source(spec),
         "parameters": sum(p.numel() for p in model.parameters()), "fp16_bytes": fp16_bytes(model),
-        "geometry": {"key": geometry_of(model).key, "size": geometry_of(model).size, "template": list(geometry_of(model).template)},
+        "geometry": geometry_of(model).to_json(),
         "verification": verification, "lfw": lfw, "celeba_owners": owners,
     }
 

@@ -25,7 +25,7 @@ def _public(version: ModelVersion) -> ModelVersionPublic:
     geometry = backbone_geometry(version.backbone)
     return ModelVersionPublic(
         version=version.version_hash, backbone=version.backbone, embedding_dim=version.embedding_dim,
-        face_geometry=FaceGeometryPublic(key=geometry.key, size=geometry.size, template=list(geometry.template)),
+        face_geometry=FaceGeometryPublic(**geometry.to_json()),
         round_id=version.round_id, created_at=version.created_at,
         backbone_url=f"/v1/models/{version.version_hash}/backbone",
         onnx_url=f"/v1/models/{version.version_hash}/onnx" if version.onnx_blob else None,
