@@ -54,8 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     crop.add_argument("--model", default="default", help="'default', 'mobile' or a checkpoint PATH (default: default)")
     crop.add_argument("--folds", default="1-5", help="LFW folds to choose on (default 1-5; 6-10 are refused)")
-    crop.add_argument("--scales", default="0.95,1.0,1.05,1.1,1.15,1.2", help="comma-separated template scales")
-    crop.add_argument("--shifts", default="5,10,15,20", help="comma-separated upward shifts in pixels of the crop")
+    crop.add_argument("--scales", default="1.05,1.12,1.2,1.28", help="comma-separated template scales (default: the grid the dlib crop was chosen from)")
+    crop.add_argument("--shifts", default="12,18,24,30", help="comma-separated upward shifts in pixels of the crop")
     crop.add_argument("--data", help="data root (default: FEDFACE_DATA or ../shared/data)")
     crop.add_argument("--json", action="store_true", help="print the ranked candidates as JSON")
 
