@@ -10,9 +10,15 @@ FROM python:3.11-slim
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /app
 
-# Dependencies first, so code edits do not reinstall torch. The CPU wheel index keeps the
-# image at about 1 GB; PyPI's default torch wheel carries CUDA (several GB) the server never uses.
+# Dependencies first, from pyproject.toml alone, so a code edit does not reinstall torch. The CPU wheel index
+# keeps the image at about 1 GB; PyPI's default torch wheel carries CUDA (several GB) the server never uses.
 COPY pyproject.toml README.md ./
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+      > /tmp/requirements.txt \
+ && pip install --extra-index-url https://download.pytorch.org/whl/cpu -r /tmp/requirements.txt \
+ && pip install --no-deps facenet-pytorch==2.6.0
+
+# The code: only this layer and the ones below are rebuilt when it changes.
 COPY facecore facecore
 COPY fedface fedface
 COPY server_api server_api
@@ -20,8 +26,7 @@ COPY export export
 COPY pretrain pretrain
 COPY device_sdk device_sdk
 COPY simulator simulator
-RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu . \
- && pip install --no-deps facenet-pytorch==2.6.0
+RUN pip install --no-deps .
 
 # Verified against the recorded sha256 and unpacked into the image, not the /data volume.
 ENV FEDFACE_PACKAGES=/opt/fedface/packages

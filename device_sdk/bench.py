@@ -1,13 +1,19 @@
 """`fedface bench device`: enroll, one local round and verify on this CPU, against a live server.
 
 Each figure is the median of several repetitions in one run; the first call of each kind is a
-warm-up (model download, ONNX session, MTCNN weights) and is reported separately.
+warm-up (model download, ONNX session, MTCNN weights) and is reported separately. The verify
+section (`bench_verify`) runs `fedface device verify` as a user does, a fresh process each time,
+next to the SDK's in-process `FaceDevice.verify` started the same way, and reads each process's
+own peak RSS from wait4.
 """
 from __future__ import annotations
 
+import os
 import statistics
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,4 +56,76 @@ def bench_device(
         "bytes_down_per_round_median": int(statistics.median(r.bytes_down for r in timed_rounds)),
         "goals": {"enroll_20_photos_s": 10.0, "round_s": 5.0, "verify_s": 0.3},
         "repeats": repeats,
+    }
+
+
+VERIFY_GOALS = {"cold_cli_verify_s": 1.5, "cold_cli_verify_peak_rss_mb": 400, "warm_photos_per_s": 10}
+# The SDK's in-process verify, started cold like the CLI, as the reference the CLI is measured against.
+SDK_VERIFY = ("import sys; from device_sdk.device import FaceDevice; "
+              "FaceDevice(sys.argv[1], sys.argv[2]).verify(sys.argv[3])")
+
+
+# Runs the command and reports its wall seconds, its own peak RSS (KB) and exit status. A fresh, small
+# interpreter starts it: ru_maxrss keeps the high-water mark of the process image before exec, so a
+# child forked straight from this (torch-laden) process would report this process's size.
+MEASURE = (
+    "import os, subprocess, sys, time\n"
+    "started = time.perf_counter()\n"
+    "child = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL)\n"
+    "_, status, usage = os.wait4(child.pid, 0)\n"
+    "cpu = usage.ru_utime + usage.ru_stime\n"
+    "print(time.perf_counter() - started, cpu, usage.ru_maxrss, os.waitstatus_to_exitcode(status))\n"
+)
+
+
+def run_measured(command: Sequence[str]) -> tuple[float, float, float]:
+    """(wall seconds, CPU seconds, peak RSS in MB) of one run of `command`, which must succeed. CPU
+    seconds (user + system) are what a shared machine's load does not inflate."""
+    done = subprocess.run([sys.executable, "-c", MEASURE, *command], capture_output=True, text=True, check=True)
+    seconds, cpu, rss_kb, status = done.stdout.split()
+    if int(status) != 0:
+        raise RuntimeError(f"{' '.join(command[:6])} ... exited {status}: {done.stderr[-500:]}")
+    return float(seconds), float(cpu), int(rss_kb) / 1024
+
+
+def bench_verify(server_url: str, state_dir: Path, enroll_photos: list[Path], probe: Path, folder: Path,
+                 repeats: int = 5) -> dict[str, Any]:
+    """A device enrolled on `enroll_photos`; then cold one-photo verifies of `probe` (CLI and SDK,
+    interleaved), the CLI over `folder`, and the warm rate of one verifier already open."""
+    from device_sdk.state import DeviceState
+    from device_sdk.transport import Transport
+    from device_sdk.verify import device_model, open_verifier
+    from facecore.data.folders import list_photos
+
+    device = FaceDevice(server_url, state_dir)
+    device.register()
+    device.enroll(enroll_photos)
+    cli = [sys.executable, "-m", "fedface", "device", "verify", "--server", server_url, "--state", str(state_dir)]
+    sdk = [sys.executable, "-c", SDK_VERIFY, server_url, str(state_dir), str(probe)]
+    run_measured([*cli, str(probe)])  # warm-up: the model download and the OS file cache
+    cold, reference = [], []
+    for _ in range(repeats):
+        cold.append(run_measured([*cli, str(probe)]))
+        reference.append(run_measured(sdk))
+    photos = list_photos([folder])
+    whole_folder = [run_measured([*cli, str(folder)])[0] for _ in range(max(1, repeats // 2))]
+    state = DeviceState(state_dir)
+    verifier = open_verifier(state, device_model(state, Transport(server_url)))
+    verifier.verify(photos[:2])
+    warm = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        verifier.verify(photos)
+        warm.append(len(photos) / (time.perf_counter() - started))
+    median = statistics.median
+    return {
+        "cold_cli_verify_s": median(c[0] for c in cold), "cold_cli_verify_cpu_s": median(c[1] for c in cold),
+        "cold_cli_verify_peak_rss_mb": median(c[2] for c in cold),
+        "cold_sdk_verify_s": median(r[0] for r in reference), "cold_sdk_verify_cpu_s": median(r[1] for r in reference),
+        "cold_sdk_verify_peak_rss_mb": median(r[2] for r in reference),
+        "cold_sdk_over_cli": median(r[0] for r in reference) / median(c[0] for c in cold),
+        "folder_photos": len(photos), "cli_folder_s": median(whole_folder),
+        "cli_folder_photos_per_s": len(photos) / median(whole_folder), "warm_photos_per_s": median(warm),
+        "cold_cli_verify_s_all": [round(c[0], 3) for c in cold], "warm_photos_per_s_all": [round(w, 1) for w in warm],
+        "goals": VERIFY_GOALS, "repeats": repeats, "cpus": os.cpu_count(), "load_average": os.getloadavg(),
     }

@@ -1,26 +1,40 @@
-"""`FaceDevice`: what a phone app embeds to enroll its owner, join rounds and verify faces."""
+"""`FaceDevice`: what a phone app embeds to enroll its owner, join rounds and verify faces.
+
+Only `register()` creates local state; every other call needs a registered state folder. Anything the
+server names (model versions, URLs, device ids) is validated before it touches a path or a request, and
+server refusals are explained by what was asked and the HTTP status or the body's `code`, not by the
+wording of the server's message.
+"""
 from __future__ import annotations
 
 import base64
 import io
 import json
+import re
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from device_sdk.errors import NoFaceFound, NotEnrolled, NotRegistered, RoundClosed
+from device_sdk.errors import (
+    AuthError, BadServerResponse, DeviceError, NoFaceFound, NotAnImage, NotEnoughPhotos, NotEnrolled, NotRegistered,
+    RoundClosed, ServerRefused, ServerUnavailable, StateError,
+)
 from device_sdk.inference import OnnxEmbedder
-from device_sdk.personal import PersonalConfig, PersonalVerifier, load_verifier, save_verifier, saved_model_version, train_personal_verifier
+from device_sdk.personal import (
+    PersonalConfig, PersonalVerifier, load_verifier, save_verifier, saved_model_version, train_personal_verifier,
+)
 from device_sdk.secure_round import SecureRound
-from device_sdk.state import DeviceState, write_atomic
+from device_sdk.state import DeviceState, check_device_id, check_version
 from device_sdk.template_noise import noisy_template, sigma_for_cosine
 from device_sdk.training import LocalTrainingConfig, mean_feature_embedding, train_local
 from device_sdk.transport import Transport
@@ -30,12 +44,37 @@ from facecore.align.pipeline import FaceAligner, load_rgb
 from facecore.data.folders import list_photos
 from facecore.models.registry import get_backbone
 
+# The server names the content hash of every model download in this header (server_api/api/routes/models.py).
+SHA256_HEADER = "X-Content-SHA256"
+# A path on the round server: "/v1/" then segments that cannot be "." or "..", no scheme, no host, no query.
+SERVER_PATH = re.compile(r"/v1(/[A-Za-z0-9_~-][A-Za-z0-9._~-]*)+")
+# `code`s a server may put in a 409's body; without one the status and this device's own state decide.
+NOT_ENROLLED_CODES = {"not_enrolled"}
+LATE_CODES = {"deadline_passed", "round_closed", "stale_round", "round_not_open", "no_open_round"}
+
+
+def server_path(url: object) -> str:
+    """A URL the server sent, accepted only as a path on that same server."""
+    if not isinstance(url, str) or not SERVER_PATH.fullmatch(url):
+        raise BadServerResponse(f"the server sent a URL that is not a path on it: {str(url)[:80]!r}; "
+                                "refusing to follow it")
+    return url
+
+
+def _deadline(value: object) -> datetime | None:
+    try:
+        parsed = datetime.fromisoformat(str(value))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
 
 @dataclass(frozen=True)
 class EnrollResult:
     faces: int
-    skipped: tuple[str, ...]  # photos with no detectable face
+    skipped: tuple[str, ...]  # photos that gave no face
     model_version: str
+    reasons: tuple[str, ...] = ()  # why, one per skipped photo: "not an image" or "no face found"
 
 
 @dataclass(frozen=True)
@@ -47,6 +86,15 @@ class RoundSummary:
     bytes_up: int
     bytes_down: int
     steps: int
+    resent: bool = False  # the update saved by an earlier train (server down or a crash) was sent now
+    notices: tuple[str, ...] = ()  # what else happened on the way, e.g. a saved update discarded as late
+
+
+@dataclass(frozen=True)
+class ResetResult:
+    device_id: str | None
+    server: str  # what happened on the server, one sentence
+    removed: tuple[str, ...] = field(default_factory=tuple)
 
 
 @dataclass(frozen=True)
@@ -66,6 +114,8 @@ class PersonalizeResult:
     seconds: float
     model_version: str
     fusion_summary: dict[str, float]
+    threshold: float | None = None  # the verifier's own, calibrated on public impostors at `far`
+    far: float | None = None
 
 
 class FaceDevice:
@@ -77,7 +127,8 @@ class FaceDevice:
         """`template_noise_cos`: blur every template sent to the server so that it keeps about this
         cosine with the true one (device_sdk.template_noise); the device keeps the clean one.
         `training_slot`: entered around local training. Only for many devices in one process (a
-        simulation), e.g. a shared Semaphore, so their trainings do not all hold memory at once."""
+        simulation), e.g. a shared Semaphore, so their trainings do not all hold memory at once.
+        Nothing is created on disk until register()."""
         self.state = DeviceState(state_dir)
         self.transport = Transport(server_url, timeout=timeout, retries=retries, verify=verify_tls)
         self.min_photos = min_photos
@@ -88,124 +139,176 @@ class FaceDevice:
         self._aligner = aligner
         self._training_slot = training_slot if training_slot is not None else nullcontext()
         self._embedders: dict[str, OnnxEmbedder] = {}  # by model version: a session takes ~0.1 s to build
+        self._signer: tuple[str, Ed25519PrivateKey] | None = None
 
     # ---- plumbing --------------------------------------------------------------------------
     @property
     def device_id(self) -> str | None:
         return self.state.info().get("device_id")
 
-    def _request(self, method: str, path: str, **kwargs: Any):  # type: ignore[no-untyped-def]
-        key = self.state.signing_key()
-        if key is None or self.device_id is None:
-            raise NotRegistered()
-        return self.transport.request(method, path, key, self.device_id, **kwargs)
+    def _identity(self) -> tuple[str, Ed25519PrivateKey]:
+        if self._signer is None:
+            device_id = self.state.require_registered()
+            key = self.state.signing_key()
+            assert key is not None  # require_registered checked that identity.enc opens
+            self._signer = (device_id, key)
+        return self._signer
 
-    def _align(self, photos: Sequence[str | Path], geometry: FaceGeometry) -> tuple[np.ndarray, list[str]]:
+    def _request(self, method: str, path: str, **kwargs: Any):  # type: ignore[no-untyped-def]
+        device_id, key = self._identity()
+        return self.transport.request(method, server_path(path.split("?")[0]) + _query(path), key, device_id, **kwargs)
+
+    def _align(self, photos: Sequence[str | Path], geometry: FaceGeometry) -> tuple[np.ndarray, dict[str, str]]:
         """Align in memory only, to the crop the server's model declares: the owner's faces never
-        enter a shared, unencrypted cache."""
+        enter a shared, unencrypted cache. Returns the faces and, per unusable photo, why."""
         if self._aligner is None:
             self._aligner = FaceAligner(geometry=geometry)
         self._aligner = aligner = self._aligner.with_geometry(geometry)
-        faces, missing = [], []
+        faces, rejected = [], {}
         for path in list_photos(list(photos)):
             image = load_rgb(path)
             found = aligner.align_image(image) if image is not None else None
             if found is None:
-                missing.append(str(path))
+                rejected[str(path)] = "not an image" if image is None else "no face found"
             else:
                 faces.append(found[0])
-        return (np.stack(faces) if faces else np.zeros((0, *geometry.row_shape), np.uint8)), missing
+        return (np.stack(faces) if faces else np.zeros((0, *geometry.row_shape), np.uint8)), rejected
 
     def _model(self) -> dict[str, Any]:
-        return self._request("GET", "/v1/models/current").json()
+        try:
+            model = self._request("GET", "/v1/models/current").json()
+        except ServerRefused as refused:
+            if refused.status == 404:
+                raise DeviceError("the server has no model yet: ask its operator to start it with a model") from None
+            raise
+        check_version(model.get("version"))
+        self.state.remember_model(model)
+        return model
 
     @staticmethod
     def _geometry(model: dict[str, Any]) -> FaceGeometry:
         return FaceGeometry.from_json(model["face_geometry"])
 
-    def _download(self, url: str, name: str) -> Path:
-        """Version-pinned URLs never change content: keep one file per URL, revalidated by ETag."""
-        folder = self.state.models_dir()
-        path = folder / name
-        etag_path = folder / f"{name}.etag"
-        headers = {"If-None-Match": etag_path.read_text()} if path.exists() and etag_path.exists() else {}
-        response = self._request("GET", url, headers=headers, expect=(200, 304))
-        if response.status_code == 200:
-            write_atomic(path, response.content, mode=0o644)
-            if response.headers.get("ETag"):
-                write_atomic(etag_path, response.headers["ETag"].encode(), mode=0o644)
-        return path
+    def _fetch_model(self, url: str, version: str, kind: str) -> Path:
+        """A version-pinned file never changes: a cached copy that still has its recorded sha256 is
+        used as is; anything else is downloaded and checked against the sha256 the server names."""
+        cached = self.state.cached_model(version, kind)
+        if cached is not None:
+            return cached
+        response = self._request("GET", url)
+        published = response.headers.get(SHA256_HEADER)
+        expected = published.lower() if published else (version if kind == "fp32.pt" else None)
+        return self.state.store_model(version, kind, response.content, expected)
 
     def _embedder(self, model: dict[str, Any]) -> OnnxEmbedder:
+        version = check_version(model["version"])
         if not model.get("onnx_url"):
-            raise RoundClosed("the server publishes no ONNX model for this version")
-        if model["version"] not in self._embedders:
-            self._embedders = {model["version"]: OnnxEmbedder(self._download(model["onnx_url"], f"{model['version']}.onnx"))}
-        return self._embedders[model["version"]]
+            raise DeviceError(f"the server publishes no ONNX file for model {version[:12]} (it runs with ONNX export "
+                              "off): ask its operator")
+        if version not in self._embedders:
+            self._embedders = {version: OnnxEmbedder(self._fetch_model(model["onnx_url"], version, "onnx"))}
+        return self._embedders[version]
 
     # ---- API -----------------------------------------------------------------------------
-    def register(self) -> str:
-        if self.device_id:
-            return self.device_id
+    def register(self, enrollment_token: str | None = None) -> str:
+        """Create this device's key pair and register it; on a registered folder, return its id unchanged.
+        `enrollment_token`: the one-time token a production server's operator issued for this device."""
+        existing = self.state.registration()
+        if existing is not None:
+            return existing
+        if not self.state.present():
+            self.state.create()
         key = self.state.signing_key(create=True)
         assert key is not None
-        public = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-        response = self.transport.request("POST", "/v1/devices", key, None, body={"public_key": base64.b64encode(public).decode()}, expect=(200, 201))
-        return self.state.update_info(device_id=response.json()["device_id"])["device_id"]
+        public = base64.b64encode(key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)).decode()
+        body = {"public_key": public} | ({"enrollment_token": enrollment_token} if enrollment_token else {})
+        response = self.transport.request("POST", "/v1/devices", key, None, body=body, expect=(200, 201))
+        device_id = check_device_id(response.json().get("device_id"))
+        return self.state.update_info(device_id=device_id)["device_id"]
 
     def enroll(self, photos: Sequence[str | Path]) -> EnrollResult:
         model = self._model()
-        faces, missing = self._align(photos, self._geometry(model))
+        faces, rejected = self._align(photos, self._geometry(model))
         if len(faces) < self.min_photos:
-            raise NoFaceFound(missing or [f"(only {len(faces)} usable photos, {self.min_photos} needed)"])
+            raise NotEnoughPhotos(len(faces), self.min_photos, rejected)
         embedding = mean_feature_embedding(self._embedder(model).embed(faces))
-        self._request("PUT", f"/v1/devices/{self.device_id}/embedding", body={"embedding": self._shared_template(embedding).tolist()}, expect=(200, 201))
+        try:
+            self._request("PUT", f"/v1/devices/{self._identity()[0]}/embedding",
+                          body={"embedding": self._shared_template(embedding).tolist()}, expect=(200, 201))
+        except ServerRefused as refused:
+            if refused.status == 409:
+                raise DeviceError("the server already holds an enrollment for this device: run unenroll first to "
+                                  "enroll again") from None
+            raise
         self.state.save_faces(faces)
         self.state.save_template(embedding)
         self.state.update_info(enrolled=True, model_version=model["version"])
-        return EnrollResult(len(faces), tuple(missing), model["version"])
+        return EnrollResult(len(faces), tuple(rejected), model["version"], tuple(rejected.values()))
 
-    def train_round(self, wait: float = 0.0, poll: float = 2.0) -> RoundSummary:
-        """Check in (waiting up to `wait` seconds for a round and a slot), train, upload once."""
+    def train_round(
+        self, wait: float | None = 0.0, poll: float = 2.0, progress: Callable[[str], None] | None = None,
+    ) -> RoundSummary:
+        """Send an update an earlier call saved, else check in (waiting up to `wait` seconds for a
+        round and a slot; None: until the round this device joins ends), train, upload once.
+        `progress` hears each step as it starts."""
+        say = progress or (lambda _: None)
+        self._identity()
         faces = self.state.faces()
         if faces is None or not self.state.info().get("enrolled"):
             raise NotEnrolled()
         up0, down0 = self.transport.bytes_up, self.transport.bytes_down
-        deadline = time.monotonic() + wait
-        checkin = self._checkin_until_selected(deadline, poll)
-        pending = self._resend_pending(checkin)
-        if pending is not None:
-            return pending
+        notices: list[str] = []
+        resent = self._resend_pending(notices)
+        if resent is not None:
+            return resent
+        say("checking in" + (" (waiting for the round to select this device)" if wait is None or wait > 0 else ""))
+        checkin = self._checkin_until_selected(wait, poll)
+        round_id = int(checkin["round_id"])
+        if checkin["status"] == "uploaded":
+            raise RoundClosed(f"this device already sent its update for round {round_id}: run train again for the "
+                              "next round")
         started = time.perf_counter()
         secure = None
         if checkin.get("secagg_url"):
-            secure = SecureRound(self._request, checkin["secagg_url"], poll=min(poll, 1.0))
+            say("joining secure aggregation")
+            secure = SecureRound(self._request, server_path(checkin["secagg_url"]), poll=min(poll, 1.0))
             secure.join()  # before training: the key steps have short deadlines
-        backbone = self._load_backbone(checkin["backbone_url"], checkin["base_version"])
+        say("downloading the model")
+        backbone = self._load_backbone(checkin["backbone_url"], check_version(checkin["base_version"]))
         if faces.shape[1:] != geometry_of(backbone).row_shape:
-            raise NotEnrolled(f"the server's model crops faces as {geometry_of(backbone).key}, this device's faces were cropped "
-                              f"for another model: enroll again")
+            raise NotEnrolled(f"the server's model crops faces as {geometry_of(backbone).key}, this device's faces "
+                              "were cropped for another model: enroll again")
         embedding = np.asarray(self._request("GET", checkin["embedding_url"]).json()["embedding"], np.float32)
         local = checkin["local"]
-        config = LocalTrainingConfig(epochs=local.get("epochs", 1), steps=local.get("steps"), lr=local.get("lr", 0.01), margin=local.get("margin", 0.9), batch=local.get("batch_size", 32))
+        config = LocalTrainingConfig(epochs=local.get("epochs", 1), steps=local.get("steps"), lr=local.get("lr", 0.01),
+                                     margin=local.get("margin", 0.9), batch=local.get("batch_size", 32))
+        say(f"training locally for round {round_id}")
         with self._training_slot:
-            update = train_local(backbone, embedding, faces, config, seed=int(checkin["round_id"]))
+            update = train_local(backbone, embedding, faces, config, seed=round_id)
         body = self._update_file(backbone, update, checkin["base_version"], secure)
-        key = f"{self.device_id}-{checkin['round_id']}-{secrets.token_hex(8)}"
-        # Persist before sending: a crash after this point resends the same bytes under the same key.
-        write_atomic(self.state.dir / "pending_upload.bin", body)
-        write_atomic(self.state.dir / "pending_upload.json", json.dumps({"round_id": checkin["round_id"], "key": key, "url": checkin["upload_url"], "loss_before": update.loss_before, "loss_after": update.loss_after, "steps": update.steps}).encode())
-        self._send_pending()
+        meta = {"round_id": round_id, "key": f"{self._identity()[0]}-{round_id}-{secrets.token_hex(8)}",
+                "url": server_path(checkin["upload_url"]), "deadline_at": str(checkin.get("deadline_at")),
+                "loss_before": update.loss_before, "loss_after": update.loss_after, "steps": update.steps}
+        # Persist before sending: a crash or an outage after this point resends the same bytes under the same key.
+        self.state.save_pending(meta, body)
+        say("uploading the update")
+        try:
+            self._post_update(meta, body)
+        except ServerUnavailable:
+            raise ServerUnavailable(f"the server became unreachable after training: the update for round {round_id} is "
+                                    f"saved in {self.state.dir} and will be resent by the next train") from None
         self.state.save_template(update.embedding.numpy())
         if secure is not None:
             secure.unmask()
-        return RoundSummary(checkin["round_id"], update.loss_before, update.loss_after, time.perf_counter() - started,
-                            self.transport.bytes_up - up0, self.transport.bytes_down - down0, update.steps)
+        return RoundSummary(round_id, update.loss_before, update.loss_after, time.perf_counter() - started,
+                            self.transport.bytes_up - up0, self.transport.bytes_down - down0, update.steps,
+                            notices=tuple(notices))
 
     def personalize(self, config: PersonalConfig | None = None, cohort: np.ndarray | None = None) -> PersonalizeResult:
         """Opt-in: train the fused personal verifier (FedFusion) on the owner's faces, on the
         current global model. `cohort`: aligned public impostor faces to train against. Nothing
         is sent to the server; the result is stored encrypted and used by verify(personal=True)."""
+        self._identity()
         faces = self.state.faces()
         if faces is None or not self.state.info().get("enrolled"):
             raise NotEnrolled()
@@ -213,85 +316,175 @@ class FaceDevice:
         backbone = self._load_backbone(model["backbone_url"], model["version"])
         verifier, report = train_personal_verifier(backbone, faces, config, cohort=cohort)
         self.state.save_personal(save_verifier(verifier, model["version"]))
-        return PersonalizeResult(report.fusion, report.faces, report.loss_before, report.loss_after, report.seconds, model["version"], report.fusion_summary)
+        calibrated = verifier.threshold  # set while saving, when public impostor faces are available
+        return PersonalizeResult(report.fusion, report.faces, report.loss_before, report.loss_after, report.seconds,
+                                 model["version"], report.fusion_summary, calibrated.threshold if calibrated else None,
+                                 calibrated.far if calibrated else None)
 
     def verify(self, photo: str | Path, personal: bool = False, threshold: float | None = None) -> VerifyResult:
         """Score a photo against the owner. `personal`: with the fused verifier of personalize().
-        `threshold` defaults to the server's, which is calibrated for the global model: fused
-        scores of owners and of impostors both run higher (simulator/FEDFUSION.md), so calibrate
-        your own for an operating point you need."""
+        `threshold` defaults to the server's for the global model, and to the personal verifier's
+        own (calibrated at personalize on public impostors) with `personal`: fused scores of owners
+        and of impostors both run higher, so the global threshold would let impostors through."""
+        self._identity()
         template = self.state.template()
         if template is None:
             raise NotEnrolled()
         model = self._model()
-        faces, missing = self._align([photo], self._geometry(model))
+        faces, rejected = self._align([photo], self._geometry(model))
         if len(faces) == 0:
-            raise NoFaceFound(missing)
-        if threshold is None:
-            threshold = model.get("verify_threshold")
-        if threshold is None:
-            raise RoundClosed("the server publishes no verification threshold for the current model")
+            if "not an image" in rejected.values():
+                raise NotAnImage(str(photo))
+            raise NoFaceFound(list(rejected))
         if personal:
-            score = float(self._personal_verifier().score(faces)[0])
+            verifier = self._personal_verifier()
+            calibrated = verifier.threshold.threshold if verifier.threshold is not None else None
+            missing = "the personal verifier has no calibrated threshold: run personalize again or pass --threshold"
+            score = float(verifier.score(faces)[0])
         else:
+            calibrated = model.get("verify_threshold")
+            missing = "the server publishes no verification threshold for the current model: pass --threshold"
             score = float(self._embedder(model).embed(faces)[0] @ (template / np.linalg.norm(template)))
+        threshold = calibrated if threshold is None else threshold
+        if threshold is None:
+            raise DeviceError(missing)
         return VerifyResult(score, score >= threshold, float(threshold), personal)
 
     def _personal_verifier(self) -> PersonalVerifier:
         payload = self.state.personal()
         if payload is None:
             raise NotEnrolled("this device has no personalised verifier: run personalize first")
-        version = saved_model_version(payload)
+        version = check_version(saved_model_version(payload))
         backbone = self._load_backbone(f"/v1/models/{version}/backbone", version)
         return load_verifier(payload, backbone)
 
     def unenroll(self) -> None:
-        self._request("DELETE", f"/v1/devices/{self.device_id}", expect=(204,))
+        device_id, _ = self._identity()
+        try:
+            self._request("DELETE", f"/v1/devices/{device_id}", expect=(204,))
+        except ServerRefused as refused:
+            if refused.status != 404:  # 404: the server holds nothing of this device any more
+                raise
         self.state.forget_owner()
         self.state.update_info(enrolled=False)
 
+    def status(self) -> dict[str, Any]:
+        """What this state folder holds, read locally (no server call): DeviceState.summary()."""
+        return self.state.summary()
+
+    def reset(self) -> ResetResult:
+        """Delete this device's local state; first, if this state can still sign, unenroll on the server."""
+        if not self.state.present():
+            raise NotRegistered(f"no device state at {self.state.dir}: nothing to reset (check --state)")
+        try:
+            device_id = self.state.info().get("device_id")
+        except StateError:
+            device_id = None
+        if device_id is None:
+            server = "not registered on a server: nothing to delete there"
+        else:
+            try:
+                self._request("DELETE", f"/v1/devices/{self._identity()[0]}", expect=(204,))
+                server = f"unenrolled device {device_id} on the server (its template there is deleted)"
+            except (StateError, BadServerResponse) as error:
+                server = (f"could not sign a request to unenroll on the server ({error}); "
+                          f"it keeps device {device_id}'s template")
+            except (ServerUnavailable, AuthError, ServerRefused) as error:
+                server = f"could not unenroll on the server ({error}); it keeps device {device_id}'s template"
+        removed = tuple(path.name for path in self.state.delete())
+        self._signer, self._embedders = None, {}
+        return ResetResult(device_id, server, removed)
+
     # ---- rounds ----------------------------------------------------------------------------
-    def _checkin_until_selected(self, deadline: float, poll: float) -> dict[str, Any]:
+    def _checkin_until_selected(self, wait: float | None, poll: float) -> dict[str, Any]:
+        """`wait` None: until the round this device sees ends; else up to `wait` seconds."""
+        deadline = time.monotonic() + (wait or 0.0)
+        seen_round: int | None = None
+        enrollment_checked = False
         while True:
             try:
                 checkin = self._request("POST", "/v1/rounds/current/checkin").json()
-            except RoundClosed:
-                if time.monotonic() >= deadline:
+            except ServerRefused as refused:
+                if refused.status != 409:
                     raise
+                if not enrollment_checked:
+                    self._raise_if_not_enrolled_on_server(refused)
+                    enrollment_checked = True
+                if wait is None and seen_round is not None:
+                    raise RoundClosed(f"round {seen_round} ended before it selected this device: run train again "
+                                      "for the next round") from None
+                if wait is not None and time.monotonic() >= deadline:
+                    raise RoundClosed("no round is open for check-in right now: wait for the operator to open one, "
+                                      "or pass --wait to keep checking in") from None
                 time.sleep(poll)
                 continue
+            seen_round = int(checkin["round_id"])
             if checkin["status"] in ("selected", "uploaded"):
                 return checkin
-            if time.monotonic() >= deadline:
-                raise RoundClosed(f"round {checkin['round_id']}: this device is {checkin['status'].replace('_', ' ')}")
+            status = str(checkin["status"]).replace("_", " ")
+            if wait is None and checkin["status"] == "not_selected":
+                raise RoundClosed(f"round {seen_round} selected other devices: run train again for the next round")
+            if wait is not None and time.monotonic() >= deadline:
+                raise RoundClosed(f"round {seen_round}: this device is {status} (pass a longer --wait, or --wait alone "
+                                  "to wait until the round ends)")
             time.sleep(min(poll, max(checkin.get("retry_after_s") or poll, 0.1)))
 
-    def _resend_pending(self, checkin: dict[str, Any]) -> RoundSummary | None:
-        """After a crash: resend the saved upload of this round, or drop one of a past round."""
-        meta_path = self.state.dir / "pending_upload.json"
-        if not meta_path.exists():
-            return None
-        meta = json.loads(meta_path.read_text())
-        if meta["round_id"] != checkin["round_id"]:
-            self._clear_pending()
-            return None
-        sent = self._send_pending()
-        return RoundSummary(meta["round_id"], meta["loss_before"], meta["loss_after"], 0.0, sent, 0, meta["steps"])
+    def _raise_if_not_enrolled_on_server(self, refused: ServerRefused) -> None:
+        """A check-in 409 means no open round or no enrollment on the server; without a `code`,
+        asking for this device's own template tells them apart."""
+        if refused.code is not None and refused.code not in NOT_ENROLLED_CODES:
+            return
+        if refused.code is None:
+            try:
+                self._request("GET", f"/v1/devices/{self._identity()[0]}/embedding")
+                return
+            except ServerRefused as missing:
+                if missing.status != 404:
+                    raise
+        raise NotEnrolled("the server holds no enrollment for this device (it was unenrolled there, or the server's "
+                          "data was reset): run unenroll, then enroll again") from None
 
-    def _send_pending(self) -> int:
-        meta = json.loads((self.state.dir / "pending_upload.json").read_text())
-        body = (self.state.dir / "pending_upload.bin").read_bytes()
-        self._request("POST", meta["url"], body=body, headers={"Idempotency-Key": meta["key"], "Content-Type": "application/octet-stream"}, expect=(200, 201))
-        self._clear_pending()
-        return len(body)
+    def _resend_pending(self, notices: list[str]) -> RoundSummary | None:
+        """Send the update an earlier train saved (an outage or a crash after training); one the
+        server no longer accepts is discarded and reported in `notices`."""
+        pending = self.state.pending()
+        if pending is None:
+            return None
+        meta, body = pending
+        try:
+            self._post_update(meta, body)
+        except RoundClosed as late:
+            notices.append(str(late))
+            return None
+        except ServerUnavailable:
+            raise ServerUnavailable(f"the server is still unreachable: the update saved for round {meta['round_id']} "
+                                    "stays saved and will be resent by the next train") from None
+        return RoundSummary(meta["round_id"], float(meta["loss_before"]), float(meta["loss_after"]), 0.0, len(body), 0,
+                            int(meta["steps"]), resent=True)
 
-    def _clear_pending(self) -> None:
-        for name in ("pending_upload.json", "pending_upload.bin"):
-            (self.state.dir / name).unlink(missing_ok=True)
+    def _post_update(self, meta: dict[str, Any], body: bytes) -> None:
+        """Upload a saved update; clear it once the server took it or refused it for good."""
+        headers = {"Idempotency-Key": meta["key"], "Content-Type": "application/octet-stream"}
+        round_id = meta["round_id"]
+        try:
+            self._request("POST", meta["url"], body=body, headers=headers, expect=(200, 201))
+        except ServerRefused as refused:
+            self.state.clear_pending()  # a refusal does not change on a resend
+            deadline = _deadline(meta.get("deadline_at"))
+            if refused.code in LATE_CODES or (refused.status == 409 and deadline and datetime.now(UTC) >= deadline):
+                when = f" ({deadline:%H:%M:%S} UTC)" if deadline else ""
+                raise RoundClosed(f"round {round_id}'s upload deadline{when} passed before this device's update "
+                                  "arrived: the update is discarded; run train again to join the next round") from None
+            if refused.status in (404, 409):
+                raise RoundClosed(f"round {round_id} no longer accepts this device's update ({refused.detail}): the "
+                                  "update is discarded; run train again to join the next round") from None
+            raise ServerRefused(refused.status, f"the update for round {round_id} was refused and discarded: "
+                                f"{refused.detail}", refused.code) from None
+        self.state.clear_pending()
 
     def _load_backbone(self, url: str, version: str) -> torch.nn.Module:
         dtype = "fp16" if self.upload_fp16 else "fp32"
-        path = self._download(f"{url}?dtype={dtype}", f"{version}.{dtype}.pt")
+        path = self._fetch_model(f"{server_path(url)}?dtype={dtype}", check_version(version), f"{dtype}.pt")
         payload = torch.load(path, map_location="cpu", weights_only=True)
         model = get_backbone(payload["backbone"], embedding_dim=payload["embedding_dim"])
         model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in payload["state_dict"].items()})
@@ -303,20 +496,31 @@ class FaceDevice:
             return np.asarray(embedding, np.float32)
         return noisy_template(embedding, self.template_noise_cos, np.random.default_rng(secrets.randbits(128)))
 
-    def _update_file(self, backbone: torch.nn.Module, update: Any, base_version: str, secure: SecureRound | None = None) -> bytes:
+    def _update_file(
+        self, backbone: torch.nn.Module, update: Any, base_version: str, secure: SecureRound | None = None,
+    ) -> bytes:
         base = backbone.state_dict()
         wire = np.float16 if self.upload_fp16 else np.float32
         # an entry training left out (a frozen prefix) did not move: its delta is zero
-        deltas = {name: (update.state_dict[name] - value if name in update.state_dict else torch.zeros_like(value)).numpy() for name, value in base.items()}
+        trained = update.state_dict
+        deltas = {name: (trained[name] - value if name in trained else torch.zeros_like(value)).numpy()
+                  for name, value in base.items()}
         if secure is not None:
             tensors = {"secagg.masked": secure.masked(deltas, update.n_samples).view(np.int32)}
         else:
-            tensors = {f"backbone.{k}": d.astype(wire) if np.issubdtype(d.dtype, np.floating) else d for k, d in deltas.items()}
+            tensors = {f"backbone.{k}": d.astype(wire) if np.issubdtype(d.dtype, np.floating) else d
+                       for k, d in deltas.items()}
         tensors["class_embedding"] = self._shared_template(update.embedding.numpy())
-        meta = {"base_version": base_version, "n_samples": update.n_samples, "metrics": {"loss": update.loss_after, "loss_before": update.loss_before}}
+        meta = {"base_version": base_version, "n_samples": update.n_samples,
+                "metrics": {"loss": update.loss_after, "loss_before": update.loss_before}}
         buffer = io.BytesIO()
         tensorfile.write(buffer, tensors, {"fedface": json.dumps(meta)})
         return buffer.getvalue()
 
 
-__all__ = ["EnrollResult", "FaceDevice", "PersonalizeResult", "RoundSummary", "VerifyResult"]
+def _query(path: str) -> str:
+    """The query string of a path this device built (only `?dtype=`), kept as it is."""
+    return "?" + path.split("?", 1)[1] if "?" in path else ""
+
+
+__all__ = ["EnrollResult", "FaceDevice", "PersonalizeResult", "ResetResult", "RoundSummary", "VerifyResult"]

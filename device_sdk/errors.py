@@ -1,5 +1,10 @@
-"""Exceptions a device app handles. All derive from FaceCoreError, so the CLI prints one line."""
+"""Exceptions a device app handles. All derive from FaceCoreError, so the CLI prints one line.
+
+Each message names what went wrong and what fixes it; a state error also names the file.
+"""
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from facecore.errors import FaceCoreError, NoFaceFound
 
@@ -8,18 +13,52 @@ class DeviceError(FaceCoreError):
     pass
 
 
+class StateError(DeviceError):
+    """The local state folder cannot be used as it is (corrupt file, missing or wrong key)."""
+
+
 class NotEnrolled(DeviceError):
     def __init__(self, detail: str = "this device has no enrolled owner: run enroll first") -> None:
         super().__init__(detail)
 
 
 class NotRegistered(DeviceError):
-    def __init__(self) -> None:
-        super().__init__("this device is not registered: run register first")
+    def __init__(self, detail: str = "this device is not registered: run register first") -> None:
+        super().__init__(detail)
+
+
+class NotAnImage(DeviceError):
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(f"{path} is not an image (it cannot be decoded as one)")
+
+
+class NotEnoughPhotos(NoFaceFound):
+    """Enrollment found fewer usable photos than it needs; `rejected` maps each unusable file to why."""
+
+    def __init__(self, usable: int, needed: int, rejected: Mapping[str, str]) -> None:
+        self.usable, self.needed, self.rejected = usable, needed, dict(rejected)
+        self.files = list(self.rejected)
+        shown = ", ".join(f"{name} ({why})" for name, why in list(self.rejected.items())[:10])
+        more = " ..." if len(self.rejected) > 10 else ""
+        unusable = f"; unusable: {shown}{more}" if shown else "; no photos given"
+        FaceCoreError.__init__(self, f"{usable} usable of {needed} needed{unusable}")
 
 
 class ServerUnavailable(DeviceError):
     """The server could not be reached or kept failing after every retry."""
+
+
+class BadServerResponse(DeviceError):
+    """The server sent something this device refuses to use (a malformed name, a wrong hash)."""
+
+
+class ServerRefused(DeviceError):
+    """The server answered a 4xx other than an authentication failure."""
+
+    def __init__(self, status: int, detail: str, code: str | None = None) -> None:
+        self.status, self.detail, self.code = status, detail, code
+        super().__init__(f"server refused the request ({status}{', ' + code if code else ''}): {detail}")
 
 
 class RoundClosed(DeviceError):
@@ -30,4 +69,7 @@ class AuthError(DeviceError):
     """The server rejected this device's signature or identity."""
 
 
-__all__ = ["AuthError", "DeviceError", "NoFaceFound", "NotEnrolled", "NotRegistered", "RoundClosed", "ServerUnavailable"]
+__all__ = [
+    "AuthError", "BadServerResponse", "DeviceError", "NoFaceFound", "NotAnImage", "NotEnoughPhotos", "NotEnrolled",
+    "NotRegistered", "RoundClosed", "ServerRefused", "ServerUnavailable", "StateError",
+]

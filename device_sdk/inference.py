@@ -1,4 +1,7 @@
-"""On-device inference with onnxruntime on the shipped ONNX backbone."""
+"""On-device inference with onnxruntime on the shipped ONNX backbone (or the personal verifier's graph).
+
+Imports no torch: verification (device_sdk.verify) runs on numpy, PIL and onnxruntime only.
+"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,26 +9,29 @@ from pathlib import Path
 import numpy as np
 
 from facecore.errors import FaceCoreError
-from facecore.models.preprocess import PIXEL_MEAN, PIXEL_STD
+from facecore.pixels import PIXEL_MEAN, PIXEL_STD
 
 
 class OnnxEmbedder:
     """Embeds aligned faces of the size the model's input declares (its manifest's `input.shape`
     and `geometry.size`: 112 for MobileFaceNet, 150 for the dlib ResNet); nothing else about the
-    architecture is read."""
+    architecture is read. `model`: a file, or the ONNX bytes themselves (the personal verifier's
+    graph, which lives only inside the sealed personal.enc)."""
 
-    def __init__(self, model_path: str | Path, threads: int = 1) -> None:
+    def __init__(self, model: str | Path | bytes, threads: int = 1) -> None:
         import onnxruntime as ort
 
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
-        self.session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+        source = model if isinstance(model, bytes) else str(model)
+        self.session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
         model_input = self.session.get_inputs()[0]
         self.input_name = model_input.name
         _, channels, height, width = model_input.shape
         if channels != 3 or not isinstance(height, int) or height != width:
-            raise FaceCoreError(f"{model_path}: expected an input of shape (batch, 3, size, size), got {model_input.shape}")
+            where = "the ONNX model" if isinstance(model, bytes) else str(model)
+            raise FaceCoreError(f"{where}: expected an input of shape (batch, 3, size, size), got {model_input.shape}")
         self.size: int = height
 
     def embed(self, faces: np.ndarray, batch: int = 32) -> np.ndarray:

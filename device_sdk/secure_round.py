@@ -3,6 +3,10 @@
 The secrets (two X25519 keys, the self-mask seed, the shares received) live in memory only: a
 device that restarts mid-round has dropped out, which the protocol tolerates, and nothing it
 held can leak from disk. Key steps come before local training because their deadlines are short.
+
+The device does not take the server's word for the round's safety: it refuses a threshold below
+2 or at most half of the members, unmasks only for at least max(2, t) survivors, and treats a
+member whose public key is not a usable X25519 point as dropped (no shares, no pairwise mask).
 """
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from device_sdk.errors import RoundClosed
-from facecore.secagg import Advert, SecAggClient, quantize, weighted_update
+from facecore.secagg import Advert, SecAggAborted, SecAggClient, check_threshold, is_valid_public_key, quantize, weighted_update
 
 Request = Callable[..., Any]  # FaceDevice._request: (method, path, body=..., expect=...) -> httpx.Response
 AFTER_KEYS = ("masked_input", "unmask", "aggregating", "completed", "failed")
@@ -54,14 +58,20 @@ class SecureRound:
         state = self._until(lambda s: s["phase"] != "advertise", state, "the other devices' keys")
         if state["phase"] != "share_keys":
             raise RoundClosed(f"round {state['round_id']}: the key-sharing step closed before this device could share ({state['phase']})")
-        self.client.threshold = state["threshold"]
-        adverts = {m["index"]: Advert(m["index"], base64.b64decode(m["c_public"]), base64.b64decode(m["s_public"])) for m in state["members"]}
+        check_threshold(int(state["threshold"]), len(state["members"]))
+        self.client.threshold = int(state["threshold"])
+        adverts = {}
+        for m in state["members"]:
+            advert = Advert(m["index"], base64.b64decode(m["c_public"]), base64.b64decode(m["s_public"]))
+            if is_valid_public_key(advert.c_public) and is_valid_public_key(advert.s_public):
+                adverts[advert.index] = advert
         ciphertexts = self.client.share_keys(adverts)
         state = self.request("POST", f"{self.url}/shares", body={"shares": {str(v): _b64(blob) for v, blob in ciphertexts.items()}}).json()
         state = self._until(lambda s: s["phase"] in AFTER_KEYS, state, "the other devices' shares")
         if state["phase"] != "masked_input" or self.client.index not in (state.get("key_sharers") or []):
             raise RoundClosed(f"round {state['round_id']}: this device is not among the key sharers ({state['phase']})")
-        self.key_sharers, self.bound, self.scale = list(state["key_sharers"]), float(state["bound"]), float(state["scale"])
+        self.key_sharers = [int(v) for v in state["key_sharers"] if int(v) in adverts]
+        self.bound, self.scale = float(state["bound"]), float(state["scale"])
         self.client.receive_shares({int(k): base64.b64decode(v) for k, v in state["shares"].items()})
 
     def masked(self, delta: Mapping[str, np.ndarray], n_samples: int) -> np.ndarray:
@@ -77,6 +87,9 @@ class SecureRound:
         survived, dropped = [int(i) for i in state["survived"]], [int(i) for i in state["dropped"]]
         if sorted(survived + dropped) != sorted(self.key_sharers):
             raise RoundClosed(f"round {state['round_id']}: the server's survivor list does not match the key sharers; not answering")
+        if len(survived) < max(2, self.client.threshold):
+            raise SecAggAborted(f"round {state['round_id']}: {len(survived)} survivor(s), threshold {self.client.threshold}: "
+                                "refusing to unmask what would be one device's update")
         answer = self.client.unmask_shares(dropped, survived)
         body = {part: {str(v): str(share[1]) for v, share in answer[part].items()} for part in ("s", "b")}
         return str(self.request("POST", f"{self.url}/unmask", body=body).json()["phase"])

@@ -1,17 +1,29 @@
 """The device's local state under `state_dir`: identity key, template, cached models, aligned faces.
 
-The private key, the template (class embedding) and the owner's aligned faces are biometric or
-secret, so they are encrypted at rest with AES-GCM. The encryption key comes from
-`FEDFACE_DEVICE_KEY` (base64 of 32 bytes) when set — on a phone, the OS keystore would hand it
-over — else from `<state_dir>/device.key`, created with mode 0600 on first use. Every file is
-written to a temporary name and renamed, so a crash never leaves a half-written state file.
+Invariants:
+- Only `create()` (called by registration) makes the folder and its key. Every other entry point
+  reads; a folder that is not a registered device, or whose key no longer opens its files, is
+  refused with one line that names the file and the fix (`StateError`, `NotRegistered`).
+- The private key, the template, the owner's aligned faces, the personal verifier and an update
+  waiting to be sent are sealed with AES-256-GCM (the file's name is the associated data). The key
+  comes from `FEDFACE_DEVICE_KEY` (base64 of 32 bytes; on a phone, the OS keystore) or from
+  `device.key`, created once with O_CREAT|O_EXCL and mode 0600, and always exactly 32 bytes.
+- A name the server chose (a model version) enters a path only as 64 lowercase hex digits with a
+  known suffix, and every such path is checked to resolve inside the state folder.
+- A cached model is used only while its sha256 matches the one recorded when it was downloaded
+  (which the server's `X-Content-SHA256` or the version hash itself vouched for).
+- Every file is written to a temporary name and renamed: a crash never leaves a half-written file.
 """
 from __future__ import annotations
 
 import base64
+import binascii
+import hashlib
 import io
 import json
 import os
+import re
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -21,13 +33,19 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from device_sdk.errors import DeviceError
+from device_sdk.errors import BadServerResponse, NotRegistered, StateError
 
 KEY_ENV = "FEDFACE_DEVICE_KEY"
+KEY_BYTES = 32
+VERSION = re.compile(r"[0-9a-f]{64}")
+DEVICE_ID = re.compile(r"[0-9a-f]{32}")
+MODEL_KINDS = ("onnx", "fp16.pt", "fp32.pt")
+SEALED = ("identity", "template", "faces", "personal", "pending_upload")
+# Everything `delete()` may remove: the folder may be one the user also keeps other files in.
+STATE_FILES = ("device.key", "device.json", "pending_upload.json", "pending_upload.bin", *(f"{n}.enc" for n in SEALED))
 
 
 def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
     handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(handle, "wb") as out:
@@ -41,46 +59,190 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
             os.unlink(temp)
 
 
+def check_version(version: object) -> str:
+    """A model version from the server, refused unless it is exactly 64 lowercase hex digits."""
+    if not isinstance(version, str) or not VERSION.fullmatch(version):
+        raise BadServerResponse(f"the server sent a model version that is not 64 lowercase hex digits: "
+                                f"{str(version)[:80]!r}; refusing to use it (is --server the FedFace round server?)")
+    return version
+
+
+def check_device_id(device_id: object) -> str:
+    if not isinstance(device_id, str) or not DEVICE_ID.fullmatch(device_id):
+        raise BadServerResponse(f"the server sent a device id that is not 32 lowercase hex digits: "
+                                f"{str(device_id)[:80]!r}")
+    return device_id
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as source:
+        while chunk := source.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 class DeviceState:
     def __init__(self, state_dir: str | Path) -> None:
-        self.dir = Path(state_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self._aead = AESGCM(self._encryption_key())
+        self.dir = Path(state_dir).expanduser()
+        if self.dir.exists() and not self.dir.is_dir():
+            raise StateError(f"{self.dir} is a file, not a device state folder: pass --state a folder")
+        self._aead: AESGCM | None = None
 
-    def _encryption_key(self) -> bytes:
+    # ---- lifecycle ---------------------------------------------------------------------
+    def reset_hint(self) -> str:
+        return f"`fedface device reset --state {self.dir} --yes`"
+
+    def present(self) -> list[Path]:
+        """The state files that exist (an empty list: no device state here)."""
+        if not self.dir.is_dir():
+            return []
+        found = [self.dir / name for name in STATE_FILES if (self.dir / name).exists()]
+        return found + ([self.dir / "models"] if (self.dir / "models").is_dir() else [])
+
+    def create(self) -> None:
+        """Make the folder and its key, for registration only. A non-empty folder that holds no
+        device state is refused: it is more likely a mistyped --state than a new device."""
+        if self.dir.is_dir() and not self.present() and any(self.dir.iterdir()):
+            raise StateError(f"{self.dir} is not empty and holds no device state: pass --state a new or empty folder")
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._cipher(create=True)
+
+    def registration(self) -> str | None:
+        """This folder's device id, or None before registration completed. Raises StateError when
+        the folder claims a device whose identity it can no longer open."""
+        device_id = self.info().get("device_id")
+        if device_id is None:
+            return None
+        if not (self.dir / "identity.enc").exists():
+            raise StateError(f"{self.dir / 'identity.enc'} is missing, so device {device_id} cannot sign requests: "
+                             f"run {self.reset_hint()} and register again")
+        self.signing_key()
+        return check_device_id(device_id)
+
+    def require_registered(self) -> str:
+        if not self.dir.is_dir():
+            raise NotRegistered(f"no device state at {self.dir}: run `fedface device register --state {self.dir}` "
+                                "first (or check --state)")
+        device_id = self.registration()
+        if device_id is None:
+            raise NotRegistered(f"{self.dir} holds no registered device: "
+                                f"run `fedface device register --state {self.dir}`")
+        return device_id
+
+    def delete(self) -> list[Path]:
+        """Remove every state file (and the folder when nothing else is left in it); returns what was removed."""
+        removed = self.present()
+        for path in removed:
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        for temp in self.dir.glob(".*.tmp") if self.dir.is_dir() else ():
+            temp.unlink()
+        if self.dir.is_dir() and not any(self.dir.iterdir()):
+            self.dir.rmdir()
+        self._aead = None
+        return removed
+
+    def summary(self) -> dict[str, Any]:
+        """Registration, enrollment, a pending upload and the model, read locally (no server call)."""
+        device_id = self.require_registered()
+        info, pending, seen = self.info(), self.pending_meta(), self.current_model() or {}
+        return {
+            "state": str(self.dir), "key": self.key_source(), "device_id": device_id,
+            "enrolled": bool(info.get("enrolled")),
+            "enrolled_model": info.get("model_version") if info.get("enrolled") else None,
+            "server_model": seen.get("version"), "pending_upload_round": pending["round_id"] if pending else None,
+            "personal_verifier": (self.dir / "personal.enc").exists(),
+        }
+
+    # ---- the encryption key ------------------------------------------------------------
+    def key_source(self) -> str:
+        return KEY_ENV if os.environ.get(KEY_ENV) else str(self.dir / "device.key")
+
+    def _cipher(self, create: bool = False) -> AESGCM:
+        if self._aead is None:
+            self._aead = AESGCM(self._encryption_key(create))
+        return self._aead
+
+    def _encryption_key(self, create: bool) -> bytes:
         if os.environ.get(KEY_ENV):
-            key = base64.b64decode(os.environ[KEY_ENV])
-            if len(key) != 32:
-                raise DeviceError(f"{KEY_ENV} must be base64 of 32 bytes")
+            try:
+                key = base64.b64decode(os.environ[KEY_ENV], validate=True)
+            except binascii.Error:
+                key = b""
+            if len(key) != KEY_BYTES:
+                raise StateError(f"{KEY_ENV} must be base64 of {KEY_BYTES} bytes: "
+                                 "set it to the key this device was registered with")
             return key
         path = self.dir / "device.key"
         if not path.exists():
-            write_atomic(path, AESGCM.generate_key(bit_length=256))
-        return path.read_bytes()
+            if create:
+                return self._create_key(path)
+            opened = [n for n in SEALED if (self.dir / f"{n}.enc").exists()]
+            lost = f", so {', '.join(f'{n}.enc' for n in opened)} cannot be decrypted" if opened else ""
+            raise StateError(f"{path} is missing{lost}: restore it (or set {KEY_ENV}), "
+                             f"or run {self.reset_hint()} and register again")
+        try:
+            key = path.read_bytes()
+        except OSError as error:
+            raise StateError(f"{path} cannot be read ({error.strerror}): check its owner and permissions") from None
+        if len(key) != KEY_BYTES:
+            raise StateError(f"{path} holds {len(key)} bytes, not a {KEY_BYTES}-byte key: restore it from a backup, "
+                             f"or run {self.reset_hint()} and register again")
+        return key
+
+    @staticmethod
+    def _create_key(path: Path) -> bytes:
+        key = AESGCM.generate_key(bit_length=8 * KEY_BYTES)
+        try:
+            handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        except FileExistsError:
+            raise StateError(f"{path} appeared while this device was creating it: run register again") from None
+        try:
+            with os.fdopen(handle, "wb") as out:
+                out.write(key)
+                out.flush()
+                os.fsync(out.fileno())
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+        return key
 
     # ---- encrypted blobs ---------------------------------------------------------------
     def _seal(self, name: str, data: bytes) -> None:
         nonce = os.urandom(12)
-        write_atomic(self.dir / f"{name}.enc", nonce + self._aead.encrypt(nonce, data, name.encode()))
+        write_atomic(self.dir / f"{name}.enc", nonce + self._cipher().encrypt(nonce, data, name.encode()))
 
     def _open(self, name: str) -> bytes | None:
         path = self.dir / f"{name}.enc"
         if not path.exists():
             return None
-        blob = path.read_bytes()
+        blob, cipher = path.read_bytes(), self._cipher()
         try:
-            return self._aead.decrypt(blob[:12], blob[12:], name.encode())
+            return cipher.decrypt(blob[:12], blob[12:], name.encode())
         except Exception:
-            raise DeviceError(f"{path} cannot be decrypted: wrong device key or a corrupt file") from None
+            raise StateError(f"{path} cannot be decrypted with {self.key_source()}: the key was replaced or the file "
+                             f"is corrupt; restore the original key, or run {self.reset_hint()} and register again"
+                             ) from None
 
     # ---- identity ----------------------------------------------------------------------
     def signing_key(self, create: bool = False) -> Ed25519PrivateKey | None:
         raw = self._open("identity")
         if raw is None and create:
+            if not self.dir.is_dir() or not (os.environ.get(KEY_ENV) or (self.dir / "device.key").exists()):
+                self.create()
             key = Ed25519PrivateKey.generate()
-            self._seal("identity", key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()))
+            raw_key = key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
+                                        serialization.NoEncryption())
+            self._seal("identity", raw_key)
             return key
-        return Ed25519PrivateKey.from_private_bytes(raw) if raw is not None else None
+        try:
+            return Ed25519PrivateKey.from_private_bytes(raw) if raw is not None else None
+        except ValueError:
+            raise StateError(f"{self.dir / 'identity.enc'} does not hold an Ed25519 key: run {self.reset_hint()} "
+                             "and register again") from None
 
     # ---- template and faces ------------------------------------------------------------
     def save_template(self, embedding: np.ndarray) -> None:
@@ -110,17 +272,122 @@ class DeviceState:
         for name in ("template", "faces", "personal"):
             (self.dir / f"{name}.enc").unlink(missing_ok=True)
 
+    # ---- an update trained but not yet acknowledged ------------------------------------
+    def save_pending(self, meta: dict[str, Any], body: bytes) -> None:
+        """The body first, then its metadata: the metadata's presence means a complete pending upload."""
+        self._seal("pending_upload", body)
+        write_atomic(self.dir / "pending_upload.json", json.dumps(meta).encode())
+
+    def pending_meta(self) -> dict[str, Any] | None:
+        path = self.dir / "pending_upload.json"
+        if not path.exists():
+            return None
+        meta = self._read_json(path, "delete it (the unsent update is lost; the next train trains again)")
+        kinds = {"round_id": int, "key": str, "url": str}
+        if not all(isinstance(meta.get(name), kind) for name, kind in kinds.items()):
+            raise StateError(f"{path} lacks round_id, key or url: delete it (the unsent update is lost; "
+                             "the next train trains again)")
+        return meta
+
+    def pending(self) -> tuple[dict[str, Any], bytes] | None:
+        meta = self.pending_meta()
+        if meta is None:
+            return None
+        legacy = self.dir / "pending_upload.bin"
+        if legacy.exists():  # written unencrypted by an earlier version: seal it now
+            self._seal("pending_upload", legacy.read_bytes())
+            legacy.unlink()
+        body = self._open("pending_upload")
+        if body is None:
+            self.clear_pending()
+            return None
+        return meta, body
+
+    def clear_pending(self) -> None:
+        for name in ("pending_upload.json", "pending_upload.enc", "pending_upload.bin"):
+            (self.dir / name).unlink(missing_ok=True)
+
     # ---- plain metadata (no biometrics) ------------------------------------------------
+    def _read_json(self, path: Path, fix: str) -> dict[str, Any]:
+        try:
+            value = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as error:
+            reason = error.strerror if isinstance(error, OSError) else "not valid JSON"
+            raise StateError(f"{path} cannot be read ({reason}): {fix}") from None
+        if not isinstance(value, dict):
+            raise StateError(f"{path} is not a JSON object: {fix}")
+        return value
+
     def info(self) -> dict[str, Any]:
         path = self.dir / "device.json"
-        return json.loads(path.read_text()) if path.exists() else {}
+        if not path.exists():
+            return {}
+        return self._read_json(path, f"run {self.reset_hint()} and register again")
 
     def update_info(self, **values: Any) -> dict[str, Any]:
+        if not self.dir.is_dir():
+            raise NotRegistered(f"no device state at {self.dir}: "
+                                f"run `fedface device register --state {self.dir}` first")
         info = {**self.info(), **values}
         write_atomic(self.dir / "device.json", json.dumps(info, indent=1).encode(), mode=0o644)
         return info
 
+    def remember_model(self, model: dict[str, Any]) -> None:
+        """Keep the server's current model description (/v1/models/current), so a later command can
+        report or use it without asking the server again."""
+        check_version(model.get("version"))
+        if self.info().get("model") != model:
+            self.update_info(model=model)
+
+    def current_model(self) -> dict[str, Any] | None:
+        """The model description last seen from the server, or None."""
+        model = self.info().get("model")
+        return model if isinstance(model, dict) else None
+
+    # ---- cached models -----------------------------------------------------------------
     def models_dir(self) -> Path:
         path = self.dir / "models"
         path.mkdir(exist_ok=True)
+        return path
+
+    def model_path(self, version: str, kind: str) -> Path:
+        """Where the `kind` file of model `version` is cached; refuses names that would leave the folder."""
+        if kind not in MODEL_KINDS:
+            raise ValueError(f"model kind must be one of {', '.join(MODEL_KINDS)}, got {kind!r}")
+        path = self.dir / "models" / f"{check_version(version)}.{kind}"
+        if not path.resolve().is_relative_to(self.dir.resolve()):
+            raise StateError(f"{path} resolves outside {self.dir}: remove the link in {self.dir / 'models'}")
+        return path
+
+    def _model_record(self, path: Path) -> dict[str, Any] | None:
+        record_path = path.with_name(path.name + ".json")
+        try:
+            record = json.loads(record_path.read_text())
+        except (OSError, UnicodeDecodeError, ValueError):
+            return None
+        return record if isinstance(record, dict) and isinstance(record.get("sha256"), str) else None
+
+    def cached_model(self, version: str, kind: str) -> Path | None:
+        """The cached file, only if it still has the sha256 recorded at download; a file that does
+        not is deleted, so the next download fetches it whole."""
+        path = self.model_path(version, kind)
+        if not path.exists():
+            return None
+        record = self._model_record(path)
+        if record is not None and file_sha256(path) == record["sha256"]:
+            return path
+        path.unlink()
+        path.with_name(path.name + ".json").unlink(missing_ok=True)
+        return None
+
+    def store_model(self, version: str, kind: str, data: bytes, expected_sha256: str | None) -> Path:
+        """Cache a downloaded model file after checking it against the sha256 the server vouched for."""
+        path = self.model_path(version, kind)
+        digest = hashlib.sha256(data).hexdigest()
+        if expected_sha256 is not None and digest != expected_sha256:
+            raise BadServerResponse(f"the {kind} file of model {version[:12]} arrived with sha256 {digest[:12]}, "
+                                    f"not the {expected_sha256[:12]} the server published: not used; try again")
+        self.models_dir()
+        write_atomic(path, data, mode=0o644)
+        write_atomic(path.with_name(path.name + ".json"), json.dumps({"sha256": digest}).encode(), mode=0o644)
         return path

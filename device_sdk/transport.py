@@ -2,6 +2,9 @@
 
 Every attempt is signed afresh (new timestamp and nonce), since the server refuses a nonce it
 has seen; an upload keeps its Idempotency-Key across attempts, so a retried upload counts once.
+Errors are typed by HTTP status and, when the body carries one, its machine-readable `code`,
+never by the wording of `detail`: the caller, which knows what it asked for, says what a
+refusal means (device_sdk.device).
 """
 from __future__ import annotations
 
@@ -16,16 +19,20 @@ from typing import Any
 import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from device_sdk.errors import AuthError, DeviceError, NotEnrolled, RoundClosed, ServerUnavailable
+from device_sdk.errors import AuthError, ServerRefused, ServerUnavailable
 
 SCHEME = "FEDFACE-V1"
-RETRY_STATUS = {500, 502, 503, 504}
+RETRY_STATUS = {408, 429, 500, 502, 503, 504}
+MAX_RETRY_AFTER_S = 30.0
 
 
 def signature_headers(key: Ed25519PrivateKey, subject: str, method: str, path: str, body: bytes) -> dict[str, str]:
     timestamp, nonce = str(int(time.time())), secrets.token_urlsafe(18)
     message = "\n".join((SCHEME, subject, method.upper(), path, timestamp, nonce, hashlib.sha256(body).hexdigest()))
-    return {"X-Timestamp": timestamp, "X-Nonce": nonce, "X-Signature": base64.b64encode(key.sign(message.encode())).decode()}
+    signature = base64.b64encode(key.sign(message.encode())).decode()
+    # X-Content-SHA256 lets the server check the signature before it reads a large body (uploads).
+    return {"X-Timestamp": timestamp, "X-Nonce": nonce, "X-Signature": signature,
+            "X-Content-SHA256": hashlib.sha256(body).hexdigest()}
 
 
 class Transport:
@@ -53,38 +60,53 @@ class Transport:
                 response = self.http.request(method, path, content=raw, headers={**extra, **(headers or {}), **signed})
             except httpx.TransportError as error:
                 if attempt == self.retries:
-                    raise ServerUnavailable(f"cannot reach {self.http.base_url}: {type(error).__name__}: {error}") from None
+                    reason = " ".join(f"{type(error).__name__}: {error}".split())
+                    raise ServerUnavailable(f"cannot reach the server at {self.http.base_url} ({reason}) after "
+                                            f"{self.retries + 1} attempt(s): is it running, and is --server right?"
+                                            ) from None
                 self._sleep(attempt)
                 continue
             self.bytes_up += len(raw)
             self.bytes_down += len(response.content)
             if response.status_code in RETRY_STATUS and attempt < self.retries:
-                self._sleep(attempt)
+                self._sleep(attempt, response.headers.get("Retry-After"))
                 continue
             return self._check(response, expect)
         raise AssertionError("unreachable")
 
-    def _sleep(self, attempt: int) -> None:
+    def _sleep(self, attempt: int, retry_after: str | None = None) -> None:
         # full jitter: many devices retrying after one outage must not hammer the server in lockstep
-        time.sleep(random.uniform(0, self.backoff * 2**attempt))
+        delay = random.uniform(0, self.backoff * 2**attempt)
+        try:
+            delay = max(delay, min(float(retry_after or 0), MAX_RETRY_AFTER_S))
+        except ValueError:
+            pass  # an HTTP-date Retry-After: the backoff alone will do
+        time.sleep(delay)
 
     @staticmethod
     def _check(response: httpx.Response, expect: tuple[int, ...]) -> httpx.Response:
         if response.status_code in expect:
             return response
-        try:
-            detail = response.json().get("detail", response.text)
-        except ValueError:
-            detail = response.text
+        detail, code = error_body(response)
         status = response.status_code
         if status in (401, 403):
-            raise AuthError(f"server refused the request ({status}): {detail}")
-        if status == 409 and "not enrolled" in str(detail):
-            raise NotEnrolled(str(detail))
-        if status == 409:
-            raise RoundClosed(str(detail))
-        if status == 404 and "enroll" in str(detail).lower():
-            raise NotEnrolled(str(detail))
+            raise AuthError(f"server refused this device ({status}): {detail}")
         if status >= 500:
             raise ServerUnavailable(f"server error {status} after retries: {detail}")
-        raise DeviceError(f"server answered {status}: {detail}")
+        raise ServerRefused(status, detail, code)
+
+
+def error_body(response: httpx.Response) -> tuple[str, str | None]:
+    """(detail, code) of an error response; `code` is None when the server sends none."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text.strip()[:300] or response.reason_phrase, None
+    if not isinstance(body, dict):
+        return str(body)[:300], None
+    detail = body.get("detail", response.reason_phrase)
+    if isinstance(detail, list):  # a validation error: where and why, one line
+        detail = "; ".join(f"{'.'.join(map(str, d.get('loc', ())))}: {d.get('msg', '')}"
+                           for d in detail if isinstance(d, dict))
+    code = body.get("code")
+    return str(detail)[:300], code if isinstance(code, str) else None

@@ -20,6 +20,7 @@ long as n·bound·scale < 2^31.
 """
 from __future__ import annotations
 
+import math
 import os
 import secrets
 from collections.abc import Mapping, Sequence
@@ -98,6 +99,32 @@ def combine_shares(shares: Sequence[tuple[int, int]], t: int, length: int = 32, 
         cache[xs] = lagrange_weights(xs)
     secret = sum(y * w for (_, y), w in zip(points, cache[xs])) % PRIME
     return secret.to_bytes(length, "big")
+
+
+def threshold_for(n_members: int, fraction: float) -> int:
+    """t = max(2, floor(fraction x n) + 1): more than half of the members (fraction >= 0.5), and
+    never one, since the "sum" of one update is that update. Never capped at n: a round with
+    fewer than t members cannot run."""
+    return max(2, math.floor(fraction * n_members) + 1)
+
+
+def check_threshold(threshold: int, n_members: int) -> None:
+    """A device's own check of the t a server sends: below 2, or at most half of the members,
+    a coalition of the server and a minority could rebuild an honest device's masks."""
+    if threshold < 2 or 2 * threshold <= n_members or threshold > n_members:
+        raise SecAggAborted(f"refusing threshold t={threshold} for {n_members} member(s): need 2 <= t, n/2 < t <= n")
+
+
+def is_valid_public_key(raw: bytes) -> bool:
+    """False for anything that is not a usable X25519 public key: wrong length, or a low-order
+    point, whose shared secret is all zeros (RFC 7748 section 6.1) and which `cryptography` refuses."""
+    if len(raw) != 32:
+        return False
+    try:
+        X25519PrivateKey.generate().exchange(X25519PublicKey.from_public_bytes(raw))
+    except ValueError:
+        return False
+    return True
 
 
 def mask_bound(n_devices: int, scale: float) -> float:

@@ -7,6 +7,9 @@ be read one at a time, which the streaming FedAvg relies on. Files written by th
 ``safetensors`` library (numpy or torch) are accepted as long as they use the dtypes
 below.
 
+Every malformed input raises :class:`TensorFileError` (a ValueError), never anything else:
+the server turns it into a 422, and fuzzing checks the promise.
+
 Layout: an unsigned 64-bit little-endian header length ``N``; ``N`` bytes of UTF-8
 JSON ``{"__metadata__": {str: str}, name: {"dtype", "shape", "data_offsets": [b, e]}}``;
 then the little-endian data, offsets relative to its start, packed without holes.
@@ -63,8 +66,11 @@ def read_header(handle: BinaryIO, file_size: int, max_header_bytes: int = 1 << 2
         raise TensorFileError(f"header length {length} exceeds the limit or the file")
     try:
         header = json.loads(handle.read(length).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise TensorFileError(f"header is not JSON: {error}") from None
+    except RecursionError:
+        # Deep nesting ("[[[[..." a megabyte long) exhausts the decoder's stack: malformed input, not a fault.
+        raise TensorFileError("header JSON is nested too deeply") from None
+    except ValueError as error:  # bad UTF-8 or JSON, or an integer past Python's 4,300-digit conversion limit
+        raise TensorFileError(f"header is not valid JSON: {str(error)[:200]}") from None
     if not isinstance(header, dict):
         raise TensorFileError("header must be a JSON object")
     metadata = header.pop("__metadata__", {})
@@ -76,19 +82,20 @@ def read_header(handle: BinaryIO, file_size: int, max_header_bytes: int = 1 << 2
 
 
 def _tensor_info(name: str, entry: object) -> TensorInfo:
+    label = repr(name[:64])  # names are untrusted and may be a megabyte long: errors stay one short line
     # Plain loops, not set()/all(genexpr): a header has hundreds of entries and sits on the upload path.
     if type(entry) is not dict or len(entry) != 3 or "dtype" not in entry or "shape" not in entry or "data_offsets" not in entry:
-        raise TensorFileError(f"tensor {name!r}: entry needs exactly dtype, shape and data_offsets")
+        raise TensorFileError(f"tensor {label}: entry needs exactly dtype, shape and data_offsets")
     dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-    if dtype not in DTYPES:
-        raise TensorFileError(f"tensor {name!r}: unsupported dtype {dtype!r} (supported: {', '.join(DTYPES)})")
+    if type(dtype) is not str or dtype not in DTYPES:  # a list or object here is unhashable
+        raise TensorFileError(f"tensor {label}: unsupported dtype {str(dtype)[:32]!r} (supported: {', '.join(DTYPES)})")
     if type(shape) is not list or len(shape) > MAX_DIMS or not _non_negative_ints(shape):
-        raise TensorFileError(f"tensor {name!r}: shape must be a list of at most {MAX_DIMS} non-negative integers")
+        raise TensorFileError(f"tensor {label}: shape must be a list of at most {MAX_DIMS} non-negative integers")
     if type(offsets) is not list or len(offsets) != 2 or not _non_negative_ints(offsets):
-        raise TensorFileError(f"tensor {name!r}: data_offsets must be two non-negative integers")
+        raise TensorFileError(f"tensor {label}: data_offsets must be two non-negative integers")
     begin, end = offsets
     if end - begin != math.prod(shape) * DTYPES[dtype].itemsize:
-        raise TensorFileError(f"tensor {name!r}: {end - begin} bytes do not fit shape {shape} of {dtype}")
+        raise TensorFileError(f"tensor {label}: its data_offsets do not fit shape {str(shape)[:80]} of {dtype}")
     return TensorInfo(dtype=dtype, shape=tuple(shape), begin=begin, end=end)
 
 

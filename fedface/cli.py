@@ -1,51 +1,187 @@
 """`fedface <command> ...`: the one console script.
 
-Each command lives in its own module and is imported only when used, so `fedface data`
-does not pay for FastAPI and `fedface server` does not pay for MTCNN.
+Invariants:
+- Building the parser imports only the command module named on the command line (none for
+  `fedface --help`), and command modules import their heavy libraries (torch, FastAPI, MTCNN)
+  inside `run`, so every `--help` answers without loading them.
+- Exit codes: 0 done; 1 a runtime error (any FaceCoreError: missing data, an unreachable or
+  refusing server, a bad file), printed as one line; 2 a usage error (argparse, or a UsageError
+  raised by a command about its flags); 130 interrupted; 141 the reader of stdout went away
+  (`fedface ... | head`), quietly, as a command killed by SIGPIPE.
+- Every option's help shows its default in one style, `(default: X)`, and metavars are upper case.
 """
+
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from facecore.errors import FaceCoreError
 
 # command -> (module with `add_arguments(parser)` and `run(args) -> int`, help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "data": ("fedface.commands.data", "face data: split identities, align and cache faces, show statistics"),
-    "eval": ("fedface.commands.evaluate", "evaluate a backbone on identity-disjoint LFW folds"),
+    "eval": ("fedface.commands.evaluate", "evaluate a backbone on identity-disjoint LFW folds, or on your own photos"),
     "pretrain": ("fedface.commands.pretrain", "pretrain the backbone on public identities (or fine-tune on devices)"),
-    "models": ("fedface.commands.models", "the named models (default, mobile): fetch and verify published weights, list them"),
+    "models": (
+        "fedface.commands.models",
+        "the named models (default, mobile): fetch and verify published weights, list them",
+    ),
     "export": ("fedface.commands.export", "export a backbone to ONNX (fp32 and int8) with parity checks"),
     "server": ("fedface.commands.server", "run the cross-device FedFace round server"),
-    "admin": ("fedface.commands.admin", "operate a round server: open rounds, show their status"),
-    "device": ("fedface.commands.device", "the on-device client: register, enroll, train, verify, unenroll"),
-    "demo": ("fedface.commands.demo", "the whole system on one machine: server + real-face devices over HTTP (make run)"),
-    "sim": ("fedface.commands.sim", "simulations: cross-device FedFace (in process or --http), FedFusion, ..."),
-    "bench": ("fedface.commands.bench", "benchmarks (medians and ratios from one run): export, ..."),
+    "admin": (
+        "fedface.commands.admin",
+        "operate a round server: rounds (open, list, status, close), devices (list, remove, prune), enrollment tokens",
+    ),
+    "device": (
+        "fedface.commands.device",
+        "the on-device client: register, enroll, train, verify, personalize, unenroll, status, reset",
+    ),
+    "demo": (
+        "fedface.commands.demo",
+        "the whole system on one machine: server + real-face devices over HTTP (make run)",
+    ),
+    "sim": ("fedface.commands.sim", "simulations: cross-device FedFace (in process or --http), FedFusion, cross-silo"),
+    "bench": (
+        "fedface.commands.bench",
+        "benchmarks (medians and ratios from one run): export, server, device, sim, secagg",
+    ),
 }
+EXIT_RUNTIME_ERROR = 1
+EXIT_USAGE_ERROR = 2
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fedface", description="FedFace: federated face recognition.")
+class UsageError(Exception):
+    """A flag value the command rejects; the message names the flag. Exit status 2."""
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Appends `(default: X)` to every option that has a default and does not already say it;
+    positional arguments show as upper case, like the options' metavars."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if text is argparse.SUPPRESS or "(default" in text or "%(default)" in text:
+            return text
+        default = action.default
+        if (
+            default in (None, False, argparse.SUPPRESS)
+            or isinstance(action, argparse._VersionAction)
+            or not action.option_strings
+        ):
+            return text
+        shown = ",".join(map(str, default)) if isinstance(default, list | tuple) else str(default)
+        return f"{text} (default: {shown.replace('%', '%%')})".lstrip()
+
+    def _get_default_metavar_for_positional(self, action: argparse.Action) -> str:
+        return action.dest.upper()
+
+
+class Parser(argparse.ArgumentParser):
+    """The `fedface` parser class; nested sub-commands inherit it, and with it the formatter.
+    A parser made by :func:`add_lazy_command` imports its module's arguments only when it
+    parses or prints its help."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+        self.arguments_from: str | None = None
+
+    def populate(self) -> Parser:
+        if self.arguments_from is not None:
+            module_name, self.arguments_from = self.arguments_from, None
+            importlib.import_module(module_name).add_arguments(self)
+        return self
+
+    def parse_known_args(
+        self, args: Sequence[str] | None = None, namespace: Any = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        self.populate()
+        return super().parse_known_args(args, namespace)
+
+    def format_usage(self) -> str:
+        self.populate()
+        return super().format_usage()
+
+    def format_help(self) -> str:
+        self.populate()
+        return super().format_help()
+
+
+def add_lazy_command(
+    subparsers: argparse._SubParsersAction,
+    name: str,
+    module_name: str,
+    help_text: str,  # type: ignore[type-arg]
+) -> argparse.ArgumentParser:
+    """A sub-command whose arguments come from ``module_name.add_arguments``, imported only if used."""
+    sub = subparsers.add_parser(name, help=help_text, description=help_text)
+    if isinstance(sub, Parser):
+        sub.arguments_from = module_name
+    else:  # a plain argparse parent (a test's): no laziness to keep
+        importlib.import_module(module_name).add_arguments(sub)
+    return sub
+
+
+class _Version(argparse.Action):
+    # The installed distribution's version, looked up only when asked for.
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help="print the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> NoReturn:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            number = version("fedface")
+        except PackageNotFoundError:
+            number = "unknown (not installed; run from a source tree)"
+        print(f"fedface {number}")
+        parser.exit()
+
+
+def build_parser(every_command: bool = False) -> Parser:
+    """The parser; a command's module is imported when that command is parsed (or, with
+    ``every_command``, now): importing them is the expensive part of `fedface --help`."""
+    parser = Parser(prog="fedface", description="FedFace: federated face recognition.")
+    parser.add_argument("--version", action=_Version)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module_name, help_text) in COMMANDS.items():
-        sub = commands.add_parser(name, help=help_text, description=help_text)
+        sub = add_lazy_command(commands, name, module_name, help_text)
         sub.set_defaults(_module=module_name)
-        importlib.import_module(module_name).add_arguments(sub)
+        if every_command:
+            sub.populate()  # type: ignore[attr-defined]
     return parser
 
 
+def _silence_stdout() -> None:
+    # Python flushes stdout again at exit; pointing it at /dev/null keeps that flush quiet too.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    module = importlib.import_module(args._module)
+    command = "fedface"
     try:
-        return int(module.run(args) or 0)
+        args = build_parser().parse_args(argv)
+        command = f"fedface {args.command}"
+        code = int(importlib.import_module(args._module).run(args) or 0)
+        sys.stdout.flush()
+        return code
+    except UsageError as error:
+        print(f"{command}: error: {error}", file=sys.stderr)
+        return EXIT_USAGE_ERROR
     except FaceCoreError as error:
-        print(f"fedface {args.command}: error: {error}", file=sys.stderr)
-        return 2
+        print(f"{command}: error: {error}", file=sys.stderr)
+        return EXIT_RUNTIME_ERROR
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
     except KeyboardInterrupt:
-        print(f"fedface {args.command}: interrupted", file=sys.stderr)
-        return 130
+        print(f"{command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED

@@ -120,7 +120,7 @@ class Pretrainer:
     def resume(self) -> None:
         if not self.checkpoint_path.is_file():
             raise CheckpointError(f"nothing to resume: {self.checkpoint_path} does not exist")
-        state = torch.load(self.checkpoint_path, map_location=self.device, weights_only=False)
+        state = torch.load(self.checkpoint_path, map_location=self.device, weights_only=True)
         saved = type(self.config)(**state.get("config", {})).resume_key() if "config" in state else {}
         mismatched = {k: (saved.get(k), v) for k, v in self.config.resume_key().items() if saved.get(k) != v}
         if mismatched or state.get("classes") != list(self.data.classes):

@@ -98,6 +98,7 @@ class BenchServer:
         # The real backbone size; no ONNX export, so aggregate_seconds times FedAvg + spreadout, not the exporter.
         env |= {"FEDFACE_RANDOM_BACKBONE": backbone, "FEDFACE_EXPORT_ONNX": "false", "FEDFACE_LOG_LEVEL": "INFO",
                 "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+        env["FEDFACE_ADDRESS_RATE_PER_S"] = "0"  # one loopback address registers all N devices: no per-address limit
         args = ["--dev", "--data-dir", str(data_dir), "--model", "random", "--port", str(self.port), "--workers", str(workers)]
         args += ["--db", db_url] if db_url else []
         with self.log.open("ab") as log:

@@ -69,7 +69,9 @@ class BenchDevice:
     def headers(self, method: str, path: str, body_sha256: str) -> dict[str, str]:
         timestamp, nonce = str(int(time.time())), secrets.token_urlsafe(18)
         message = "\n".join(("FEDFACE-V1", self.id, method, path, timestamp, nonce, body_sha256)).encode()
-        signed = {"X-Timestamp": timestamp, "X-Nonce": nonce, "X-Signature": base64.b64encode(self.key.sign(message)).decode()}
+        signature = base64.b64encode(self.key.sign(message)).decode()
+        # X-Content-SHA256: the server checks an upload's signature before it reads the body
+        signed = {"X-Timestamp": timestamp, "X-Nonce": nonce, "X-Signature": signature, "X-Content-SHA256": body_sha256}
         return signed if self.id == "register" else {**signed, "X-Device-Id": self.id}
 
     async def call(self, http: httpx.AsyncClient, method: str, path: str, payload: Any = None, extra: dict[str, str] | None = None,

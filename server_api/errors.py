@@ -56,5 +56,17 @@ class Unavailable(ServerError):
     """The server cannot take this request right now, and the same request will succeed on retry."""
 
 
+class RateLimited(ServerError):
+    """Too many requests from one device or one address; the same request succeeds after ``retry_after_s``."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        self.retry_after_s = retry_after_s
+        super().__init__(message)
+
+
+class RequestTimeout(ServerError):
+    """The request body did not arrive within the server's body read timeout."""
+
+
 class AdminClientError(ServerError):
     """`fedface admin` could not talk to the server or the server refused the request."""

@@ -10,7 +10,7 @@ import anyio
 from fastapi import FastAPI
 
 from server_api.api import handlers
-from server_api.api.routes import admin, devices, health, models, rounds, secagg
+from server_api.api.routes import admin, devices, docs, health, models, rounds, secagg, ui
 from server_api.core.config import Secrets, Settings, resolve_secrets
 from server_api.core.limits import BodySizeLimitMiddleware
 from server_api.core.logging import configure_logging
@@ -45,8 +45,10 @@ def create_app(settings: Settings | None = None, secrets: Secrets | None = None,
     app = FastAPI(
         title="FedFace round server",
         version=API_VERSION,
-        description="Cross-device FedFace rounds: signed devices, FedAvg + spreadout aggregation.",
+        description=docs.DESCRIPTION,
         lifespan=lifespan,
+        docs_url=None,  # docs.install serves /docs and /redoc from local assets
+        redoc_url=None,
     )
     app.state.ctx = ctx
     app.add_middleware(
@@ -54,12 +56,14 @@ def create_app(settings: Settings | None = None, secrets: Secrets | None = None,
         large_paths=rounds.UPLOAD_PATH,
     )
     handlers.install(app)
-    for router in (health.router, devices.router, rounds.router, secagg.router, models.router, admin.router):
+    routers = (health.router, devices.router, devices.admin_router, rounds.router, secagg.router, models.router, admin.router)
+    for router in (*routers, ui.router):
         app.include_router(router)
+    docs.install(app)
     return app
 
 
 def create_app_from_env() -> FastAPI:
     settings = Settings()
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, human=settings.dev)
     return create_app(settings)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, ForeignKey, Index, LargeBinary, MetaData, String, UniqueConstraint
+from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, LargeBinary, MetaData, String, UniqueConstraint
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
@@ -109,6 +109,11 @@ class Round(Base):
     lease_until: Mapped[datetime | None] = mapped_column(default=None)
     # Secure aggregation only: when the unmasking step gives up waiting for more answers.
     unmask_deadline_at: Mapped[datetime | None] = mapped_column(default=None)
+    # DP-FedAvg only, set at selection: the Poisson rate, the enrolled count it was computed from,
+    # and the secret key of the per-device draws (never leaves the server).
+    sample_rate: Mapped[float | None] = mapped_column(Float, default=None)
+    population: Mapped[int | None] = mapped_column(default=None)
+    sampling_key: Mapped[bytes | None] = mapped_column(LargeBinary(32), default=None)
     summary: Mapped[dict[str, Any] | None] = mapped_column(default=None)
 
 
@@ -183,6 +188,16 @@ class Nonce(Base):
     subject: Mapped[str] = mapped_column(String(64))  # device id, or "key:<sha256 of public key>" when registering
     nonce: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class EnrollmentToken(Base):
+    """A one-time registration token issued by the operator; only its sha256 is stored."""
+
+    __tablename__ = "enrollment_tokens"
+    token_sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime]
+    used_at: Mapped[datetime | None] = mapped_column(default=None)
 
 
 class IdempotencyRecord(Base):

@@ -17,12 +17,30 @@ class StrictModel(BaseModel):
 
 class DeviceCreate(StrictModel):
     public_key: str = Field(min_length=40, max_length=64, description="raw 32-byte Ed25519 public key, base64")
+    enrollment_token: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9_-]{16,128}$", description="one-time token from the operator, where required",
+    )
 
 
 class DevicePublic(BaseModel):
     device_id: str
     status: str
     enrolled: bool
+
+
+class EnrollmentTokensCreate(StrictModel):
+    count: int = Field(default=1, ge=1, le=1000)
+    ttl_s: int | None = Field(default=None, ge=60, le=365 * 86400, description="default FEDFACE_ENROLLMENT_TOKEN_TTL_S")
+
+
+class EnrollmentTokensPublic(BaseModel):
+    tokens: list[str] = Field(description="each registers one device, once; shown only here")
+    expires_at: datetime
+
+
+class DevicesPrunedPublic(BaseModel):
+    pruned: int = Field(description="registered devices deleted because they never enrolled")
+    registered_before: datetime
 
 
 class EnrollmentCreate(StrictModel):
@@ -71,7 +89,7 @@ class SecureAggregationSettings(StrictModel):
     (``threshold_fraction`` of the devices that advertised, at least 2) fails the round."""
 
     enabled: bool = False
-    threshold_fraction: float = Field(default=2 / 3, ge=0.5, le=1, description="t = max(2, floor(fraction x advertisers) + 1), at most n")
+    threshold_fraction: float = Field(default=2 / 3, ge=0.5, lt=1, description="t = max(2, floor(fraction x advertisers) + 1); fewer advertisers than t fails the round")
     key_phase_s: float = Field(default=30, ge=1, le=86400, description="seconds for each of the advertise and share-keys steps")
     unmask_phase_s: float = Field(default=60, ge=1, le=86400, description="seconds the unmasking step waits for answers")
     scale_bits: int = Field(default=14, ge=4, le=24, description="fixed point: updates are scaled by 2**scale_bits")
@@ -226,3 +244,19 @@ class ModelVersionPublic(BaseModel):
 
 class ErrorPublic(BaseModel):
     detail: str
+
+
+class DeviceAdminPublic(BaseModel):
+    """A device as the operator sees it: never its key or template."""
+
+    device_id: str
+    status: str = Field(description="active, unenrolled or removed")
+    enrolled: bool = Field(description="whether the server holds its template now")
+    created_at: datetime
+    last_selected_round: int | None
+
+
+class DeviceRemovedPublic(BaseModel):
+    device_id: str
+    status: str
+    template_deleted: bool = Field(description="false when the device held no template")

@@ -31,8 +31,10 @@ class LocalServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         port = self.url.rsplit(":", 1)[1]
         command = [sys.executable, "-m", "fedface", "server", "--dev", "--data-dir", str(self.data_dir), "--model", self.model, "--port", port]
+        # Every simulated device registers from this one loopback address: no per-address limit.
+        env = os.environ | {"FEDFACE_ADDRESS_RATE_PER_S": "0"}
         with self.log.open("ab") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=log, start_new_session=True)
+            self.process = subprocess.Popen(command, stdout=log, stderr=log, start_new_session=True, env=env)
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

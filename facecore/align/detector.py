@@ -4,7 +4,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 
 @dataclass(frozen=True)
@@ -46,9 +45,14 @@ class MTCNNDetector:
             keep_all=True, min_face_size=config.retry_min_face_size, thresholds=list(config.retry_thresholds), device=device
         )
 
-    @torch.inference_mode()
     def detect(self, images: list[np.ndarray]) -> list[Detection | None]:
         """Best face per RGB uint8 image, or None. Same-size images are batched."""
+        import torch  # here, so Detection and pick_face stay importable without torch (onnx_detector)
+
+        with torch.inference_mode():
+            return self._detect(images)
+
+    def _detect(self, images: list[np.ndarray]) -> list[Detection | None]:
         results: list[Detection | None] = [None] * len(images)
         by_size: dict[tuple[int, ...], list[int]] = {}
         for index, image in enumerate(images):

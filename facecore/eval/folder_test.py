@@ -107,7 +107,7 @@ def test_a_single_person_is_one_clear_error(tmp_path: Path, capsys: pytest.Captu
     code = main(["eval", "folder", str(tmp_path / "people"), "--model", "mobile"])
     # Assert
     captured = capsys.readouterr()
-    assert code == 2 and captured.out == ""
+    assert code == 1 and captured.out == ""
     assert captured.err.strip().count("\n") == 0
     assert "at least 2 persons" in captured.err and "found 1 (Ann)" in captured.err
 
@@ -135,7 +135,7 @@ def test_too_few_persons_or_no_genuine_pair_after_skipping(
     code_none = main(["eval", "folder", str(no_genuine), "--model", "mobile"])
     err_none = capsys.readouterr().err
     # Assert: one line each (progress bars use carriage returns), naming the cause
-    assert code_one == 2 and code_none == 2
+    assert code_one == 1 and code_none == 1
     assert err_one.strip().splitlines()[-1].startswith("fedface eval: error:")
     assert "usable photos of at least 2 persons, found 1" in err_one and "1 no face detected" in err_one
     assert "no genuine pair" in err_none.strip().splitlines()[-1]

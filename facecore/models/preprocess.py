@@ -4,10 +4,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-# RGB uint8 -> float in [-1, 1], as in insightface's ArcFace recipes. The ONNX manifest
-# publishes these numbers so devices normalise exactly the same way.
-PIXEL_MEAN = 127.5
-PIXEL_STD = 127.5
+# RGB uint8 -> float in [-1, 1]; the numbers live in facecore.pixels, which devices read without torch.
+from facecore.pixels import PIXEL_MEAN, PIXEL_STD  # noqa: F401  re-exported
 
 
 def faces_to_tensor(faces: np.ndarray | torch.Tensor, device: str | torch.device = "cpu") -> torch.Tensor:

@@ -1,50 +1,277 @@
-"""`fedface admin round open|status|close`: operate a running round server.
+"""`fedface admin round open|list|status|close` and `fedface admin device list|remove`: operate a
+running round server over its admin API.
 
 The admin token comes from FEDFACE_ADMIN_TOKEN or, for a `--dev` server, from
 `<data-dir>/admin_token`; there is deliberately no flag, so it stays out of shell history.
+Round settings are checked here against the server's own request schema, so a bad value is
+reported by the flag that set it (exit 2) before anything is sent.
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from server_api.errors import AdminClientError
 
+# request field (dotted path) -> the flag that sets it
+FLAGS = {
+    "min_participants": "--min",
+    "target_participants": "--target",
+    "deadline_s": "--deadline",
+    "selection_window_s": "--selection-window",
+    "local.epochs": "--local-epochs",
+    "local.lr": "--lr",
+    "aggregation.method": "--aggregation",
+    "aggregation.trim_beta": "--trim-beta",
+    "aggregation.max_update_norm": "--max-update-norm",
+    "aggregation.dp_noise_multiplier": "--dp-noise",
+    "aggregation.dp_delta": "--dp-delta",
+    "secure_aggregation.enabled": "--secure-aggregation",
+    "secure_aggregation.key_phase_s": "--secagg-key-phase",
+    "secure_aggregation.unmask_phase_s": "--secagg-unmask-phase",
+    "limit": "--limit",
+    "offset": "--offset",
+    "device_id": "DEVICE_ID",
+    "round_id": "--round",
+}
+AGGREGATIONS = ("fedavg", "median", "trimmed_mean", "norm_bounded", "dp_fedavg")
+ACTIVE = ("open", "unmasking", "aggregating")
+
+
+def _connection_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--server",
+        default=os.environ.get("FEDFACE_SERVER", "http://127.0.0.1:8000"),
+        metavar="URL",
+        help="round server URL (default: $FEDFACE_SERVER, else http://127.0.0.1:8000)",
+    )
+    parser.add_argument(
+        "--data-dir",
+        default="./fedface-data",
+        metavar="DIR",
+        help="a --dev server's data folder, whose admin_token is used when FEDFACE_ADMIN_TOKEN is not set",
+    )
+    parser.add_argument(
+        "--cacert",
+        metavar="FILE",
+        help="CA bundle for an https server with a private certificate (default: the system's)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the server's JSON answer instead of text")
+
+
+def _open_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--min", type=int, default=2, metavar="N", help="fewest uploaded updates that still make a round"
+    )
+    parser.add_argument(
+        "--target", type=int, default=10, metavar="N", help="devices to select; aggregation starts when all uploaded"
+    )
+    parser.add_argument(
+        "--deadline", type=float, default=600, metavar="SECONDS", help="from opening until uploads close"
+    )
+    parser.add_argument(
+        "--selection-window",
+        type=float,
+        default=5,
+        metavar="SECONDS",
+        help="check-ins during this window compete fairly for the --target slots",
+    )
+    parser.add_argument(
+        "--local-epochs", type=int, default=1, metavar="N", help="epochs each device trains over its own photos"
+    )
+    parser.add_argument("--lr", type=float, default=0.01, metavar="RATE", help="the devices' local learning rate")
+    parser.add_argument(
+        "--aggregation",
+        choices=AGGREGATIONS,
+        default="fedavg",
+        help="backbone aggregation: fedavg, a robust one against malicious devices, or dp_fedavg (user-level DP)",
+    )
+    parser.add_argument(
+        "--trim-beta", type=float, default=0.2, metavar="FRACTION", help="trimmed_mean: fraction dropped at each end"
+    )
+    parser.add_argument(
+        "--max-update-norm",
+        type=float,
+        default=1.0,
+        metavar="NORM",
+        help="norm_bounded, dp_fedavg: L2 bound on each delta",
+    )
+    parser.add_argument(
+        "--dp-noise",
+        type=float,
+        default=1.0,
+        metavar="Z",
+        help="dp_fedavg: noise multiplier; noise std = Z x --max-update-norm / participants",
+    )
+    parser.add_argument(
+        "--dp-delta", type=float, default=1e-5, metavar="DELTA", help="dp_fedavg: the delta of the reported epsilon"
+    )
+    parser.add_argument(
+        "--secure-aggregation",
+        action="store_true",
+        help="mask each backbone update (Bonawitz et al.): the server sees only their sum; fedavg only",
+    )
+    parser.add_argument(
+        "--secagg-key-phase",
+        type=float,
+        default=30,
+        metavar="SECONDS",
+        help="secure aggregation: time for each key step",
+    )
+    parser.add_argument(
+        "--secagg-unmask-phase",
+        type=float,
+        default=60,
+        metavar="SECONDS",
+        help="secure aggregation: time to wait for unmasking answers",
+    )
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     objects = parser.add_subparsers(dest="object", metavar="OBJECT", required=True)
-    round_parser = objects.add_parser("round", help="open rounds and watch them")
+    round_parser = objects.add_parser(
+        "round",
+        help="open rounds, list them, watch one, end one early",
+        description="open rounds, list them, watch one, end one early",
+    )
     actions = round_parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    open_ = actions.add_parser("open", help="open a round on the current model")
-    status = actions.add_parser("status", help="show the current (or latest) round")
+    open_ = actions.add_parser(
+        "open", help="open a round on the current model", description="open a round on the current model"
+    )
+    list_ = actions.add_parser("list", help="recent rounds, newest first: state, participants, duration")
+    status = actions.add_parser("status", help="show the current round (open or aggregating), else the latest one")
     close = actions.add_parser("close", help="end the open round now: aggregate if its minimum is met, else fail it")
-    for sub in (open_, status, close):
-        sub.add_argument("--server", default=os.environ.get("FEDFACE_SERVER", "http://127.0.0.1:8000"), help="server URL (default: FEDFACE_SERVER or http://127.0.0.1:8000)")
-        sub.add_argument("--data-dir", default="./fedface-data", help="where a --dev server wrote admin_token")
-        sub.add_argument("--cacert", help="CA bundle for an https server with a private certificate")
-        sub.add_argument("--json", action="store_true", help="print the round as JSON")
-    open_.add_argument("--min", type=int, default=2, help="fewest updates that still make a round (default 2)")
-    open_.add_argument("--target", type=int, default=10, help="participants to select; aggregation starts when all uploaded (default 10)")
-    open_.add_argument("--deadline", type=float, default=600, help="seconds until uploads close (default 600)")
-    open_.add_argument("--selection-window", type=float, default=5, help="seconds of check-ins before fair selection (default 5)")
-    open_.add_argument("--local-epochs", type=int, default=1)
-    open_.add_argument("--lr", type=float, default=0.01, help="local learning rate")
-    open_.add_argument("--aggregation", choices=("fedavg", "median", "trimmed_mean", "norm_bounded", "dp_fedavg"), default="fedavg",
-                       help="backbone aggregation: fedavg (default), a robust one against malicious devices, or dp_fedavg (user-level DP)")
-    open_.add_argument("--trim-beta", type=float, default=0.2, help="trimmed_mean: fraction dropped at each end (default 0.2)")
-    open_.add_argument("--max-update-norm", type=float, default=1.0, help="norm_bounded, dp_fedavg: L2 bound on each delta (default 1.0)")
-    open_.add_argument("--dp-noise", type=float, default=1.0, help="dp_fedavg: noise multiplier z, noise std = z * bound / participants (default 1.0)")
-    open_.add_argument("--dp-delta", type=float, default=1e-5, help="dp_fedavg: delta of the reported epsilon (default 1e-5)")
-    open_.add_argument("--secure-aggregation", action="store_true",
-                       help="mask each backbone update (Bonawitz et al.): the server sees only their sum; fedavg only")
-    open_.add_argument("--secagg-key-phase", type=float, default=30, help="secure aggregation: seconds for each key step (default 30)")
-    open_.add_argument("--secagg-unmask-phase", type=float, default=60, help="secure aggregation: seconds to wait for unmasking answers (default 60)")
-    status.add_argument("--round", type=int, help="a round id instead of the current one")
-    close.add_argument("--round", type=int, help="a round id instead of the current one")
+    device_parser = objects.add_parser(
+        "device",
+        help="list registered devices; remove one, with its stored template",
+        description="list registered devices; remove one, with its stored template",
+    )
+    device_actions = device_parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    device_list = device_actions.add_parser(
+        "list", help="devices in registration order: status, template held, last selection"
+    )
+    remove = device_actions.add_parser(
+        "remove",
+        help="delete a device's stored template and revoke its key",
+        description="Delete the device's template (and any uploaded copy) and revoke its key: its requests fail "
+        "from now on. The same phone may register again, as a new device, and enroll again.",
+    )
+    remove.add_argument("device_id", metavar="DEVICE_ID", help="the id `fedface admin device list` shows")
+    prune = device_actions.add_parser(
+        "prune", help="delete devices that registered but never enrolled a template",
+        description="Delete devices registered longer ago than --older-than that never enrolled: they hold no "
+        "template and would otherwise pile up (and count as nothing in any round).",
+    )
+    prune.add_argument("--older-than", type=int, metavar="SECONDS",
+                       help="registration age (default: the server's FEDFACE_PRUNE_UNENROLLED_AFTER_S)")
+    token_parser = objects.add_parser(
+        "token", help="issue one-time enrollment tokens (a production server requires one per new device)",
+        description="issue one-time enrollment tokens (a production server requires one per new device)",
+    )
+    token_actions = token_parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    issue = token_actions.add_parser(
+        "issue", help="print new one-time tokens, one per line; each registers one device before it expires",
+    )
+    issue.add_argument("--count", type=int, default=1, metavar="N", help="tokens to issue (at most 1000)")
+    issue.add_argument("--ttl", type=int, metavar="SECONDS",
+                       help="lifetime of the tokens (default: the server's FEDFACE_ENROLLMENT_TOKEN_TTL_S)")
+    for sub in (open_, list_, status, close, device_list, remove, prune, issue):
+        _connection_arguments(sub)
+    _open_arguments(open_)
+    list_.add_argument("--limit", type=int, default=20, metavar="N", help="rounds to show")
+    device_list.add_argument("--limit", type=int, default=100, metavar="N", help="devices to show")
+    device_list.add_argument("--offset", type=int, default=0, metavar="N", help="devices to skip first")
+    status.add_argument("--round", type=int, metavar="ID", help="this round instead (default: the current one)")
+    close.add_argument("--round", type=int, metavar="ID", help="this round instead (default: the current one)")
+    close.add_argument(
+        "--wait",
+        type=float,
+        default=30,
+        metavar="SECONDS",
+        help="wait this long for the server to end the round, then show its new state (0: show it at once)",
+    )
+
+
+def _usage(message: str) -> Exception:
+    from fedface.cli import UsageError
+
+    return UsageError(message)
+
+
+def _with_flag_names(text: str) -> str:
+    """A server or schema message with each request field named by its flag instead (only names with
+    an underscore: plain words such as "method" or "limit" also occur in ordinary prose)."""
+    names = {dotted.rsplit(".", 1)[-1]: flag for dotted, flag in FLAGS.items() if "_" in dotted.rsplit(".", 1)[-1]}
+    for name in sorted(names, key=len, reverse=True):
+        text = re.sub(rf"\b{re.escape(name)}\b", names[name], text)
+    return text.removeprefix("Value error, ")
+
+
+def _flag_errors(errors: list[dict[str, Any]], sent: dict[str, Any] | None = None) -> str:
+    """One line for a list of schema errors ({loc, msg[, input]}), each naming the flag."""
+    lines = []
+    for error in errors:
+        loc = [str(part) for part in error.get("loc", ()) if part not in ("body", "query", "path")]
+        message = _with_flag_names(str(error.get("msg", "invalid"))).replace("Input should be", "should be")
+        if not loc:
+            lines.append(message)
+            continue
+        flag = FLAGS.get(".".join(loc), "--" + loc[-1].replace("_", "-"))
+        value = error.get("input", _dig(sent, loc))
+        lines.append(f"{flag}{'' if value is None or isinstance(value, dict) else f' {value}'}: {message}")
+    return "; ".join(lines)
+
+
+def _dig(tree: dict[str, Any] | None, path: list[str]) -> Any:
+    for part in path:
+        if not isinstance(tree, dict):
+            return None
+        tree = tree.get(part)
+    return tree
+
+
+def _round_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The POST body of `round open`, checked with the server's own schema."""
+    from pydantic import ValidationError
+
+    from server_api.schemas import RoundCreate
+
+    if args.secure_aggregation and args.aggregation != "fedavg":
+        raise _usage(
+            "--secure-aggregation needs --aggregation fedavg (the server sees only the sum of the updates), "
+            f"not {args.aggregation}"
+        )
+    config = {
+        "min_participants": args.min,
+        "target_participants": args.target,
+        "deadline_s": args.deadline,
+        "selection_window_s": args.selection_window,
+        "local": {"epochs": args.local_epochs, "lr": args.lr},
+        "aggregation": {
+            "method": args.aggregation,
+            "trim_beta": args.trim_beta,
+            "max_update_norm": args.max_update_norm,
+            "dp_noise_multiplier": args.dp_noise,
+            "dp_delta": args.dp_delta,
+        },
+        "secure_aggregation": {
+            "enabled": args.secure_aggregation,
+            "key_phase_s": args.secagg_key_phase,
+            "unmask_phase_s": args.secagg_unmask_phase,
+        },
+    }
+    try:
+        RoundCreate.model_validate(config)
+    except ValidationError as error:
+        raise _usage(_flag_errors([dict(e) for e in error.errors()], config)) from None
+    return config
 
 
 def _token(data_dir: str) -> str:
@@ -54,37 +281,64 @@ def _token(data_dir: str) -> str:
     path = Path(data_dir) / "admin_token"
     if path.is_file():
         return path.read_text().strip()
-    raise AdminClientError(f"no admin token: set FEDFACE_ADMIN_TOKEN (or pass the dev server's --data-dir; {path} does not exist)")
+    raise AdminClientError(
+        f"no admin token: set FEDFACE_ADMIN_TOKEN (or pass the dev server's --data-dir; {path} does not exist)"
+    )
 
 
-def _call(args: argparse.Namespace, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+def _call(args: argparse.Namespace, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
     import httpx
 
     url = args.server.rstrip("/") + path
     try:
         response = httpx.request(
-            method, url, json=body, headers={"Authorization": f"Bearer {_token(args.data_dir)}"},
-            verify=args.cacert or True, timeout=30,
+            method,
+            url,
+            json=body,
+            headers={"Authorization": f"Bearer {_token(args.data_dir)}"},
+            verify=args.cacert or True,
+            timeout=30,
         )
     except httpx.HTTPError as error:
         raise AdminClientError(f"cannot reach {args.server}: {error}") from None
-    if response.status_code >= 400:
-        try:
-            detail = response.json().get("detail")
-        except ValueError:
-            detail = response.text[:200]
-        raise AdminClientError(f"server answered {response.status_code}: {json.dumps(detail) if not isinstance(detail, str) else detail}")
-    return response.json()
+    if response.status_code < 400:
+        return response.json()
+    try:
+        detail = response.json().get("detail")
+    except ValueError:
+        detail = response.text[:200]
+    if response.status_code == 422 and isinstance(detail, list):
+        raise _usage(_flag_errors(detail, body))
+    if response.status_code == 401:
+        detail = f"{detail} (FEDFACE_ADMIN_TOKEN, or the --data-dir of a --dev server)"
+    text = detail if isinstance(detail, str) else json.dumps(detail)
+    raise AdminClientError(f"server answered {response.status_code}: {_with_flag_names(text)}")
+
+
+def _time(stamp: str | None) -> str:
+    return datetime.fromisoformat(stamp).strftime("%Y-%m-%d %H:%M:%S") if stamp else "-"
+
+
+def _duration(r: dict[str, Any]) -> str:
+    end = datetime.fromisoformat(r["closed_at"]) if r.get("closed_at") else datetime.now(UTC)
+    seconds = (end - datetime.fromisoformat(r["created_at"])).total_seconds()
+    return f"{seconds:.0f} s" if seconds < 600 else f"{seconds / 60:.0f} min"
+
+
+def _aggregation(r: dict[str, Any]) -> str:
+    return (r["config"].get("aggregation") or {}).get("method", "fedavg")
 
 
 def _describe(r: dict[str, Any]) -> str:
     deadline = datetime.fromisoformat(r["deadline_at"])
     left = (deadline - datetime.now(UTC)).total_seconds()
     lines = [
-        f"round {r['id']}: {r['status']} ({r['strategy']})",
+        f"round {r['id']}: {r['status']} ({r['strategy']}, {_aggregation(r)})",
         f"  participants: {r['n_checked_in']} checked in, {r['n_selected']} selected, {r['n_uploaded']} uploaded "
         f"(target {r['target_participants']}, min {r['min_participants']})",
-        f"  deadline: {r['deadline_at']}" + (f" (in {left:.0f} s)" if r["status"] == "open" and left > 0 else ""),
+        f"  opened: {_time(r['created_at'])}, deadline: {_time(r['deadline_at'])}"
+        + (f" (in {left:.0f} s)" if r["status"] == "open" and left > 0 else ""),
+        f"  duration: {_duration(r)}" + (" so far" if r["status"] in ACTIVE else ""),
         f"  model: {r['base_version'][:12]}" + (f" -> {r['result_version'][:12]}" if r["result_version"] else ""),
     ]
     if r.get("failure_reason"):
@@ -94,21 +348,107 @@ def _describe(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run(args: argparse.Namespace) -> int:
+def _table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> str:
+    cells = [header, *[tuple(map(str, row)) for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in cells)
+
+
+def _round_table(rounds: list[dict[str, Any]]) -> str:
+    if not rounds:
+        return "no rounds yet: open one with `fedface admin round open`"
+    return _table(
+        ("ROUND", "STATE", "UPLOADED/SELECTED/CHECKED-IN", "TARGET/MIN", "OPENED", "DURATION", "RESULT"),
+        [
+            (
+                r["id"],
+                r["status"],
+                f"{r['n_uploaded']}/{r['n_selected']}/{r['n_checked_in']}",
+                f"{r['target_participants']}/{r['min_participants']}",
+                _time(r["created_at"]),
+                _duration(r),
+                (r["result_version"] or "")[:12] or (r.get("failure_reason") or "-"),
+            )
+            for r in rounds
+        ],
+    )
+
+
+def _device_table(devices: list[dict[str, Any]]) -> str:
+    if not devices:
+        return "no devices"
+    return _table(
+        ("DEVICE", "STATUS", "TEMPLATE", "REGISTERED", "LAST SELECTED"),
+        [
+            (
+                d["device_id"],
+                d["status"],
+                "yes" if d["enrolled"] else "no",
+                _time(d["created_at"]),
+                d["last_selected_round"] if d["last_selected_round"] is not None else "-",
+            )
+            for d in devices
+        ],
+    )
+
+
+def _close(args: argparse.Namespace) -> dict[str, Any]:
+    """Close, then wait for the scheduler to end the round, so what is printed is its new state."""
+    round_id = args.round or _call(args, "GET", "/v1/admin/rounds/current")["id"]
+    result = _call(args, "POST", f"/v1/admin/rounds/{round_id}/close", None)
+    deadline = time.monotonic() + max(0.0, args.wait)
+    while result["status"] == "open" and time.monotonic() < deadline:
+        time.sleep(0.2)
+        result = _call(args, "GET", f"/v1/admin/rounds/{round_id}")
+    return result
+
+
+def _run_round(args: argparse.Namespace) -> tuple[Any, str]:
     if args.action == "open":
-        config = {
-            "min_participants": args.min, "target_participants": args.target, "deadline_s": args.deadline,
-            "selection_window_s": args.selection_window, "local": {"epochs": args.local_epochs, "lr": args.lr},
-            "aggregation": {"method": args.aggregation, "trim_beta": args.trim_beta, "max_update_norm": args.max_update_norm,
-                            "dp_noise_multiplier": args.dp_noise, "dp_delta": args.dp_delta},
-            "secure_aggregation": {"enabled": args.secure_aggregation, "key_phase_s": args.secagg_key_phase,
-                                   "unmask_phase_s": args.secagg_unmask_phase},
-        }
-        result = _call(args, "POST", "/v1/admin/rounds", config)
-    elif args.action == "close":
-        round_id = args.round or _call(args, "GET", "/v1/admin/rounds/current")["id"]
-        result = _call(args, "POST", f"/v1/admin/rounds/{round_id}/close", None)
-    else:
-        result = _call(args, "GET", f"/v1/admin/rounds/{args.round}" if args.round else "/v1/admin/rounds/current")
-    print(json.dumps(result, indent=1) if args.json else _describe(result))
+        result = _call(args, "POST", "/v1/admin/rounds", _round_config(args))
+        return result, _describe(result)
+    if args.action == "list":
+        if args.limit < 1:
+            raise _usage(f"--limit must be at least 1, got {args.limit}")
+        rounds = _call(args, "GET", f"/v1/admin/rounds?limit={args.limit}")
+        return rounds, _round_table(rounds)
+    if args.action == "close":
+        result = _close(args)
+        return result, _describe(result)
+    result = _call(args, "GET", f"/v1/admin/rounds/{args.round}" if args.round else "/v1/admin/rounds/current")
+    return result, _describe(result)
+
+
+def _run_device(args: argparse.Namespace) -> tuple[Any, str]:
+    if args.action == "list":
+        if args.limit < 1 or args.offset < 0:
+            raise _usage(f"--limit must be at least 1 and --offset at least 0, got {args.limit} and {args.offset}")
+        devices = _call(args, "GET", f"/v1/admin/devices?limit={args.limit}&offset={args.offset}")
+        return devices, _device_table(devices)
+    if args.action == "prune":
+        if args.older_than is not None and args.older_than < 0:
+            raise _usage(f"--older-than must be at least 0, got {args.older_than}")
+        query = "" if args.older_than is None else f"?older_than_s={args.older_than}"
+        result = _call(args, "POST", f"/v1/admin/devices/prune{query}")
+        return result, f"{result['pruned']} never-enrolled device(s) registered before {_time(result['registered_before'])} deleted"
+    if not re.fullmatch(r"[0-9a-f]{1,64}", args.device_id):
+        raise _usage(
+            f"DEVICE_ID {args.device_id!r} is not a device id (lower-case hex, as `fedface admin device list` shows)"
+        )
+    result = _call(args, "DELETE", f"/v1/admin/devices/{args.device_id}")
+    held = "its template deleted" if result["template_deleted"] else "it held no template"
+    return result, f"device {result['device_id']} removed ({held}; its key no longer authenticates)"
+
+
+def _run_token(args: argparse.Namespace) -> tuple[Any, str]:
+    if not 1 <= args.count <= 1000 or (args.ttl is not None and args.ttl < 60):
+        raise _usage(f"--count must be 1 to 1000 and --ttl at least 60, got {args.count} and {args.ttl}")
+    result = _call(args, "POST", "/v1/admin/enrollment-tokens", {"count": args.count, "ttl_s": args.ttl})
+    return result, "\n".join(result["tokens"]) + f"\n(expire {_time(result['expires_at'])}; each registers one device)"
+
+
+def run(args: argparse.Namespace) -> int:
+    runner = {"device": _run_device, "token": _run_token}.get(args.object, _run_round)
+    result, text = runner(args)
+    print(json.dumps(result, indent=1) if args.json else text)
     return 0

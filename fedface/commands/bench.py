@@ -15,42 +15,50 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: --model default --model mobile, the dlib ResNet next to MobileFaceNet)")
     export.add_argument("--dir", action="append", metavar="DIR",
                         help="an existing export directory, one per --model in the same order (default: export --int8 into temporary ones)")
-    export.add_argument("--runs", type=int, default=600, help="timed runs per engine and model (default 600)")
-    export.add_argument("--rounds", type=int, default=20, help="interleaving rounds the runs are split into (default 20)")
-    export.add_argument("--data")
-    export.add_argument("--json", action="store_true")
+    export.add_argument("--runs", type=int, default=600, help="timed runs per engine and model")
+    export.add_argument("--rounds", type=int, default=20, help="interleaving rounds the runs are split into")
+    export.add_argument("--data", help="data root (default: $FEDFACE_DATA, else ../shared/data)")
+    export.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     server = targets.add_parser("server", help="N simulated devices through one round against a real `fedface server --dev` over HTTP")
-    server.add_argument("--devices", type=int, default=1000, help="participants in the measured round (default 1000)")
-    server.add_argument("--concurrency", type=int, default=16, help="requests in flight at once (default 16)")
-    server.add_argument("--backbone", default="mobilefacenet", help="random backbone the server starts with (default mobilefacenet)")
-    server.add_argument("--workers", type=int, default=1, help="server worker processes, as `fedface server --workers` (default 1)")
+    server.add_argument("--devices", type=int, default=1000, help="participants in the measured round")
+    server.add_argument("--concurrency", type=int, default=16, help="requests in flight at once")
+    server.add_argument("--backbone", default="mobilefacenet", help="random backbone the server starts with")
+    server.add_argument("--workers", type=int, default=1, help="server worker processes, as `fedface server --workers`")
     server.add_argument("--db", default=None, metavar="URL",
                         help="a PostgreSQL URL: each measured round runs in a fresh schema there, dropped afterwards (default: SQLite)")
     server.add_argument("--secure", action="store_true",
                         help="a plain round and a secure-aggregation round of --devices side by side (no 10-device baseline)")
-    server.add_argument("--drop", type=float, default=0.1, help="--secure: fraction of devices dropping after sharing keys (default 0.1)")
+    server.add_argument("--drop", type=float, default=0.1,
+                        help="--secure: fraction of devices dropping after sharing keys")
     server.add_argument("--json", action="store_true", help="print one JSON object on stdout (progress stays on stderr)")
     device = targets.add_parser("device", help="enroll / one local round / verify on this CPU, against a local server")
     device.add_argument("--model", default="default")
     device.add_argument("--data")
     device.add_argument("--repeats", type=int, default=3)
+    device.add_argument("--verify-repeats", type=int, default=5,
+                        help="cold `fedface device verify` runs per path")
+    device.add_argument("--verify-only", action="store_true",
+                        help="only the verify section: cold CLI, SDK, warm photos/s")
     device.add_argument("--json", action="store_true")
     sim = targets.add_parser("sim", help="one simulated FedFace round vs the compute floor (same images and steps as one stream)")
-    sim.add_argument("--devices", default="10,100,1000", help="comma-separated device counts (default 10,100,1000)")
-    sim.add_argument("--trainable-blocks", type=int, default=2, help="frozen-prefix option: train the last K blocks + head (default 2)")
-    sim.add_argument("--repeats", type=int, default=3, help="rounds timed per device count; the median is reported (default 3)")
+    sim.add_argument("--devices", default="10,100,1000", help="comma-separated device counts")
+    sim.add_argument("--trainable-blocks", type=int, default=2,
+                     help="frozen-prefix option: train the last K blocks + head")
+    sim.add_argument("--repeats", type=int, default=3, help="rounds timed per device count; the median is reported")
     sim.add_argument("--workers", type=int, default=None, help="our device processes (default: one per core)")
     sim.add_argument("--flower", action="store_true", help="also Flower's simulation engine (flwr + Ray) on the same round; needs `make flower-venv`")
     sim.add_argument("--ray", action="store_true", help="also our simulator on its Ray backend (as many actors as --workers); needs the ray extra")
-    sim.add_argument("--model", default="mobile", help="starting backbone (default mobile: the 1,000-device timings are about the framework, and MobileFaceNet keeps them comparable with earlier runs and affordable on a CPU)")
-    sim.add_argument("--data")
-    sim.add_argument("--json", action="store_true")
+    sim.add_argument("--model", default="mobile",
+                     help="starting backbone; mobile because the 1,000-device timings are about the framework, "
+                          "and MobileFaceNet keeps them comparable with earlier runs and affordable on a CPU")
+    sim.add_argument("--data", help="data root (default: $FEDFACE_DATA, else ../shared/data)")
+    sim.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     secagg = targets.add_parser("secagg", help="secure aggregation's bytes and seconds per round (Bonawitz et al.)")
-    secagg.add_argument("--devices", default="100,1000", help="comma-separated device counts (default 100,1000)")
+    secagg.add_argument("--devices", default="100,1000", help="comma-separated device counts")
     secagg.add_argument("--dim", type=int, default=1_022_720, help="parameters per update (default: mobilefacenet's 1,022,720 floats)")
-    secagg.add_argument("--drop", type=float, default=0.1, help="fraction of devices dropping after sharing keys (default 0.1)")
-    secagg.add_argument("--full-protocol-max", type=int, default=100, help="run every device for real up to this many (default 100)")
-    secagg.add_argument("--json", action="store_true")
+    secagg.add_argument("--drop", type=float, default=0.1, help="fraction of devices dropping after sharing keys")
+    secagg.add_argument("--full-protocol-max", type=int, default=100, help="run every device for real up to this many")
+    secagg.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,8 +106,10 @@ def _sim(args: argparse.Namespace) -> int:
 
 
 def _device(args: argparse.Namespace) -> int:
-    """Real photos of one device identity (20 to enroll and train on, one more to verify)."""
-    from device_sdk.bench import bench_device
+    """Real photos of one device identity (20 to enroll and train on, one more to verify), and a
+    folder of real LFW photos for the verify throughput."""
+    from device_sdk.bench import bench_device, bench_verify
+    from export.mtcnn_onnx import export_mtcnn_onnx
     from facecore.data.split import SplitConfig, build_split
     from facecore.paths import data_root
     from simulator.local_server import LocalServer
@@ -107,6 +117,8 @@ def _device(args: argparse.Namespace) -> int:
     root = data_root(args.data)
     split = build_split(root, SplitConfig(seed=0))
     photos = next([root / p for p in paths] for identity, paths in sorted(split.sets["devices"].items()) if identity.startswith("celeba:") and len(paths) >= 21)
+    lfw = sorted((root / "lfw" / "lfw-deepfunneled").glob("*/*.jpg"))
+    export_mtcnn_onnx()  # what `fedface models fetch` made; the torch-free verify needs it
     with tempfile.TemporaryDirectory() as scratch, LocalServer(Path(scratch) / "server", args.model) as server:
         def open_round() -> None:
             import time
@@ -123,13 +135,38 @@ def _device(args: argparse.Namespace) -> int:
                     time.sleep(0.5)
             raise RuntimeError("the previous round never finished")
 
-        result = bench_device(server.url, Path(scratch) / "device", photos[:20], photos[20], open_round, args.repeats)
+        folder = Path(scratch) / "lfw_photos"
+        folder.mkdir()
+        for index in range(0, len(lfw), len(lfw) // 40)[:40]:  # 40 photos spread over all of LFW
+            (folder / lfw[index].name).symlink_to(lfw[index])
+        result = {} if args.verify_only else bench_device(
+            server.url, Path(scratch) / "device", photos[:20], photos[20], open_round, args.repeats)
+        result["verify"] = bench_verify(
+            server.url, Path(scratch) / "verifier", photos[:20], photos[20], folder, args.verify_repeats)
     if args.json:
         print(json.dumps(result))
     else:
         for key, value in result.items():
-            print(f"{key:>28}: {value}")
+            if key != "verify":
+                print(f"{key:>28}: {value}")
+        print(_describe_verify(result["verify"]))
     return 0
+
+
+def _describe_verify(v: dict) -> str:  # type: ignore[type-arg]
+    goals = v["goals"]
+    return "\n".join([
+        f"verify, medians of {v['repeats']} cold processes each, interleaved ({v['cpus']} CPUs, load average "
+        f"{v['load_average'][0]:.1f} at the end): wall seconds (CPU seconds), peak RSS",
+        f"  fedface device verify, 1 photo:   {v['cold_cli_verify_s']:.2f} s ({v['cold_cli_verify_cpu_s']:.2f}), "
+        f"{v['cold_cli_verify_peak_rss_mb']:.0f} MB (goals {goals['cold_cli_verify_s']} s, "
+        f"{goals['cold_cli_verify_peak_rss_mb']} MB)",
+        f"  FaceDevice.verify (SDK), 1 photo: {v['cold_sdk_verify_s']:.2f} s ({v['cold_sdk_verify_cpu_s']:.2f}), "
+        f"{v['cold_sdk_verify_peak_rss_mb']:.0f} MB ({v['cold_sdk_over_cli']:.1f}x the CLI's time)",
+        f"  fedface device verify, {v['folder_photos']} LFW photos: {v['cli_folder_s']:.2f} s "
+        f"({v['cli_folder_photos_per_s']:.1f} photos/s with start-up); warm, one verifier open: "
+        f"{v['warm_photos_per_s']:.1f} photos/s (goal {goals['warm_photos_per_s']})",
+    ])
 
 
 def _export(args: argparse.Namespace) -> int:

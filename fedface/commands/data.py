@@ -13,7 +13,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     split = actions.add_parser("split", help="build an identity-disjoint split manifest")
     split.add_argument("--data", help="data root (default: FEDFACE_DATA or ../shared/data)")
-    split.add_argument("--seed", type=int, default=0)
+    split.add_argument("--seed", type=int, default=0,
+                       help="seed of the identity shuffle: the same seed gives the same split")
     split.add_argument("--eval-folds", default="6-10", help="LFW View-2 people folds kept for evaluation")
     split.add_argument("--device-fraction", type=float, default=0.5, help="share of eligible identities that become devices")
     split.add_argument("--device-min-photos", type=int, default=5, help="photos an identity needs to be a device")
@@ -21,13 +22,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     split.add_argument("--out", default="split.json", help="manifest path")
 
     align = actions.add_parser("align", help="detect, align and cache the faces of a split (or of everything)")
-    align.add_argument("--data")
-    align.add_argument("--split", help="manifest; default: every LFW and CelebA image")
-    align.add_argument("--role", choices=(*ROLES, "all"), default="all")
+    align.add_argument("--data", help="data root (default: $FEDFACE_DATA, else ../shared/data)")
+    align.add_argument("--split", help="split manifest (default: every LFW and CelebA image)")
+    align.add_argument("--role", choices=(*ROLES, "all"), default="all",
+                       help="align only this set of the --split manifest")
     align.add_argument("--report", default=None, help="write the per-file status list (JSON) here")
 
     stats = actions.add_parser("stats", help="print the sizes of a split manifest")
-    stats.add_argument("manifest")
+    stats.add_argument("manifest", help="a manifest written by `fedface data split`")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,11 +6,13 @@ from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--devices", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--model", default="default")
-    parser.add_argument("--data")
-    parser.add_argument("--out", default="reports/demo")
+    parser.add_argument("--devices", type=int, default=20, metavar="N",
+                        help="real-face devices enrolled through the SDK")
+    parser.add_argument("--rounds", type=int, default=3, metavar="N", help="FedFace rounds to run")
+    parser.add_argument("--model", default="default",
+                        help="the server's initial model: default, mobile, random or PATH")
+    parser.add_argument("--data", help="data root (default: $FEDFACE_DATA, else ../shared/data)")
+    parser.add_argument("--out", default="reports/demo", metavar="DIR", help="folder for the report")
     parser.add_argument("--secure-aggregation", action="store_true", help="rounds mask every backbone update (the server sees only their sum)")
 
 

@@ -1,72 +1,219 @@
-"""`fedface device register|enroll|train|verify|personalize|unenroll --server URL --state DIR`."""
+"""`fedface device ACTION`: the device SDK's command line.
+
+`--server` defaults to FEDFACE_SERVER, else http://127.0.0.1:8000 (as `fedface admin`); `--state`
+defaults to a per-user data folder. Only `register` creates state: every other action refuses a
+folder that is not a registered device. Every failure is one line (a FaceCoreError) that says
+what to do about it.
+"""
 from __future__ import annotations
 
 import argparse
 import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from device_sdk.errors import StateError
+
+if TYPE_CHECKING:
+    from device_sdk.device import FaceDevice
+
+DEFAULT_SERVER = "http://127.0.0.1:8000"
+ACTIONS = {
+    "register": "create this device's key pair and register it with the server (the only action that creates state)",
+    "enroll": "enroll the owner from photos (files or folders)",
+    "train": "take part in the current round: train locally and upload (resends an update saved earlier)",
+    "verify": "compare photos (files or folders) with the enrolled owner, without torch",
+    "personalize": "opt-in: train a fused personal verifier on the owner's faces (stays on this device)",
+    "unenroll": "delete the owner's enrollment here and on the server",
+    "status": "show this device's registration, enrollment, pending upload and model (no server call)",
+    "reset": "delete this device's local state, after unenrolling on the server when it can",
+}
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """ArgumentDefaultsHelpFormatter that leaves out defaults that say nothing (None, False)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def default_state_dir() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("fedface", appauthor=False)) / "device"
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text}")
+    return value
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    for name, help_text in (
-        ("register", "create this device's key pair and register it"),
-        ("enroll", "enroll the owner from photos (a folder or files)"),
-        ("train", "take part in the current round: train locally and upload"),
-        ("verify", "compare a photo with the enrolled owner"),
-        ("personalize", "opt-in: train a fused personal verifier on the owner's faces (stays on this device)"),
-        ("unenroll", "delete the owner's enrollment here and on the server"),
-    ):
-        sub = actions.add_parser(name, help=help_text)
-        sub.add_argument("--server", required=True, help="round server URL, e.g. http://127.0.0.1:8000")
-        sub.add_argument("--state", required=True, help="this device's state folder")
-        sub.add_argument("--cacert", help="CA bundle for a TLS server with a private certificate")
-        if name == "enroll":
-            sub.add_argument("--photos", nargs="+", required=True)
-            sub.add_argument("--min-photos", type=int, default=3)
-        if name == "train":
-            sub.add_argument("--wait", type=float, default=0.0, help="seconds to wait for an open round and a slot")
-        if name == "verify":
-            sub.add_argument("photo")
-            sub.add_argument("--personal", action="store_true", help="use the verifier trained by personalize")
-            sub.add_argument("--threshold", type=float, help="cosine threshold (default: the server's, calibrated for the global model)")
-            sub.add_argument("--json", action="store_true")
-        if name == "personalize":
-            sub.add_argument("--fusion", choices=("none", "conv", "multi", "single"), default="single")
-            sub.add_argument("--epochs", type=int, default=20)
+    # A parent that already shows defaults (the `fedface` parser) passes its formatter down; a plain one gets ours.
+    shown = {"formatter_class": HelpFormatter} if parser.formatter_class is argparse.HelpFormatter else {}
+    for name, help_text in ACTIONS.items():
+        sub = actions.add_parser(name, help=help_text, description=help_text, **shown)
+        sub.add_argument("--server", metavar="URL", default=os.environ.get("FEDFACE_SERVER", DEFAULT_SERVER),
+                         help="round server URL (FEDFACE_SERVER sets the default)")
+        sub.add_argument("--state", metavar="DIR", type=Path, default=default_state_dir(),
+                         help="this device's state folder")
+        sub.add_argument("--cacert", metavar="FILE", help="CA bundle for an https server with a private certificate")
+        _ACTION_ARGUMENTS.get(name, lambda _: None)(sub)
+
+
+def _register_arguments(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--enrollment-token", metavar="TOKEN", default=os.environ.get("FEDFACE_ENROLLMENT_TOKEN"),
+                     help="one-time token from the operator (`fedface admin token issue`), which a production "
+                     "server requires; FEDFACE_ENROLLMENT_TOKEN sets the default")
+
+
+def _enroll_arguments(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--photos", metavar="PATH", nargs="+", required=True, help="the owner's photos: files or folders")
+    sub.add_argument("--min-photos", metavar="N", type=_count, default=3, help="fewest photos with a face to enroll")
+
+
+def _train_arguments(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--wait", metavar="SECONDS", type=_seconds, nargs="?", const=None, default=0.0,
+                     help="seconds to wait for an open round and a slot; --wait alone waits until the round ends")
+
+
+def _verify_arguments(sub: argparse.ArgumentParser) -> None:
+    from fedface.commands import device_verify  # torch-free, and light to import
+
+    device_verify.add_arguments(sub)
+
+
+def _personalize_arguments(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--fusion", metavar="KIND", choices=("none", "conv", "multi", "single"), default="single",
+                     help="fusion module: none, conv, multi or single")
+    sub.add_argument("--epochs", metavar="N", type=_count, default=20, help="training epochs over the owner's faces")
+
+
+def _status_arguments(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--json", action="store_true", help="print the status as JSON")
+
+
+def _reset_arguments(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--yes", action="store_true", help="confirm: delete the key, identity, template and faces")
+
+
+_ACTION_ARGUMENTS = {
+    "register": _register_arguments, "enroll": _enroll_arguments, "train": _train_arguments, "verify": _verify_arguments,
+    "personalize": _personalize_arguments, "status": _status_arguments, "reset": _reset_arguments,
+}
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except OSError as error:  # an unreadable or unwritable state folder, a photo that vanished
+        where = error.filename or args.state
+        raise StateError(f"{where}: {error.strerror or error}: check the path and its permissions") from None
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.action == "status":
+        return _status(args)
+    if args.action == "verify":
+        from fedface.commands import device_verify
+
+        return int(device_verify.run(args) or 0)
+    if args.action == "reset":
+        return _reset(args)
     from device_sdk.device import FaceDevice
 
-    device = FaceDevice(args.server, args.state, min_photos=getattr(args, "min_photos", 3), verify_tls=args.cacert or True)
+    device = FaceDevice(args.server, args.state, min_photos=getattr(args, "min_photos", 3),
+                        verify_tls=args.cacert or True)
     if args.action == "register":
-        print(f"registered as {device.register()}")
+        known = device.device_id
+        device_id = device.register(args.enrollment_token)
+        print(f"already registered as {device_id} ({args.state}): nothing changed" if known == device_id
+              else f"registered as {device_id} ({args.state})")
     elif args.action == "enroll":
         print("detecting and aligning faces ...", flush=True)
         result = device.enroll(args.photos)
         print(f"enrolled {result.faces} faces with model {result.model_version[:12]}")
         if result.skipped:
-            print(f"no face found in {len(result.skipped)} photo(s): {', '.join(result.skipped)}")
+            shown = ", ".join(f"{name} ({why})" for name, why in zip(result.skipped, result.reasons))
+            print(f"skipped {len(result.skipped)} photo(s): {shown}")
     elif args.action == "train":
-        print(f"checking in (waiting up to {args.wait:.0f} s) ...", flush=True)
-        summary = device.train_round(wait=args.wait)
-        print(
-            f"round {summary.round_id}: loss {summary.loss_before:.4f} -> {summary.loss_after:.4f} in {summary.seconds:.1f} s, "
-            f"{summary.steps} steps, {summary.bytes_up:,} B up, {summary.bytes_down:,} B down"
-        )
+        _train(device, args.wait)
     elif args.action == "personalize":
         from device_sdk.personal import PersonalConfig
         from device_sdk.training import LocalTrainingConfig
 
         print(f"training the {args.fusion} personal verifier ...", flush=True)
-        done = device.personalize(PersonalConfig(args.fusion, LocalTrainingConfig(epochs=args.epochs, trainable_blocks=2)))
-        print(f"personal verifier ({done.fusion}) on {done.faces} faces: loss {done.loss_before:.4f} -> {done.loss_after:.4f} in {done.seconds:.1f} s")
-    elif args.action == "verify":
-        result = device.verify(args.photo, personal=args.personal, threshold=args.threshold)
-        if args.json:
-            print(json.dumps({"score": result.score, "match": result.match, "threshold": result.threshold, "personal": result.personal}))
+        training = LocalTrainingConfig(epochs=args.epochs, trainable_blocks=2)
+        done = device.personalize(PersonalConfig(args.fusion, training))
+        print(f"personal verifier ({done.fusion}) on {done.faces} faces: loss {done.loss_before:.4f} -> "
+              f"{done.loss_after:.4f} in {done.seconds:.1f} s")
+        if done.threshold is None:
+            print("no public faces to calibrate its threshold on: pass --threshold to verify --personal")
         else:
-            print(f"{'match' if result.match else 'no match'}: score {result.score:.3f} (threshold {result.threshold:.3f})")
+            print(f"its own threshold: {done.threshold:.3f} (FAR {done.far:g} on public impostor faces); "
+                  "verify --personal uses it")
     else:
         device.unenroll()
         print("unenrolled: the template is deleted here and on the server")
+    return 0
+
+
+def _train(device: FaceDevice, wait: float | None) -> None:
+    summary = device.train_round(wait=wait, progress=lambda step: print(f"{step} ...", flush=True))
+    for notice in summary.notices:
+        print(notice)
+    if summary.resent:
+        print(f"round {summary.round_id}: sent the update saved by an earlier train (loss {summary.loss_before:.4f} -> "
+              f"{summary.loss_after:.4f}, {summary.bytes_up:,} B up)")
+        return
+    print(f"round {summary.round_id}: loss {summary.loss_before:.4f} -> {summary.loss_after:.4f} in "
+          f"{summary.seconds:.1f} s, {summary.steps} steps, {summary.bytes_up:,} B up, {summary.bytes_down:,} B down")
+
+
+def _status(args: argparse.Namespace) -> int:
+    from device_sdk.state import DeviceState
+
+    status = DeviceState(args.state).summary()
+    if args.json:
+        print(json.dumps(status))
+        return 0
+    pending = status["pending_upload_round"]
+    rows = {
+        "state": f"{status['state']} (key: {status['key']})",
+        "device": f"{status['device_id']} (registered)",
+        "enrolled": f"yes, with model {status['enrolled_model'][:12]}" if status["enrolled"] else "no: run enroll",
+        "pending": f"an update for round {pending}, resent by the next train" if pending is not None else "none",
+        "model": f"{status['server_model'][:12]} (last seen on the server)" if status["server_model"]
+        else "not seen yet",
+        "personal": "a personal verifier" if status["personal_verifier"] else "none",
+    }
+    for label, value in rows.items():
+        print(f"{label:<9} {value}")
+    return 0
+
+
+def _reset(args: argparse.Namespace) -> int:
+    from fedface.cli import UsageError
+
+    if not args.yes:
+        raise UsageError(f"reset deletes this device's key, identity, template and faces in {args.state}: "
+                         "pass --yes to confirm")
+    from device_sdk.device import FaceDevice
+
+    done = FaceDevice(args.server, args.state, retries=1, timeout=10, verify_tls=args.cacert or True).reset()
+    print(f"server: {done.server}")
+    print(f"deleted the local state in {args.state} ({', '.join(done.removed)})")
     return 0

@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "in the cache (`fedface eval lfw --model mobile --folds 1-5` makes them).",
     )
     crop.add_argument("--model", default="default", help="'default', 'mobile' or a checkpoint PATH (default: default)")
-    crop.add_argument("--folds", default="1-5", help="LFW folds to choose on (default 1-5; 6-10 are refused)")
+    crop.add_argument("--folds", default="1-5", help="LFW folds to choose on; 6-10 are refused")
     crop.add_argument("--scales", default="1.05,1.12,1.2,1.28", help="comma-separated template scales (default: the grid the dlib crop was chosen from)")
     crop.add_argument("--shifts", default="12,18,24,30", help="comma-separated upward shifts in pixels of the crop")
     crop.add_argument("--data", help="data root (default: FEDFACE_DATA or ../shared/data)")

@@ -13,7 +13,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     measure = actions.add_parser(
         "measure", help="calibrate the verification threshold on LFW folds 1-5, then measure LFW folds 6-10 and CelebA owners",
     )
-    measure.add_argument("name", choices=("default", "mobile"))
+    measure.add_argument("name", choices=("default", "mobile"), help="the named model to measure")
     measure.add_argument("--data", help="data root (default: FEDFACE_DATA or ../shared/data)")
     measure.add_argument("--write", action="store_true", help="store the figures in facecore/weights/<model>.json")
 
@@ -26,6 +26,9 @@ def run(args: argparse.Namespace) -> int:
 
         folder = fetch(FACE_API, force=args.force, tarball=Path(args.tarball) if args.tarball else None)
         print(f"{FACE_API.spec}: verified in {folder}")
+        from export.mtcnn_onnx import export_mtcnn_onnx  # devices detect faces with these, without torch
+
+        print(f"MTCNN (facenet-pytorch) as ONNX: verified in {export_mtcnn_onnx(force=args.force)}")
         return 0
     if args.action == "measure":
         return _measure(args)

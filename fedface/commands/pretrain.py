@@ -11,16 +11,19 @@ from pathlib import Path
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", help="data root (default: FEDFACE_DATA or ../shared/data)")
     parser.add_argument("--split", help="split manifest (default: build the seed-0 split and save it in --out)")
-    parser.add_argument("--backbone", default="mobilefacenet")
-    parser.add_argument("--loss", choices=("cosface", "arcface"), default="cosface")
+    parser.add_argument("--backbone", default="mobilefacenet", help="architecture to train (facecore.models.registry)")
+    parser.add_argument("--loss", choices=("cosface", "arcface"), default="cosface",
+                        help="margin-softmax loss over the public identities")
     parser.add_argument("--scale", type=float, default=None, help="margin-softmax scale s (default: the loss's, 64)")
     parser.add_argument("--margin", type=float, default=None, help="margin m (default: CosFace 0.35, ArcFace 0.5)")
-    parser.add_argument("--epochs", type=int, default=20)
-    parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--lr", type=float, default=None, help="default 0.1 (0.02 with --teacher)")
-    parser.add_argument("--warmup-epochs", type=float, default=1.0)
-    parser.add_argument("--schedule", choices=("cosine", "step"), default="cosine")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--epochs", type=int, default=20, help="passes over the public faces")
+    parser.add_argument("--batch", type=int, default=128, help="faces per optimiser step")
+    parser.add_argument("--lr", type=float, default=None,
+                        help="peak learning rate (default: 0.1, or 0.02 with --teacher)")
+    parser.add_argument("--warmup-epochs", type=float, default=1.0, help="linear learning-rate warm-up, in epochs")
+    parser.add_argument("--schedule", choices=("cosine", "step"), default="cosine",
+                        help="learning-rate decay after the warm-up")
+    parser.add_argument("--seed", type=int, default=0, help="seed of initialisation, shuffling and augmentation")
     parser.add_argument("--workers", type=int, default=1, help="DataLoader worker processes for augmentation")
     parser.add_argument("--compile", action="store_true", help="torch.compile the backbone")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (bf16 autocast on cuda)")
@@ -32,12 +35,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "centralized, non-private upper bound that federated runs are compared with",
     )
     parser.add_argument("--resume", action="store_true", help="continue the run in --out from its last epoch")
-    parser.add_argument("--out", default=None, help="run folder (default runs/pretrain, runs/distill with --teacher)")
+    parser.add_argument("--out", default=None,
+                        help="run folder (default: runs/pretrain, or runs/distill with --teacher)")
     distill = parser.add_argument_group("distillation (--teacher): see pretrain/DISTILLATION.md")
     distill.add_argument("--teacher", default=None, help="distil this model (e.g. 'default') into the student on the public faces")
     distill.add_argument("--init", default="mobile", help="student start: mobile, random or a backbone file")
     distill.add_argument("--views", type=int, default=8, help="cached jittered views per public photo")
-    distill.add_argument("--view-seed", type=int, default=0)
+    distill.add_argument("--view-seed", type=int, default=0, help="seed of the cached jittered views")
     distill.add_argument("--distill-weight", type=float, default=1.0, help="weight of the cosine distance to the teacher")
     distill.add_argument("--relational-weight", type=float, default=0.0, help="weight of the batch similarity-matrix loss")
     distill.add_argument("--cosface-weight", type=float, default=0.0, help="weight of CosFace on the public labels")

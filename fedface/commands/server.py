@@ -1,30 +1,72 @@
-"""`fedface server`: the cross-device FedFace round server (FastAPI on uvicorn)."""
+"""`fedface server`: the cross-device FedFace round server (FastAPI on uvicorn).
+
+Everything that can fail (flags, the port, secrets, migrations, the first model) is checked before
+the banner and before uvicorn starts, so a failure is one line and no half-started server.
+"""
+
 from __future__ import annotations
 
 import argparse
+import errno
 import ipaddress
 import os
+import socket
 import sys
 
 from server_api.errors import ConfigError
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--db", help="database URL (default: FEDFACE_DATABASE_URL, else SQLite in --data-dir); postgresql://... uses psycopg 3")
-    parser.add_argument("--data-dir", help="database, blobs and dev secrets (default: FEDFACE_DATA_DIR or ./fedface-data)")
-    parser.add_argument("--dev", action="store_true", help="generate local secrets in --data-dir (admin_token, template.key)")
-    parser.add_argument("--model", help="initial global model: PATH, 'default' or 'random' (default: FEDFACE_MODEL or 'default')")
-    parser.add_argument("--workers", type=int, default=1, help="uvicorn worker processes (all state is in the database)")
-    parser.add_argument("--ssl-certfile")
-    parser.add_argument("--ssl-keyfile")
-    parser.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING...")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on; 0.0.0.0 for every interface")
+    parser.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
+    parser.add_argument(
+        "--db",
+        metavar="URL",
+        help="database URL, sqlite:///PATH or postgresql://... (psycopg 3) "
+        "(default: $FEDFACE_DATABASE_URL, else SQLite in --data-dir)",
+    )
+    parser.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        help="database, model blobs and --dev secrets (default: $FEDFACE_DATA_DIR, else ./fedface-data)",
+    )
+    parser.add_argument(
+        "--dev",
+        action="store_true",
+        help="local use: generate the admin token and template key in --data-dir, log readable text instead of JSON",
+    )
+    parser.add_argument(
+        "--model",
+        metavar="MODEL",
+        help="initial global model: default, mobile, random or a backbone file PATH "
+        "(default: $FEDFACE_MODEL, else default)",
+    )
+    parser.add_argument(
+        "--workers", type=int, default=1, metavar="N", help="uvicorn worker processes (all state is in the database)"
+    )
+    parser.add_argument(
+        "--ssl-certfile", metavar="FILE", help="TLS certificate (PEM); needs --ssl-keyfile (default: plain HTTP)"
+    )
+    parser.add_argument("--ssl-keyfile", metavar="FILE", help="TLS private key (PEM); needs --ssl-certfile")
+    parser.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        metavar="LEVEL",
+        help=f"one of {', '.join(LOG_LEVELS)} (default: $FEDFACE_LOG_LEVEL, else INFO)",
+    )
 
 
 def _export_settings(args: argparse.Namespace) -> None:
     """Flags become FEDFACE_* variables, which every uvicorn worker process inherits."""
-    values = {"FEDFACE_DATABASE_URL": args.db, "FEDFACE_DATA_DIR": args.data_dir, "FEDFACE_MODEL": args.model, "FEDFACE_LOG_LEVEL": args.log_level}
+    values = {
+        "FEDFACE_DATABASE_URL": args.db,
+        "FEDFACE_DATA_DIR": args.data_dir,
+        "FEDFACE_MODEL": args.model,
+        "FEDFACE_LOG_LEVEL": args.log_level,
+    }
     for name, value in values.items():
         if value is not None:
             os.environ[name] = value
@@ -39,20 +81,44 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Bind the address as uvicorn will (SO_REUSEADDR), then let it go: a busy port is one line now,
+    not a traceback after the banner, the migrations and the model load."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as error:
+        raise ConfigError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as error:
+            hint = " (another server running? choose another --port)" if error.errno == errno.EADDRINUSE else ""
+            raise ConfigError(f"cannot listen on {host}:{port}: {error.strerror}{hint}") from None
+
+
 def run(args: argparse.Namespace) -> int:
+    from fedface.cli import UsageError
+
+    if bool(args.ssl_certfile) != bool(args.ssl_keyfile):
+        raise UsageError("--ssl-certfile and --ssl-keyfile go together")
+    if args.workers < 1:
+        raise UsageError(f"--workers must be at least 1, got {args.workers}")
+    if not 0 < args.port < 65536:
+        raise UsageError(f"--port must be 1-65535, got {args.port}")
+    check_port_free(args.host, args.port)
+
     import uvicorn
 
     from server_api.core.config import ADMIN_TOKEN_FILE, Settings, resolve_secrets
     from server_api.core.logging import configure_logging, logging_config
     from server_api.services.context import ServerContext
 
-    if bool(args.ssl_certfile) != bool(args.ssl_keyfile):
-        raise ConfigError("--ssl-certfile and --ssl-keyfile go together")
-    if args.workers < 1:
-        raise ConfigError("--workers must be at least 1")
     _export_settings(args)
     settings = Settings()
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, human=settings.dev)
     secrets = resolve_secrets(settings)
     # Migrate and create the first model here, so errors print as one line before uvicorn starts.
     context = ServerContext.create(settings, secrets)
@@ -62,14 +128,24 @@ def run(args: argparse.Namespace) -> int:
         context.close()
     scheme = "https" if args.ssl_certfile else "http"
     backend = "sqlite" if settings.is_sqlite() else "postgresql"
-    print(f"fedface server: {scheme}://{args.host}:{args.port} ({backend}, data in {settings.data_dir}, docs at /docs)", file=sys.stderr)
+    print(
+        f"fedface server: {scheme}://{args.host}:{args.port} ({backend}, data in {settings.data_dir}, "
+        "API docs at /docs, operator page at /ui)",
+        file=sys.stderr,
+    )
     if settings.dev:
         print(f"fedface server: dev mode, admin token in {settings.data_dir / ADMIN_TOKEN_FILE}", file=sys.stderr)
         if not _is_loopback(args.host):
             print("fedface server: warning: dev secrets on a non-loopback address", file=sys.stderr)
     uvicorn.run(
-        "server_api.main:create_app_from_env", factory=True, host=args.host, port=args.port, workers=args.workers,
-        ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile, log_config=logging_config(settings.log_level),
+        "server_api.main:create_app_from_env",
+        factory=True,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        ssl_certfile=args.ssl_certfile,
+        ssl_keyfile=args.ssl_keyfile,
+        log_config=logging_config(settings.log_level, human=settings.dev),
         timeout_graceful_shutdown=10,
     )
     return 0

@@ -5,6 +5,8 @@ import argparse
 import json
 from pathlib import Path
 
+from fedface.cli import add_lazy_command
+
 
 def _on_off(value: str) -> bool:
     if value not in ("on", "off"):
@@ -15,17 +17,20 @@ def _on_off(value: str) -> bool:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     modes = parser.add_subparsers(dest="mode", metavar="MODE", required=True)
     cd = modes.add_parser("cross-device", help="FedFace with one identity per device")
-    cd.add_argument("--devices", type=int, default=1000)
-    cd.add_argument("--rounds", type=int, default=20)
-    cd.add_argument("--per-round", type=int, default=100)
-    cd.add_argument("--method", choices=("pretrained", "fedavg", "fedface", "central"), default="fedface")
-    cd.add_argument("--init", choices=("mean", "random"), default="mean")
-    cd.add_argument("--spreadout", type=_on_off, default=True, metavar="on|off")
-    cd.add_argument("--seed", type=int, default=0)
+    cd.add_argument("--devices", type=int, default=1000, metavar="N", help="simulated devices, one identity each")
+    cd.add_argument("--rounds", type=int, default=20, metavar="N", help="rounds to run")
+    cd.add_argument("--per-round", type=int, default=100, metavar="N", help="devices selected per round")
+    cd.add_argument("--method", choices=("pretrained", "fedavg", "fedface", "central"), default="fedface",
+                    help="fedface (FedAvg + spreadout), plain fedavg, the pretrained model alone, or central training")
+    cd.add_argument("--init", choices=("mean", "random"), default="mean",
+                    help="class embedding start: mean owner feature, or random")
+    cd.add_argument("--spreadout", type=_on_off, default=True, metavar="{on,off}",
+                    help="run the spreadout regularizer on the server")
+    cd.add_argument("--seed", type=int, default=0, help="seed of device choice, selection and training")
     cd.add_argument("--model", default="default", help="starting backbone: default, PATH or random")
-    cd.add_argument("--local-epochs", type=int, default=1)
-    cd.add_argument("--local-lr", type=float, default=0.01)
-    cd.add_argument("--margin", type=float, default=0.9)
+    cd.add_argument("--local-epochs", type=int, default=1, metavar="N", help="epochs each selected device trains")
+    cd.add_argument("--local-lr", type=float, default=0.01, metavar="RATE", help="the devices' learning rate")
+    cd.add_argument("--margin", type=float, default=0.9, help="margin m of the positive-only FedFace loss")
     cd.add_argument("--trainable-blocks", type=int, default=None, help="frozen-prefix option: train only the last K blocks + head")
     cd.add_argument("--dp-epsilon", type=float, default=None,
                     help="DP-FedAvg on the backbone: noise calibrated so the whole run spends this epsilon (inf: clipping only)")
@@ -34,38 +39,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cd.add_argument("--template-noise-cos", type=float, default=None,
                     help="devices upload templates blurred to keep this cosine with the true one (default: clean)")
     cd.add_argument("--workers", type=int, default=1,
-                    help="train devices in this many persistent processes (one per core is fastest; default 1: in process)")
+                    help="train devices in this many persistent processes (one per core is fastest; 1: in process)")
     cd.add_argument("--backend", choices=("process", "ray"), default="process",
-                    help="where --workers run: local processes (default) or Ray actors (pip install 'fedface[ray]')")
+                    help="where --workers run: local processes or Ray actors (pip install 'fedface[ray]')")
     cd.add_argument("--ray-address", default=None, metavar="ADDRESS",
                     help="--backend ray: the cluster to join (default: a local Ray, or RAY_ADDRESS); its nodes need fedface installed")
-    cd.add_argument("--eval-every", type=int, default=5)
-    cd.add_argument("--folds", default="6-10")
+    cd.add_argument("--eval-every", type=int, default=5, metavar="N", help="rounds between LFW evaluations")
+    cd.add_argument("--folds", default="6-10", help="LFW folds to evaluate on (identity-disjoint from the devices)")
     cd.add_argument("--target", type=float, default=None, help="LFW accuracy for rounds_to_target")
-    cd.add_argument("--data")
+    cd.add_argument("--data", help="data root (default: $FEDFACE_DATA, else ../shared/data)")
     cd.add_argument("--split", help="split manifest (default: the seed-0 split)")
     cd.add_argument("--fresh", action="store_true", help="ignore a checkpoint in --out instead of resuming from it")
-    cd.add_argument("--out", default="runs/sim")
+    cd.add_argument("--out", default="runs/sim", metavar="DIR", help="run folder: report, plots, resumable checkpoint")
     cd.add_argument("--http", type=int, default=None, metavar="N",
                     help="end-to-end instead: start the real server and drive N real SDK devices through --rounds rounds")
     cd.add_argument("--secure-aggregation", action="store_true", help="with --http: rounds use secure aggregation of the backbone updates")
-    cd.add_argument("--json", action="store_true")
+    cd.add_argument("--json", action="store_true", help="print the summary as one JSON line")
 
-    from fedface.commands import fusion as fusion_command
-
-    fusion_command.add_arguments(modes.add_parser("fusion", help="FedFusion: fuse global and local features on an image .npz"))
-
-    from fedface.commands import fusion_faces
-
-    fusion_faces.add_arguments(modes.add_parser("fusion-faces", help="the device's personalised fused verifier vs the global model, owner vs others"))
-
-    from fedface.commands import cross_silo
-
-    cross_silo.add_arguments(modes.add_parser("cross-silo", help="PFM + FV over heterogeneous silos (Bai et al. 2021)"))
+    # Imported only when named: FedFusion's defaults come from modules that load torch.
+    add_lazy_command(
+        modes, "fusion", "fedface.commands.fusion", "FedFusion: fuse global and local features on an image .npz"
+    )
+    add_lazy_command(modes, "fusion-faces", "fedface.commands.fusion_faces",
+                     "the device's personalised fused verifier vs the global model, owner vs others")
+    add_lazy_command(
+        modes, "cross-silo", "fedface.commands.cross_silo", "PFM + FV over heterogeneous silos (Bai et al. 2021)"
+    )
 
     compare = modes.add_parser("compare", help="plot several finished runs together (accuracy, TAR, embedding spread)")
     compare.add_argument("runs", nargs="+", help="run folders holding report.json")
-    compare.add_argument("--out", required=True)
+    compare.add_argument("--out", required=True, metavar="DIR", help="folder for the combined plots and table")
     compare.add_argument("--loss-target", type=float, default=None, help="also report rounds until the devices' round-start loss reaches this")
 
 

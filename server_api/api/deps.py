@@ -1,4 +1,4 @@
-"""Request-scoped dependencies: context, DB session, signed device, admin token."""
+"""Request-scoped dependencies: context, limits, DB session, signed device, admin token."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
@@ -9,7 +9,9 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
+from server_api.core.limits import RequestLimits
 from server_api.core.security import body_digest, check_admin_token
+from server_api.errors import AuthenticationFailed
 from server_api.models import Device
 from server_api.services.auth import SignedRequest, authenticate_device
 from server_api.services.context import ServerContext
@@ -20,6 +22,22 @@ def get_ctx(request: Request) -> ServerContext:
 
 
 CtxDep = Annotated[ServerContext, Depends(get_ctx)]
+
+
+async def get_limits(request: Request) -> RequestLimits:
+    """The app's rate buckets and upload slots, made on first use (async: no thread hop)."""
+    limits = getattr(request.app.state, "limits", None)
+    if limits is None:
+        limits = request.app.state.limits = RequestLimits.from_settings(get_ctx(request).settings)
+    return limits
+
+
+LimitsDep = Annotated[RequestLimits, Depends(get_limits)]
+
+
+def client_address(request: Request) -> str:
+    # Behind a proxy, uvicorn puts X-Forwarded-For here when the proxy is in FORWARDED_ALLOW_IPS.
+    return request.client.host if request.client else "unknown"
 
 
 async def get_session(ctx: CtxDep) -> AsyncIterator[Session]:
@@ -47,10 +65,20 @@ def signed_path(request: Request) -> str:
     return raw.decode("latin-1") + ("?" + query.decode("latin-1") if query else "")
 
 
-async def current_device(request: Request, ctx: CtxDep, session: SessionDep) -> Device:
+async def current_device(request: Request, ctx: CtxDep, session: SessionDep, limits: LimitsDep) -> Device:
+    """The signing device. An address that keeps failing authentication is refused (429) before any
+    work; a device is charged against its own rate once its signature holds."""
+    address = client_address(request)
+    limits.addresses.check(address)
     body = await request.body()  # bounded by the size-limit middleware
     signed = SignedRequest(request.headers, request.method, signed_path(request), body_digest(body))
-    return await run_in_threadpool(authenticate_device, session, signed, ctx.settings.signature_window_s)
+    try:
+        device = await run_in_threadpool(authenticate_device, session, signed, ctx.settings.signature_window_s)
+    except AuthenticationFailed:
+        limits.addresses.take(address)
+        raise
+    limits.devices.charge(device.id)
+    return device
 
 
 CurrentDevice = Annotated[Device, Depends(current_device)]

@@ -8,7 +8,8 @@ from fastapi.responses import JSONResponse
 
 from facecore.errors import CheckpointError
 from server_api.errors import (
-    AuthenticationFailed, Conflict, Forbidden, InvalidInput, NotFound, PayloadTooLarge, ServerError, Unavailable,
+    AuthenticationFailed, Conflict, Forbidden, InvalidInput, NotFound, PayloadTooLarge, RateLimited, RequestTimeout,
+    ServerError, Unavailable,
 )
 
 STATUS: list[tuple[type[Exception], int]] = [
@@ -18,6 +19,8 @@ STATUS: list[tuple[type[Exception], int]] = [
     (Conflict, 409),  # includes StaleRound
     (PayloadTooLarge, 413),
     (InvalidInput, 422),
+    (RateLimited, 429),
+    (RequestTimeout, 408),
     (Unavailable, 503),
     (CheckpointError, 500),
 ]
@@ -35,6 +38,10 @@ async def _domain_error(request: Request, error: Exception) -> JSONResponse:
     headers = {"WWW-Authenticate": 'Signature realm="fedface"'} if status == 401 else None
     if status == 503:
         headers = {"Retry-After": str(BUSY_RETRY_AFTER_S)}
+    if isinstance(error, RateLimited):
+        headers = {"Retry-After": str(error.retry_after_s)}
+    if status == 408:
+        headers = {"Connection": "close"}  # the rest of the body is still on its way: do not wait for it
     return JSONResponse({"detail": str(error)}, status_code=status, headers=headers)
 
 

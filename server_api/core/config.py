@@ -52,6 +52,23 @@ class Settings(BaseSettings):
     validation_processes: int = Field(
         default=1, ge=0, le=64, description="worker processes that parse and check uploads (0: in the request's thread)",
     )
+    # Abuse limits (server_api/core/limits.py), per worker process; 0 turns a rate limit off.
+    device_rate_per_s: float = Field(default=5.0, ge=0, description="signed requests per second per device")
+    device_burst: int = Field(default=60, ge=1, description="requests a device may send at once, before its rate applies")
+    address_rate_per_s: float = Field(
+        default=1.0, ge=0, description="registrations and failed device authentications per second per client address",
+    )
+    address_burst: int = Field(
+        default=100, ge=1, description="registrations and failed authentications an address may make at once",
+    )
+    max_concurrent_uploads: int = Field(default=32, ge=1, description="upload bodies received and checked at once")
+    upload_body_timeout_s: float = Field(default=120.0, gt=0, description="an upload body must arrive within this")
+    # Registration needs an admin-issued one-time token: None means required, except with --dev.
+    require_enrollment_token: bool | None = None
+    enrollment_token_ttl_s: int = Field(default=7 * 86400, ge=60, description="default lifetime of an enrollment token")
+    prune_unenrolled_after_s: int = Field(
+        default=86400, ge=0, description="default age after which a registered device that never enrolled is pruned",
+    )
     log_level: str = "INFO"
     # Chaos knob for the crash tests: pause between writing a new version's blobs and
     # committing it, so a test can kill -9 the process mid-aggregation. Keep 0 in production.
@@ -69,6 +86,9 @@ class Settings(BaseSettings):
 
     def is_sqlite(self) -> bool:
         return self.resolved_database_url().startswith("sqlite")
+
+    def enrollment_token_required(self) -> bool:
+        return not self.dev if self.require_enrollment_token is None else self.require_enrollment_token
 
 
 @dataclass(frozen=True)

@@ -10,15 +10,20 @@ also makes every transaction a lock on the whole database, which is how
 
 PostgreSQL (psycopg 3): ``SELECT ... FOR UPDATE`` on the round row, and an advisory
 lock for startup work (migrations, the bootstrap model) that several workers race to do.
+
+The SQLite file is created 0600 before the first connection (its -wal and -shm files take
+the database file's mode), and an existing one is made 0600: it holds encrypted templates,
+device keys and the audit trail, which no other local user should read.
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, select, text
+from sqlalchemy import Engine, create_engine, event, make_url, select, text
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import QueuePool
 
@@ -33,7 +38,19 @@ def make_engine(url: str) -> Engine:
     return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
 
 
+def _private_sqlite_file(url: str) -> None:
+    database = make_url(url).database
+    in_memory = not database or database == ":memory:" or database.startswith("file:")
+    if in_memory or not os.path.isdir(os.path.dirname(database) or "."):
+        return  # in memory, a URI, or a folder that is not there (SQLite names that problem itself)
+    os.close(os.open(database, os.O_RDWR | os.O_CREAT, 0o600))
+    for path in (database, database + "-wal", database + "-shm"):
+        if os.path.exists(path):
+            os.chmod(path, 0o600)
+
+
 def _sqlite_engine(url: str) -> Engine:
+    _private_sqlite_file(url)
     # One pooled connection: BEGIN IMMEDIATE already makes every transaction hold the whole
     # database, so a second connection adds no parallelism, only contention; and threads that
     # queue on the pool wake in order the moment it is free, while threads that queue inside

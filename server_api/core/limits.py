@@ -1,12 +1,33 @@
-"""Request body cap enforced on the ASGI stream, so it holds for chunked uploads
-that carry no Content-Length (and for a Content-Length that lies)."""
+"""Limits on what one client can make the server do.
+
+- :class:`BodySizeLimitMiddleware`: the request body cap, enforced on the ASGI stream, so it
+  holds for chunked uploads that carry no Content-Length (and for a Content-Length that lies).
+- :class:`KeyedRateLimiter`: a token bucket per device or per client address (429 + Retry-After).
+- :class:`UploadSlots`: a cap on upload bodies in flight (503 + Retry-After).
+
+Invariants: a refusal is always a domain error with its retry time, never a silent drop; the
+rate and slot state is per worker process (``--workers N`` allows N times the rates), held in
+memory, and bounded (the least recently seen keys are forgotten first).
+"""
 from __future__ import annotations
 
 import json
+import math
 import re
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from server_api.core.config import Settings
+from server_api.errors import RateLimited, Unavailable
+
+MAX_TRACKED_KEYS = 100_000
 
 
 class BodyTooLarge(HTTPException):
@@ -62,3 +83,96 @@ async def _reject(send: Send, limit: int) -> None:
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), (b"connection", b"close")]
     await send({"type": "http.response.start", "status": 413, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+class KeyedRateLimiter:
+    """A token bucket per key: ``burst`` requests at once, refilled at ``rate_per_s``; rate 0 is off.
+
+    Thread-safe (routes call it from the event loop and from worker threads)."""
+
+    def __init__(
+        self, rate_per_s: float, burst: int, what: str, max_keys: int = MAX_TRACKED_KEYS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.rate_per_s, self.burst, self.what, self.max_keys, self.clock = rate_per_s, burst, what, max_keys, clock
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # key -> (tokens, at)
+        self._lock = threading.Lock()
+
+    def _tokens(self, key: str, now: float) -> float:
+        tokens, at = self._buckets.get(key, (float(self.burst), now))
+        return min(float(self.burst), tokens + (now - at) * self.rate_per_s)
+
+    def _refusal(self, tokens: float) -> RateLimited:
+        retry_after = max(1, math.ceil((1.0 - tokens) / self.rate_per_s))
+        return RateLimited(f"too many requests from this {self.what}; retry in {retry_after} s", retry_after)
+
+    def check(self, key: str) -> None:
+        """Refuse a key whose bucket is empty, without spending from it."""
+        if not self.rate_per_s:
+            return
+        with self._lock:
+            tokens = self._tokens(key, self.clock())
+        if tokens < 1.0:
+            raise self._refusal(tokens)
+
+    def take(self, key: str) -> bool:
+        """Spend one token if there is one; False when the bucket is empty."""
+        if not self.rate_per_s:
+            return True
+        with self._lock:
+            now = self.clock()
+            tokens = self._tokens(key, now)
+            taken = tokens >= 1.0
+            self._buckets[key] = (tokens - 1.0 if taken else tokens, now)
+            self._buckets.move_to_end(key)
+            while len(self._buckets) > self.max_keys:
+                self._buckets.popitem(last=False)
+        return taken
+
+    def charge(self, key: str) -> None:
+        """Spend one token, or refuse with the time until the next one."""
+        if not self.take(key):
+            with self._lock:
+                tokens = self._tokens(key, self.clock())
+            raise self._refusal(tokens)
+
+
+class UploadSlots:
+    """At most ``capacity`` uploads receive or validate their bodies at once; the next is refused
+    rather than queued, so a slow sender can hold a slot but never a growing queue."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.in_use = 0
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        with self._lock:
+            if self.in_use >= self.capacity:
+                raise Unavailable(f"{self.capacity} uploads are already in progress; retry")
+            self.in_use += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.in_use -= 1
+
+
+@dataclass
+class RequestLimits:
+    """One app's limits, built from its settings (FEDFACE_DEVICE_*, FEDFACE_ADDRESS_*, ...)."""
+
+    devices: KeyedRateLimiter
+    addresses: KeyedRateLimiter
+    uploads: UploadSlots
+    body_timeout_s: float
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> RequestLimits:
+        return cls(
+            devices=KeyedRateLimiter(settings.device_rate_per_s, settings.device_burst, "device"),
+            addresses=KeyedRateLimiter(settings.address_rate_per_s, settings.address_burst, "address"),
+            uploads=UploadSlots(settings.max_concurrent_uploads),
+            body_timeout_s=settings.upload_body_timeout_s,
+        )

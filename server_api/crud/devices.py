@@ -4,13 +4,13 @@ from __future__ import annotations
 import secrets
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from server_api.crud import audit
 from server_api.errors import AuthenticationFailed, Conflict
-from server_api.models import Device, Enrollment, Nonce, Update, utcnow
+from server_api.models import Device, Enrollment, EnrollmentToken, Nonce, Update, utcnow
 
 
 def get_device(session: Session, device_id: str) -> Device | None:
@@ -82,3 +82,70 @@ def unenroll(session: Session, device: Device) -> None:
 
 def nonce_cutoff(window_s: int) -> datetime:
     return utcnow() - timedelta(seconds=2 * window_s)
+
+
+def list_devices(session: Session, limit: int, offset: int = 0) -> list[tuple[Device, bool]]:
+    """Devices in registration order, each with whether it holds a template now."""
+    enrolled = Enrollment.device_id.is_not(None)
+    rows = session.execute(
+        select(Device, enrolled).outerjoin(Enrollment, Enrollment.device_id == Device.id)
+        .order_by(Device.created_at, Device.id).limit(limit).offset(offset)
+    ).all()
+    return [(device, bool(has_template)) for device, has_template in rows]
+
+
+def device_counts(session: Session) -> dict[str, int]:
+    """How many devices are in each status, and how many hold a template (``enrolled``)."""
+    rows = session.execute(select(Device.status, func.count()).group_by(Device.status)).all()
+    counts = {status: n for status, n in rows}
+    counts["enrolled"] = session.execute(select(func.count()).select_from(Enrollment)).scalar_one()
+    return counts
+
+
+def remove_device(session: Session, device: Device) -> bool:
+    """Erase the device's template and every uploaded copy of it, and revoke its key: the row stays
+    (as ``removed``) so past rounds keep their participants, but its public key is replaced by random
+    bytes nobody holds the private key of, so no request of that device authenticates again.
+    Returns whether a template was deleted."""
+    had_template = bool(session.execute(delete(Enrollment).where(Enrollment.device_id == device.id)).rowcount)
+    session.execute(update(Update).where(Update.device_id == device.id).values(embedding_ciphertext=None))
+    device.public_key = secrets.token_bytes(32)
+    device.status = "removed"
+    audit.record(session, "admin", "device.removed", device_id=device.id, template_deleted=had_template)
+    session.commit()
+    return had_template
+
+
+def find_device_by_key(session: Session, public_key: bytes) -> Device | None:
+    return session.execute(select(Device).where(Device.public_key == public_key)).scalar_one_or_none()
+
+
+def add_enrollment_tokens(session: Session, token_hashes: list[str], expires_at: datetime) -> None:
+    session.add_all(EnrollmentToken(token_sha256=digest, expires_at=expires_at) for digest in token_hashes)
+    audit.record(session, "admin", "enrollment_tokens.issued", count=len(token_hashes))
+    session.commit()
+
+
+def claim_enrollment_token(session: Session, token_sha256: str, now: datetime) -> bool:
+    """Mark an unused, unexpired token used, in the caller's transaction (committed with the device
+    it registers, so a failed registration leaves it unused); False if there is no such token."""
+    claimed = session.execute(
+        update(EnrollmentToken)
+        .where(EnrollmentToken.token_sha256 == token_sha256, EnrollmentToken.used_at.is_(None))
+        .where(EnrollmentToken.expires_at > now)
+        .values(used_at=now)
+    ).rowcount
+    return claimed == 1
+
+
+def prune_never_enrolled(session: Session, registered_before: datetime) -> int:
+    """Delete devices registered before the cutoff that never enrolled (status still ``active``
+    with no template: an unenrolled or removed device keeps its row for past rounds)."""
+    stale = select(Device.id).where(
+        Device.status == "active", Device.created_at < registered_before,
+        ~select(Enrollment.device_id).where(Enrollment.device_id == Device.id).exists(),
+    )
+    pruned = session.execute(delete(Device).where(Device.id.in_(stale))).rowcount or 0
+    audit.record(session, "admin", "devices.pruned", count=pruned, registered_before=registered_before.isoformat())
+    session.commit()
+    return pruned

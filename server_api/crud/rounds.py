@@ -2,12 +2,18 @@
 
 ``unmasking`` only happens in secure-aggregation rounds (services.secure_aggregation).
 
+Selection fills the target slots least-recently-selected first, except in DP-FedAvg rounds: there
+every enrolled device is in the round's Poisson sample with probability q = target / enrolled,
+independently (strategies.dp_fedavg.poisson_selected), which is what the privacy accountant
+assumes. q and the enrolled count are stored on the round when selection runs.
+
 Every transition happens with the round row locked (:func:`lock_round`), so two
 workers, the scheduler and the upload that reaches the target can all try the same
 transition and exactly one of them makes it.
 """
 from __future__ import annotations
 
+import os
 import random
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Literal
@@ -23,6 +29,7 @@ from server_api.errors import Conflict, NotFound, StaleRound
 from server_api.models import Device, Enrollment, ModelVersion, Participation, Round, Update
 from server_api.schemas import RoundCreate, RoundPublic
 from server_api.services import secure_aggregation
+from server_api.strategies.dp_fedavg import poisson_selected, sample_rate_for
 
 if TYPE_CHECKING:
     from server_api.services.model_store import VersionBlobs
@@ -105,6 +112,10 @@ def checkin(session: Session, device: Device, now: datetime) -> tuple[Round, Par
         elif part.status == "candidate" and secure_aggregation.settings_of(round_) is not None \
                 and secure_aggregation.view(session, round_.id, now).adverts_closed:
             part.status = "not_selected"  # the members are fixed: keys are being agreed among them
+        elif part.status == "candidate" and round_.sample_rate is not None:
+            part.status = "selected" if _in_sample(round_, device.id) else "not_selected"
+            if part.status == "selected":
+                session.get(Device, device.id).last_selected_round = round_.id  # type: ignore[union-attr]
         elif part.status == "candidate":
             # After the window, free slots go to whoever comes first.
             taken = _taken(session, round_.id)
@@ -132,19 +143,45 @@ def _taken(session: Session, round_id: int) -> int:
 
 def _select(session: Session, round_: Round) -> None:
     """Fill the free slots from this round's candidates, least recently selected first
-    (never-selected devices before all others), ties broken at random."""
+    (never-selected devices before all others), ties broken at random; in a DP round, take
+    exactly the candidates in the round's Poisson sample."""
     rows = session.execute(
         select(Participation, Device).join(Device, Device.id == Participation.device_id)
         .where(Participation.round_id == round_.id, Participation.status == "candidate")
     ).all()
-    free = round_.target_participants - _taken(session, round_.id)
-    ordered = sorted(rows, key=lambda row: (-1 if row[1].last_selected_round is None else row[1].last_selected_round, _rng.random()))
-    for rank, (part, device) in enumerate(ordered):
-        part.status = "selected" if rank < free else "not_selected"
-        if rank < free:
+    if _uses_dp(round_):
+        round_.population = enrolled_count(session)
+        round_.sample_rate = sample_rate_for(round_.target_participants, max(round_.population, 1))
+        round_.sampling_key = os.urandom(32)
+        chosen = [row for row in rows if _in_sample(round_, row[1].id)]
+    else:
+        free = round_.target_participants - _taken(session, round_.id)
+        ordered = sorted(rows, key=lambda row: (-1 if row[1].last_selected_round is None else row[1].last_selected_round, _rng.random()))
+        chosen = ordered[:max(free, 0)]
+    chosen_ids = {device.id for _, device in chosen}
+    for part, device in rows:
+        part.status = "selected" if device.id in chosen_ids else "not_selected"
+        if device.id in chosen_ids:
             device.last_selected_round = round_.id
     round_.selection_done = True
-    audit.record(session, "server", "round.selected", round_id=round_.id, candidates=len(rows), selected=min(free, len(rows)))
+    audit.record(session, "server", "round.selected", round_id=round_.id, candidates=len(rows), selected=len(chosen),
+                 sample_rate=round_.sample_rate)
+
+
+def _uses_dp(round_: Round) -> bool:
+    return (round_.config.get("aggregation") or {}).get("method") == "dp_fedavg"
+
+
+def _in_sample(round_: Round, device_id: str) -> bool:
+    assert round_.sampling_key is not None and round_.sample_rate is not None
+    return poisson_selected(round_.sampling_key, device_id, round_.sample_rate)
+
+
+def enrolled_count(session: Session) -> int:
+    """Active devices with an enrolled owner: the population a DP round samples from."""
+    return int(session.scalar(
+        select(func.count()).select_from(Enrollment).join(Device, Device.id == Enrollment.device_id).where(Device.status == "active")
+    ) or 0)
 
 
 def close_now(session: Session, round_id: int, now: datetime) -> Round:
@@ -185,7 +222,9 @@ def claim_for_aggregation(session: Session, round_id: int, now: datetime, lease_
     if secure_aggregation.settings_of(round_) is not None:
         return _secure_transition(session, round_, uploaded, now, lease_s)
     deadline_passed = now >= round_.deadline_at
-    if uploaded >= round_.target_participants or (deadline_passed and uploaded >= round_.min_participants):
+    # A Poisson sample can exceed the target: wait for every selected device before closing early.
+    everyone_in = uploaded >= round_.target_participants and counts.get("selected", 0) == 0
+    if everyone_in or (deadline_passed and uploaded >= round_.min_participants):
         return _start_aggregating(session, round_, uploaded, now, lease_s)
     if deadline_passed:
         selected = counts.get("selected", 0) + uploaded

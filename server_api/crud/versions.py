@@ -24,6 +24,11 @@ def get(session: Session, version_id: int) -> ModelVersion | None:
     return session.get(ModelVersion, version_id)
 
 
+def list_versions(session: Session, limit: int) -> list[ModelVersion]:
+    """The newest ``limit`` versions, newest first."""
+    return list(session.execute(select(ModelVersion).order_by(ModelVersion.id.desc()).limit(limit)).scalars())
+
+
 def new_version_row(blobs: Any, round_id: int | None) -> ModelVersion:
     return ModelVersion(
         version_hash=blobs.version_hash, backbone=blobs.backbone, embedding_dim=blobs.embedding_dim,

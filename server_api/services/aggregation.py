@@ -86,7 +86,7 @@ def strategy_for(name: str, config: dict) -> Strategy:
     # Rounds stored before robust aggregation existed have no "aggregation" entry: FedAvg.
     settings = dict(config.get("aggregation") or {"method": "fedavg"})
     settings.pop("dp_delta", None)  # accounting only, see _privacy
-    backbone = backbone_aggregator(**settings)
+    backbone = backbone_aggregator(**settings, expected_clients=config["target_participants"])
     if name == "fedface":
         return FedFace(SpreadoutConfig(**config["spreadout"]), backbone=backbone)
     if name == "fedavg":
@@ -116,6 +116,8 @@ def _compute_and_finalize(ctx: ServerContext, round_id: int) -> bool:
         base_hash, backbone, dim = base.version_hash, base.backbone, base.embedding_dim
         secure = secure_aggregation.unmask_inputs(session, round_) if secure_aggregation.settings_of(round_) else None
         strategy_name = round_.strategy
+        # A DP round always ran selection (no upload without it); 1.0 is the safe reading otherwise.
+        sampling = (round_.sample_rate if round_.sample_rate is not None else 1.0, round_.population)
 
     base_header, base_weights = load_weights(ctx.store, base_hash)
     if secure is None:
@@ -141,7 +143,7 @@ def _compute_and_finalize(ctx: ServerContext, round_id: int) -> bool:
             "members": len(secure.adverts), "key_sharers": len(secure.key_sharers), "answers": len(secure.answers), "threshold": secure.threshold,
         }
     if (config.get("aggregation") or {}).get("method") == "dp_fedavg":
-        summary["privacy"] = _privacy(ctx, round_id, config["aggregation"], result.n_clients, len(enrolled))
+        summary["privacy"] = _privacy(ctx, round_id, config["aggregation"], *sampling, config["target_participants"])
     if ctx.settings.aggregation_pause_s:
         time.sleep(ctx.settings.aggregation_pause_s)  # crash-test window: blobs written, nothing committed
     with session_scope(ctx.sessions) as session:
@@ -171,12 +173,11 @@ def _drop_update_blobs(ctx: ServerContext, round_id: int) -> None:
         ctx.store.delete(digest)
 
 
-def _privacy(ctx: ServerContext, round_id: int, settings: dict, participants: int, enrolled: int) -> dict:
+def _privacy(ctx: ServerContext, round_id: int, settings: dict, sample_rate: float, population: int | None, expected: int) -> dict:
     """This round's DP-FedAvg parameters and ε over every completed DP round so far, this one
-    included, composed by RDP at this round's δ. The sample rate is participants / enrolled
-    devices: the accountant assumes Poisson sampling, which the server's uniform selection of a
-    fixed number approximates."""
-    sample_rate = min(1.0, participants / max(enrolled, 1))
+    included, composed by RDP at this round's δ. The sample rate is the one the round's Poisson
+    selection used (target / enrolled devices at selection), and the mean's denominator is the
+    fixed expected count (the target), so the accountant's assumptions are what the round did."""
     this = (settings.get("dp_noise_multiplier", 1.0), sample_rate, 1)
     with session_scope(ctx.sessions) as session:
         history = [
@@ -185,7 +186,8 @@ def _privacy(ctx: ServerContext, round_id: int, settings: dict, participants: in
         ]
     delta = settings.get("dp_delta", 1e-5)
     return {
-        "noise_multiplier": this[0], "clip_norm": settings.get("max_update_norm", 1.0), "sample_rate": round(sample_rate, 6),
+        "noise_multiplier": this[0], "clip_norm": settings.get("max_update_norm", 1.0), "sample_rate": sample_rate,
+        "population": population, "expected_clients": expected, "selection": "poisson",
         "delta": delta, "dp_rounds": len(history) + 1, "epsilon": _finite(epsilon_of_history([*history, this], delta)),
     }
 

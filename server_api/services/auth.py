@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -14,6 +15,9 @@ from server_api.core.security import (
 from server_api.crud import devices as device_crud
 from server_api.errors import AuthenticationFailed
 from server_api.models import Device
+
+BODY_SHA256_HEADER = "x-content-sha256"
+_HEX_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def _signed_headers(headers: Mapping[str, str], window_s: int) -> tuple[str, str, str]:
@@ -66,3 +70,14 @@ def precheck_device_headers(headers: Mapping[str, str], window_s: int) -> None:
     if not headers.get("x-device-id"):
         raise AuthenticationFailed("missing X-Device-Id header")
     _signed_headers(headers, window_s)
+
+
+def signed_upload(headers: Mapping[str, str], method: str, path: str, window_s: int) -> SignedRequest:
+    """An upload as its signature covers it, before its body is read: the body hash is the one the
+    device declares in ``X-Content-SHA256``, so the signature can be checked first and the body
+    compared with it as it arrives."""
+    precheck_device_headers(headers, window_s)
+    declared = headers.get(BODY_SHA256_HEADER, "")
+    if not _HEX_SHA256.match(declared):
+        raise AuthenticationFailed("an upload needs X-Content-SHA256: the lowercase hex sha256 of its body, as signed")
+    return SignedRequest(headers, method, path, declared)

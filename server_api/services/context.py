@@ -16,7 +16,7 @@ from server_api.core.logging import get_logger
 from server_api.core.metrics import Metrics
 from server_api.core.security import TemplateCipher
 from server_api.services.validation_pool import ValidationPool
-from server_api.storage.blobs import LocalBlobStore
+from server_api.storage.blobs import LocalBlobStore, make_private_dir
 
 log = get_logger("startup")
 
@@ -56,7 +56,7 @@ class ServerContext:
 
     @classmethod
     def create(cls, settings: Settings, secrets: Secrets) -> ServerContext:
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        make_private_dir(settings.data_dir)  # the database, blobs and dev secrets: the server's user only
         engine = make_engine(settings.resolved_database_url())
         sessions = make_session_factory(engine)
         torch.set_num_threads(settings.torch_threads)

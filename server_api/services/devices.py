@@ -1,7 +1,15 @@
-"""Device registration, enrollment, template access and unenrollment."""
+"""Device registration, enrollment, template access and unenrollment.
+
+Registration may need a one-time enrollment token (``Settings.enrollment_token_required``): the
+token is claimed in the same transaction that creates the device, so it is spent exactly when a
+new device exists. Registering a key that is already registered needs no token.
+"""
 from __future__ import annotations
 
+import hashlib
+import secrets
 from collections.abc import Mapping
+from datetime import timedelta
 
 import numpy as np
 from sqlalchemy.orm import Session
@@ -10,9 +18,9 @@ from server_api.core.logging import get_logger
 from server_api.core.security import parse_public_key
 from server_api.crud import devices as device_crud
 from server_api.crud import versions as version_crud
-from server_api.errors import Forbidden, NotFound
-from server_api.models import Device
-from server_api.schemas import DevicePublic, EmbeddingPublic
+from server_api.errors import AuthenticationFailed, Forbidden, NotFound
+from server_api.models import Device, utcnow
+from server_api.schemas import DevicePublic, DevicesPrunedPublic, EmbeddingPublic, EnrollmentTokensPublic
 from server_api.services.auth import verify_registration
 from server_api.services.context import ServerContext
 from server_api.services.validation import check_enrollment_embedding
@@ -21,11 +29,21 @@ log = get_logger("devices")
 
 
 def register(
-    ctx: ServerContext, session: Session, public_key_b64: str, headers: Mapping[str, str], method: str, path: str, body_sha256: str
+    ctx: ServerContext, session: Session, public_key_b64: str, headers: Mapping[str, str], method: str, path: str,
+    body_sha256: str, enrollment_token: str | None = None,
 ) -> tuple[DevicePublic, bool]:
     public_key = parse_public_key(public_key_b64)
     verify_registration(session, public_key, headers, method, path, body_sha256, ctx.settings.signature_window_s)
-    device, created = device_crud.register_device(session, public_key)
+    known = device_crud.find_device_by_key(session, public_key)
+    if known is not None:
+        return public(session, known), False
+    if ctx.settings.enrollment_token_required():
+        if not enrollment_token:
+            raise AuthenticationFailed("this server registers devices only with an enrollment token from its operator")
+        if not device_crud.claim_enrollment_token(session, _token_hash(enrollment_token), utcnow()):
+            session.rollback()
+            raise AuthenticationFailed("enrollment token is unknown, already used or expired")
+    device, created = device_crud.register_device(session, public_key)  # commits the claimed token with the device
     if created:
         log.info("device registered", extra={"fields": {"device_id": device.id}})
     return public(session, device), created
@@ -64,3 +82,28 @@ def unenroll(session: Session, device: Device, device_id: str) -> None:
     _own(device, device_id)
     device_crud.unenroll(session, device)
     log.info("device unenrolled", extra={"fields": {"device_id": device.id}})
+
+
+def _token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def issue_enrollment_tokens(
+    ctx: ServerContext, session: Session, count: int, ttl_s: int | None,
+) -> EnrollmentTokensPublic:
+    """``count`` new one-time tokens; only their hashes are kept, so this is the one time they are shown."""
+    tokens = [secrets.token_urlsafe(24) for _ in range(count)]
+    expires_at = utcnow() + timedelta(seconds=ttl_s or ctx.settings.enrollment_token_ttl_s)
+    device_crud.add_enrollment_tokens(session, [_token_hash(t) for t in tokens], expires_at)
+    log.info("enrollment tokens issued", extra={"fields": {"count": count}})
+    return EnrollmentTokensPublic(tokens=tokens, expires_at=expires_at)
+
+
+def prune_never_enrolled(ctx: ServerContext, session: Session, older_than_s: int | None) -> DevicesPrunedPublic:
+    """Delete devices that registered at least ``older_than_s`` ago (default
+    FEDFACE_PRUNE_UNENROLLED_AFTER_S) and never enrolled a template."""
+    age_s = ctx.settings.prune_unenrolled_after_s if older_than_s is None else older_than_s
+    cutoff = utcnow() - timedelta(seconds=age_s)
+    pruned = device_crud.prune_never_enrolled(session, cutoff)
+    log.info("never-enrolled devices pruned", extra={"fields": {"count": pruned}})
+    return DevicesPrunedPublic(pruned=pruned, registered_before=cutoff)

@@ -11,13 +11,18 @@ Steps of a round with ``secure_aggregation.enabled`` (times from the end of sele
   dropped sharers' s keys and of the uploaders' self-mask seeds. Aggregation starts when all have
   answered, or at ``unmask_phase_s`` with at least t answers; with fewer the round fails.
 
+t = max(2, floor(fraction x members) + 1) and is never lowered to fit the members: a round with
+fewer than t members, or fewer than max(min_participants, t) masked uploads, fails and publishes
+nothing, so no published model is one device's update in disguise. Public keys that are not
+usable X25519 points (low order, all zero) are refused at the advert, so one member cannot make
+every honest device's key agreement fail.
+
 A step is closed by time or by everyone having acted; either is final, so no request can see a
 step reopen. Every write takes the round lock first (crud), so counts cannot race.
 """
 from __future__ import annotations
 
 import base64
-import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -25,7 +30,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from facecore.secagg import SHARE_CIPHERTEXT_BYTES, Advert, mask_bound
+from facecore.secagg import SHARE_CIPHERTEXT_BYTES, Advert, is_valid_public_key, mask_bound, threshold_for
 from server_api.core.db import lock_round
 from server_api.crud import audit
 from server_api.crud import secagg as secagg_crud
@@ -42,10 +47,6 @@ def settings_of(round_: Round) -> SecureAggregationSettings | None:
     raw = round_.config.get("secure_aggregation")
     settings = SecureAggregationSettings(**raw) if raw else None
     return settings if settings is not None and settings.enabled else None
-
-
-def threshold_for(n_members: int, fraction: float) -> int:
-    return min(n_members, max(2, math.floor(fraction * n_members) + 1))
 
 
 @dataclass(frozen=True)
@@ -169,8 +170,8 @@ def _survivors(session: Session, v: RoundView) -> tuple[list[int], list[int]]:
 
 def advertise(session: Session, round_id: int, device: Device, body: SecAggAdvertCreate) -> SecAggStatePublic:
     c_public, s_public = _decode(body.c_public, "c_public"), _decode(body.s_public, "s_public")
-    if len(c_public) != 32 or len(s_public) != 32 or c_public == s_public:
-        raise InvalidInput("c_public and s_public must be two different 32-byte X25519 public keys")
+    if c_public == s_public or not is_valid_public_key(c_public) or not is_valid_public_key(s_public):
+        raise InvalidInput("c_public and s_public must be two different 32-byte X25519 public keys of full order")
     v = view(session, round_id, utcnow(), locked=True)
     try:
         _selected(session, round_id, device)
@@ -241,18 +242,24 @@ def next_transition(session: Session, round_: Round, n_uploaded: int, now: datet
     """("unmasking" | "aggregating" | "failed" | "not_due", failure reason)."""
     v = view(session, round_.id, now)  # the caller holds the round's lock; this is the same row
     t = v.threshold
+    need = max(round_.min_participants, t)
     if round_.status == "open":
         sharers = len(v.key_sharers)
-        if v.shares_closed and sharers and n_uploaded >= sharers:
+        if v.adverts_closed and len(v.members) < t:
+            return "failed", f"only {len(v.members)} device(s) advertised keys, threshold {t}: the round cannot hide one update"
+        if v.shares_closed and sharers < need:
+            return "failed", f"only {sharers} device(s) shared keys, {need} required (threshold {t}, minimum {round_.min_participants})"
+        if v.shares_closed and n_uploaded >= sharers:
             return "unmasking", None
         if now >= round_.deadline_at:
-            need = max(round_.min_participants, t)
             if n_uploaded >= need:
                 return "unmasking", None
             return "failed", (f"deadline passed with {n_uploaded} masked update(s), {need} required "
                               f"({len(v.members)} advertised keys, {sharers} shared them, threshold {t})")
         return "not_due", None
     answered = sum(1 for m in v.members if m.unmask_answer is not None)
+    if n_uploaded < need:  # only reachable through a bug: never unmask fewer than t updates
+        return "failed", f"{n_uploaded} masked update(s) to unmask, {need} required"
     if answered >= n_uploaded or (round_.unmask_deadline_at is not None and now >= round_.unmask_deadline_at and answered >= t):
         return "aggregating", None
     if round_.unmask_deadline_at is not None and now >= round_.unmask_deadline_at:

@@ -207,8 +207,9 @@ def _parse_meta(header: TensorFileHeader) -> UpdateMeta:
         return UpdateMeta.model_validate_json(header.metadata["fedface"])
     except ValidationError as error:
         first = error.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "metadata"
-        raise InvalidInput(f"update metadata invalid at {where}: {first['msg']}") from None
+        # A metric's name is the client's, of any length: the error quotes at most 80 characters of it.
+        where = ".".join(str(p) for p in first["loc"])[:80] or "metadata"
+        raise InvalidInput(f"update metadata invalid at {where}: {first['msg'][:200]}") from None
 
 
 def _check_names_and_shapes(header: TensorFileHeader, spec: dict[str, Any], embedding_dim: int) -> None:

@@ -55,3 +55,24 @@ def test_finite_values_whose_squares_overflow_float32_are_not_called_infinite() 
     assert _parse(_update(tensors)).delta_norm == pytest.approx(1e20, rel=1e-6)
     with pytest.raises(InvalidInput, match="exceeds the bound"):
         _parse(_update(tensors), bound=1e3)
+
+
+@pytest.mark.parametrize(
+    "fedface_meta",
+    [
+        '{"base_version": ' + "[" * 100_000 + "}",
+        '{"base_version": "' + BASE + '", "n_samples": ' + "7" * 5000 + "}",
+        json.dumps({"base_version": BASE, "n_samples": 3, "metrics": {"m" * 100_000: 1.0}}),
+    ],
+    ids=["100k nested brackets", "5000-digit integer", "100k-character metric name"],
+)
+def test_hostile_metadata_is_one_short_invalid_input(fedface_meta: str) -> None:
+    # Prepare: a well-formed tensor file whose metadata string is hostile
+    tensors = {f"backbone.{k}": np.zeros(shape, "<f4" if dtype.startswith("float") else "<i8")
+               for k, (dtype, shape) in SPEC.items()}
+    body = tensorfile.dumps(tensors | {"class_embedding": np.full(4, 0.5, "<f4")}, {"fedface": fedface_meta})
+    # Execute
+    with pytest.raises(InvalidInput) as caught:
+        _parse(body)
+    # Assert
+    assert "metadata" in str(caught.value) and len(str(caught.value)) < 400

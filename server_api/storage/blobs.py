@@ -4,6 +4,9 @@ Blobs are immutable and written before any database row names them, so a row
 always points at a complete blob; a crash can leave an orphan blob (harmless,
 garbage) but never a row without its blob. The protocol is small enough for an
 S3 implementation (put = upload to a temp key + copy, or a conditional PUT).
+
+Blobs hold model weights and device updates: the local store's folders are 0700 and its files
+0400 (immutable, and readable by the server's user only).
 """
 from __future__ import annotations
 
@@ -18,6 +21,8 @@ from pathlib import Path
 from typing import BinaryIO, Protocol
 
 CHUNK = 1 << 20
+PRIVATE_DIR_MODE = 0o700
+PRIVATE_BLOB_MODE = 0o400
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -62,6 +67,13 @@ def _check(digest: str) -> str:
     return digest
 
 
+def make_private_dir(path: Path) -> Path:
+    """Create ``path`` (and missing parents) and make it 0700, also when it already existed."""
+    path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
+    os.chmod(path, PRIVATE_DIR_MODE)
+    return path
+
+
 def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as handle:
@@ -77,8 +89,8 @@ class LocalBlobStore:
         self.root = Path(root)
         self.objects = self.root / "objects"
         self.tmp = self.root / "tmp"
-        self.objects.mkdir(parents=True, exist_ok=True)
-        self.tmp.mkdir(parents=True, exist_ok=True)
+        for folder in (self.root, self.objects, self.tmp):
+            make_private_dir(folder)
 
     def path(self, digest: str) -> Path:
         return self.objects / _check(digest)[:2] / digest
@@ -130,7 +142,7 @@ class LocalBlobStore:
         final = self.path(digest)
         if final.is_file():
             return digest
-        final.parent.mkdir(parents=True, exist_ok=True)
+        final.parent.mkdir(exist_ok=True, mode=PRIVATE_DIR_MODE)
         # Copy to our own temp (the source may be elsewhere or reused by the caller), fsync, rename.
         handle, temp = tempfile.mkstemp(dir=self.tmp, suffix=".tmp")
         try:
@@ -138,7 +150,7 @@ class LocalBlobStore:
                 shutil.copyfileobj(src, out, CHUNK)
                 out.flush()
                 os.fsync(out.fileno())
-            os.chmod(temp, 0o444)
+            os.chmod(temp, PRIVATE_BLOB_MODE)
             os.replace(temp, final)
             _fsync_dir(final.parent)
         finally:
@@ -151,13 +163,13 @@ class LocalBlobStore:
             return digest
         if path.parent != self.tmp:
             raise ValueError(f"{path} is not a scratch file of this store")
-        final.parent.mkdir(parents=True, exist_ok=True)
+        final.parent.mkdir(exist_ok=True, mode=PRIVATE_DIR_MODE)
         fd = os.open(path, os.O_RDONLY)
         try:
             os.fsync(fd)  # the bytes are durable before any row can name them
         finally:
             os.close(fd)
-        os.chmod(path, 0o444)
+        os.chmod(path, PRIVATE_BLOB_MODE)
         os.replace(path, final)
         _fsync_dir(final.parent)
         return digest

@@ -1,12 +1,17 @@
 """DP-FedAvg (McMahan et al. 2018, "Learning differentially private recurrent language models"):
 user-level differential privacy for the backbone.
 
-Each device's delta is clipped to L2 norm C, the clipped deltas are averaged with EQUAL weights
-over the n participants (sample-count weights would let one device move the mean by more than
-C/n), and Gaussian noise N(0, (z·C/n)²) is added to every coordinate a device can influence.
-Removing or adding one device then changes the noiseless mean by at most C/n, so each round is
-the Gaussian mechanism with noise multiplier z; `dp_epsilon` composes the rounds with Opacus's
-RDP accountant under Poisson sampling at rate q = participants / enrolled devices.
+Each device's delta is clipped to L2 norm C and the clipped deltas are SUMMED with equal weights
+(a sample-count weight is whatever the device claims). The sum is divided by a FIXED denominator,
+the expected number of participants q·N, never by the number that took part: with the actual
+count n, adding or removing one device would move the mean by up to 2C/(n+1), and noise
+z·C/n would be worth only about z/2. With the fixed denominator one device moves the noiseless
+estimate by at most C/(qN), and Gaussian noise N(0, (z·C/(qN))²) on every coordinate a device can
+influence makes each round the Gaussian mechanism with noise multiplier z.
+
+Amplification by sampling needs q to be true of the selection: devices are chosen by independent
+(Poisson) draws at rate q (``poisson_selected``), not by filling a fixed number of slots from
+whoever checked in. `dp_epsilon` composes the rounds with Opacus's RDP accountant at that q.
 
 Keys that devices must not change (BatchNorm running statistics and counters: devices train with
 frozen BatchNorm) are kept at the base model's values instead of averaged, so they need no noise
@@ -15,6 +20,8 @@ sampling is not hardened against the attacks of Mironov (CCS 2012).
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import math
 import secrets
 import warnings
@@ -22,8 +29,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from server_api.strategies.base import AggregateResult, ClientUpdate
-from server_api.strategies.fedavg import FedAvg
+from server_api.strategies.base import AggregateResult, ClientUpdate, Strategy
+from server_api.strategies.fedavg import RunningWeightedSum
 from server_api.strategies.norm_bounded import clip_to_norm
 
 _FROZEN_SUFFIXES = ("running_mean", "running_var", "num_batches_tracked")
@@ -34,43 +41,71 @@ def is_frozen_statistic(key: str) -> bool:
     return key.endswith(_FROZEN_SUFFIXES)
 
 
-class DPFedAvg(FedAvg):
+class DPFedAvg(Strategy):
     name = "dp_fedavg"
 
-    def __init__(self, clip_norm: float = 1.0, noise_multiplier: float = 1.0, seed: int | None = None,
+    def __init__(self, clip_norm: float = 1.0, noise_multiplier: float = 1.0, expected_clients: int = 1, seed: int | None = None,
                  frozen: Callable[[str], bool] = is_frozen_statistic) -> None:
         if not clip_norm > 0:
             raise ValueError(f"clip_norm must be positive, got {clip_norm}")
         if not noise_multiplier >= 0:
             raise ValueError(f"noise_multiplier must be >= 0, got {noise_multiplier}")
+        if expected_clients < 1:
+            raise ValueError(f"expected_clients (the fixed denominator q·N) must be >= 1, got {expected_clients}")
         self.clip_norm, self.noise_multiplier, self.frozen = clip_norm, noise_multiplier, frozen
+        self.expected_clients = expected_clients
         self.seed = seed  # None: fresh OS entropy each round; a seed (simulations) fixes each round's noise
-        self._clipped = 0
 
-    def _weight(self, update: ClientUpdate) -> float:
-        return 1.0
+    @property
+    def noise_std(self) -> float:
+        return self.noise_multiplier * self.clip_norm / self.expected_clients
 
-    def _prepare(self, update: ClientUpdate) -> Mapping[str, np.ndarray]:
+    def _clipped_private(self, update: ClientUpdate) -> tuple[dict[str, np.ndarray], bool]:
         if update.kind != "delta":
             raise ValueError("DP-FedAvg clips deltas (trained - base), not full models")
         private = {k: (np.zeros(np.shape(v)) if self.frozen(k) else v) for k, v in update.weights.items()}
         clipped, norm = clip_to_norm(private, self.clip_norm)
-        self._clipped += norm > self.clip_norm
-        return clipped
+        return clipped, norm > self.clip_norm
 
     def aggregate_train(self, server_round: int, base: Mapping[str, np.ndarray], results: Iterable[ClientUpdate]) -> AggregateResult:
-        self._clipped = 0
-        result = super().aggregate_train(server_round, base, results)
-        std = self.noise_multiplier * self.clip_norm / result.n_clients
+        total, n_samples, n_clipped = RunningWeightedSum(), 0, 0
+        for update in results:
+            if update.weights.keys() != base.keys():
+                raise ValueError(f"update from {update.client_id or '?'} does not match the base model's parameters")
+            clipped, was_clipped = self._clipped_private(update)
+            total.add(clipped, 1.0, update.metrics)
+            n_samples, n_clipped = n_samples + update.n_samples, n_clipped + was_clipped
+        sums = total.sums() if total.count else {}
+        # Even an empty Poisson sample publishes base + noise: skipping the round would reveal it was empty.
         rng = np.random.default_rng(secrets.randbits(128) if self.seed is None else [self.seed, server_round])
-        weights = dict(result.weights)
-        for key, value in weights.items():
-            if self.frozen(key):
-                weights[key] = np.array(base[key], copy=True)
-            elif np.issubdtype(value.dtype, np.floating) and std > 0:
-                weights[key] = (value.astype(np.float64) + rng.normal(0.0, std, value.shape)).astype(value.dtype)
-        metrics = {**result.metrics, "dp_noise_std": std, "dp_clipped_fraction": self._clipped / result.n_clients}
-        return AggregateResult(weights, result.n_clients, result.n_samples, metrics)
+        weights: dict[str, np.ndarray] = {}
+        for key, value in base.items():
+            like = np.asarray(value)
+            if self.frozen(key) or not np.issubdtype(like.dtype, np.floating):
+                weights[key] = np.array(like, copy=True)
+                continue
+            step = sums[key] / self.expected_clients if key in sums else np.zeros(like.shape)
+            if self.noise_std > 0:
+                step = step + rng.normal(0.0, self.noise_std, like.shape)
+            weights[key] = (like.astype(np.float64) + step).astype(like.dtype)
+        metrics = {**(total.metric_means() if total.count else {}), "dp_noise_std": self.noise_std,
+                   "dp_clipped_fraction": n_clipped / max(total.count, 1), "dp_expected_clients": float(self.expected_clients)}
+        return AggregateResult(weights, total.count, n_samples, metrics)
+
+
+def sample_rate_for(expected_clients: int, population: int) -> float:
+    """q such that a Poisson draw over `population` devices selects `expected_clients` on average."""
+    if population < 1:
+        raise ValueError("no enrolled device to sample from")
+    return min(1.0, expected_clients / population)
+
+
+def poisson_selected(key: bytes, device_id: str, sample_rate: float) -> bool:
+    """Whether a device is in a round's Poisson sample: an independent draw per device at rate q,
+    made reproducible (the same device asking twice gets the same answer) by a keyed hash of its
+    id under the round's secret key, which no device sees."""
+    digest = hmac.new(key, device_id.encode(), hashlib.sha256).digest()
+    return int.from_bytes(digest[:8], "big") < sample_rate * 2**64
 
 
 def dp_epsilon(noise_multiplier: float, sample_rate: float, rounds: int, delta: float) -> float:

@@ -1,4 +1,5 @@
-"""DP-FedAvg: clipping, equal weights, frozen statistics, calibrated noise, and the accountant."""
+"""DP-FedAvg: clipping, equal weights, the fixed denominator, frozen statistics, calibrated noise,
+Poisson selection and the accountant."""
 import math
 
 import numpy as np
@@ -6,7 +7,7 @@ import pytest
 
 from server_api.strategies import backbone_aggregator
 from server_api.strategies.base import ClientUpdate
-from server_api.strategies.dp_fedavg import DPFedAvg, dp_epsilon, epsilon_of_history, noise_for_epsilon
+from server_api.strategies.dp_fedavg import DPFedAvg, dp_epsilon, epsilon_of_history, noise_for_epsilon, poisson_selected, sample_rate_for
 
 BASE = {"w": np.zeros(4, np.float32), "bn.running_var": np.ones(2, np.float32), "bn.num_batches_tracked": np.array(7)}
 
@@ -16,31 +17,45 @@ def _update(w: list[float], n_samples: int, running_var: float = 0.0) -> ClientU
     return ClientUpdate(weights, n_samples)
 
 
-def test_without_noise_it_is_the_equal_weight_mean_of_clipped_deltas() -> None:
-    # Prepare: a delta of norm 10 (clipped to 1) from a device with 100x the samples of the other
+def test_without_noise_it_is_the_equal_weight_sum_of_clipped_deltas_over_the_expected_count() -> None:
+    # Prepare: a delta of norm 10 (clipped to 1) from a device with 100x the samples of the other; 4 were expected
     updates = [_update([10.0, 0, 0, 0], 1000), _update([0, 0.5, 0, 0], 10)]
     # Execute
-    result = DPFedAvg(clip_norm=1.0, noise_multiplier=0.0).aggregate_train(1, BASE, updates)
-    # Assert: (1, 0.5) / 2, not weighted by samples; 1 of 2 updates was clipped
-    np.testing.assert_allclose(result.weights["w"], [0.5, 0.25, 0, 0], atol=1e-7)
+    result = DPFedAvg(clip_norm=1.0, noise_multiplier=0.0, expected_clients=4).aggregate_train(1, BASE, updates)
+    # Assert: (1, 0.5) / 4, not weighted by samples, not divided by the 2 that came; 1 of 2 updates was clipped
+    np.testing.assert_allclose(result.weights["w"], [0.25, 0.125, 0, 0], atol=1e-7)
     assert result.metrics["dp_clipped_fraction"] == 0.5 and result.metrics["dp_noise_std"] == 0.0
+
+
+def test_one_device_moves_the_noiseless_estimate_by_at_most_clip_over_the_expected_count() -> None:
+    # Prepare: 5 devices, then the same 5 plus one adversarial device pushing against their mean
+    rng = np.random.default_rng(0)
+    base = {"w": np.zeros(50, np.float32)}
+    honest = [ClientUpdate({"w": rng.normal(0, 1, 50).astype(np.float32)}, 1) for _ in range(5)]
+    adversary = ClientUpdate({"w": -np.sum([u.weights["w"] for u in honest], axis=0) * 100}, 10_000_000)
+    strategy = DPFedAvg(clip_norm=1.0, noise_multiplier=0.0, expected_clients=5)
+    # Execute
+    without = strategy.aggregate_train(1, base, honest).weights["w"]
+    with_it = strategy.aggregate_train(1, base, [*honest, adversary]).weights["w"]
+    # Assert: the sensitivity the accountant assumes, C / (q N), where the count-based mean gave up to 2C / (n + 1)
+    assert np.linalg.norm(with_it.astype(np.float64) - without) <= 1.0 / 5 + 1e-5
 
 
 def test_batchnorm_statistics_stay_at_the_base_whatever_devices_send() -> None:
     # Execute
-    result = DPFedAvg(1.0, 1.0, seed=0).aggregate_train(1, BASE, [_update([0, 0, 0, 0], 5, running_var=-3.0)])
+    result = DPFedAvg(1.0, 1.0, 1, seed=0).aggregate_train(1, BASE, [_update([0, 0, 0, 0], 5, running_var=-3.0)])
     # Assert: no device influence, so no noise either (a negative variance would be NaN later)
     np.testing.assert_array_equal(result.weights["bn.running_var"], BASE["bn.running_var"])
     assert int(result.weights["bn.num_batches_tracked"]) == 7
 
 
-def test_noise_std_is_z_times_clip_over_participants_and_is_seeded() -> None:
-    # Prepare: 4 zero deltas over a large tensor
+def test_noise_std_is_z_times_clip_over_the_expected_count_and_is_seeded() -> None:
+    # Prepare: 3 zero deltas over a large tensor in a round that expected 4
     base = {"w": np.zeros(200_000, np.float32)}
-    updates = [ClientUpdate({"w": np.zeros(200_000, np.float32)}, 1) for _ in range(4)]
+    updates = [ClientUpdate({"w": np.zeros(200_000, np.float32)}, 1) for _ in range(3)]
     # Execute
-    first = DPFedAvg(clip_norm=2.0, noise_multiplier=1.5, seed=3).aggregate_train(1, base, updates)
-    again = DPFedAvg(clip_norm=2.0, noise_multiplier=1.5, seed=3).aggregate_train(1, base, updates)
+    first = DPFedAvg(clip_norm=2.0, noise_multiplier=1.5, expected_clients=4, seed=3).aggregate_train(1, base, updates)
+    again = DPFedAvg(clip_norm=2.0, noise_multiplier=1.5, expected_clients=4, seed=3).aggregate_train(1, base, updates)
     # Assert: std 1.5 * 2 / 4 = 0.75
     assert np.std(first.weights["w"]) == pytest.approx(0.75, rel=0.01)
     assert first.metrics["dp_noise_std"] == pytest.approx(0.75)
@@ -49,9 +64,28 @@ def test_noise_std_is_z_times_clip_over_participants_and_is_seeded() -> None:
 
 def test_full_models_are_refused_and_the_round_config_builds_it() -> None:
     with pytest.raises(ValueError, match="deltas"):
-        DPFedAvg().aggregate_train(1, BASE, [ClientUpdate(BASE, 1, kind="full")])
-    built = backbone_aggregator("dp_fedavg", max_update_norm=0.3, dp_noise_multiplier=0.8)
-    assert isinstance(built, DPFedAvg) and (built.clip_norm, built.noise_multiplier) == (0.3, 0.8)
+        DPFedAvg(expected_clients=1).aggregate_train(1, BASE, [ClientUpdate(BASE, 1, kind="full")])
+    built = backbone_aggregator("dp_fedavg", max_update_norm=0.3, dp_noise_multiplier=0.8, expected_clients=7)
+    assert isinstance(built, DPFedAvg) and (built.clip_norm, built.noise_multiplier, built.expected_clients) == (0.3, 0.8, 7)
+    with pytest.raises(ValueError, match="expected_clients"):
+        backbone_aggregator("dp_fedavg")
+
+
+def test_poisson_selection_draws_each_device_independently_at_rate_q() -> None:
+    # Prepare
+    ids = [f"device-{i}" for i in range(20_000)]
+    q = sample_rate_for(40, 217)
+    # Execute
+    first = [poisson_selected(b"k" * 32, i, q) for i in ids]
+    again = [poisson_selected(b"k" * 32, i, q) for i in ids]
+    other_key = [poisson_selected(b"j" * 32, i, q) for i in ids]
+    # Assert: the rate is q within 4 standard errors, a device's draw is stable within a round and
+    # independent across rounds (two keys agree as often as independent draws would)
+    sd = (q * (1 - q) / len(ids)) ** 0.5
+    assert abs(np.mean(first) - q) < 4 * sd and first == again
+    both = np.mean(np.logical_and(first, other_key))
+    assert abs(both - q * q) < 4 * (q * q * (1 - q * q) / len(ids)) ** 0.5
+    assert sample_rate_for(40, 20) == 1.0
 
 
 def test_epsilon_grows_with_rounds_shrinks_with_noise_and_inverts() -> None:

@@ -52,6 +52,9 @@ class RunningWeightedSum:
             raise ValueError("no updates were added")
         return {k: v / self.total_weight for k, v in self._sums.items()}
 
+    def sums(self) -> dict[str, np.ndarray]:
+        return {k: v.copy() for k, v in self._sums.items()}
+
     def metric_means(self) -> dict[str, float]:
         return {k: self._metric_sums[k] / self._metric_weights[k] for k in self._metric_sums}
 

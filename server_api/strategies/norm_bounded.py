@@ -1,6 +1,8 @@
 """Norm-bounded FedAvg (Sun et al. 2019, "Can you really backdoor federated learning?"): each
-delta is scaled down to at most ``max_norm`` in L2 before the usual sample-weighted mean.
-It still streams: clipping needs one update at a time."""
+delta is scaled down to at most ``max_norm`` in L2, then the clipped deltas are averaged with
+EQUAL weights. A sample-count weight is whatever the device claims, so one attacker reporting
+millions of samples would otherwise own the mean; with equal weights each device moves it by at
+most max_norm / n. It still streams: clipping needs one update at a time."""
 from __future__ import annotations
 
 import math
@@ -31,6 +33,9 @@ class NormBoundedFedAvg(FedAvg):
         if not max_norm > 0:
             raise ValueError(f"max_norm must be positive, got {max_norm}")
         self.max_norm = max_norm
+
+    def _weight(self, update: ClientUpdate) -> float:
+        return 1.0
 
     def _prepare(self, update: ClientUpdate) -> Mapping[str, np.ndarray]:
         if update.kind != "delta":

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from server_api.strategies import ClientUpdate, CoordinateMedian, FedAvg, NormBoundedFedAvg, Strategy, TrimmedMean
+from server_api.strategies import ClientUpdate, CoordinateMedian, DPFedAvg, FedAvg, NormBoundedFedAvg, Strategy, TrimmedMean
 from server_api.strategies.coordinate import stack_deltas
 from server_api.strategies.norm_bounded import clip_to_norm
 
@@ -142,3 +142,19 @@ def test_robust_aggregation_refuses_full_models_and_bad_arguments() -> None:
         TrimmedMean(0.5)
     with pytest.raises(ValueError, match="max_norm"):
         NormBoundedFedAvg(0)
+
+
+@pytest.mark.parametrize("name", [*sorted(STRATEGIES), "dp_fedavg"])
+def test_an_inflated_sample_count_does_not_steer_a_robust_strategy(name: str) -> None:
+    # Prepare: 19 honest deltas around one direction, one attacker along another claiming 10M samples
+    rng = np.random.default_rng(0)
+    honest_direction, attack_direction = np.eye(64)[0], np.eye(64)[1]
+    updates = [ClientUpdate({"w": 0.1 * honest_direction + 0.01 * rng.standard_normal(64)}, 20, client_id=str(i)) for i in range(19)]
+    updates.append(ClientUpdate({"w": 0.1 * attack_direction}, 10_000_000, client_id="attacker"))
+    strategy = DPFedAvg(1.0, 0.0, expected_clients=20) if name == "dp_fedavg" else STRATEGIES[name]()
+    # Execute
+    step = strategy.aggregate_train(1, {"w": np.zeros(64)}, iter(updates)).weights["w"]
+    # Assert: the aggregate still points along the honest direction; sample-weighted FedAvg would follow the attacker
+    cosine = lambda a, b: float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))  # noqa: E731
+    assert cosine(step, honest_direction) > 0.95 and cosine(step, attack_direction) < 0.1, name
+    assert cosine(FedAvg().aggregate_train(1, {"w": np.zeros(64)}, iter(updates)).weights["w"], attack_direction) > 0.99

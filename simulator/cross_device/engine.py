@@ -76,11 +76,20 @@ class CrossDeviceSimulation:
             return None
         noise = 0.0 if math.isinf(self.config.dp_epsilon) else noise_for_epsilon(
             self.config.dp_epsilon, self.sample_rate, max(self.config.rounds, 1), self.config.dp_delta)
-        return DPFedAvg(self.config.dp_clip, noise, seed=self.config.seed)
+        expected = min(self.config.per_round, len(self.population.devices))
+        return DPFedAvg(self.config.dp_clip, noise, expected_clients=expected, seed=self.config.seed)
 
     @property
     def sample_rate(self) -> float:
         return min(self.config.per_round, len(self.population.devices)) / len(self.population.devices)
+
+    def _chosen(self, rng: np.random.Generator) -> list[int]:
+        """The round's devices: per_round of them at random, or under DP-FedAvg an independent
+        (Poisson) draw of each device at rate q, which is what the accountant assumes."""
+        n = len(self.population.devices)
+        if self.dp is not None:
+            return np.flatnonzero(rng.random(n) < self.sample_rate).tolist()
+        return sorted(rng.choice(n, min(self.config.per_round, n), replace=False).tolist())
 
     # ---- state ---------------------------------------------------------------------------
     def initial_embeddings(self) -> np.ndarray:
@@ -120,7 +129,7 @@ class CrossDeviceSimulation:
     def load(self) -> SimulationState | None:
         if not self.checkpoint_path.is_file():
             return None
-        saved = torch.load(self.checkpoint_path, weights_only=False)
+        saved = torch.load(self.checkpoint_path, weights_only=True)
         # a run may be extended (more rounds, other eval cadence); anything else changes its meaning
         def key(c: dict[str, Any]) -> dict[str, Any]:
             # DP noise is calibrated to the number of rounds, so a DP run cannot be extended
@@ -192,7 +201,7 @@ class CrossDeviceSimulation:
     def run_round(self, round_number: int, state: SimulationState) -> dict[str, Any]:
         started = time.perf_counter()
         rng = np.random.default_rng([self.config.seed, round_number])
-        chosen = sorted(rng.choice(len(self.population.devices), min(self.config.per_round, len(self.population.devices)), replace=False).tolist())
+        chosen = self._chosen(rng)
         losses: list[float] = []
         current = self.model.state_dict()
         base = to_numpy({k: current[k] for k in self.trained_keys})
@@ -203,7 +212,7 @@ class CrossDeviceSimulation:
         state.round = round_number
         state.model_state = {k: v.clone() for k, v in self.model.state_dict().items()}
         record = {
-            "round": round_number, "participants": len(chosen), "train_loss": float(np.mean(losses)),
+            "round": round_number, "participants": len(chosen), "train_loss": float(np.mean(losses)) if losses else None,
             "loss_before": result.metrics.get("loss_before"), "embedding_mean_cos": mean_pairwise_cosine(state.W),
             "seconds": time.perf_counter() - started,
         }

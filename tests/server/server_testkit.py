@@ -29,7 +29,8 @@ def sign(key: Ed25519PrivateKey, subject: str, method: str, path: str, body: byt
     nonce = nonce or secrets.token_urlsafe(18)
     message = "\n".join(("FEDFACE-V1", subject, method.upper(), path, str(timestamp), nonce, hashlib.sha256(body).hexdigest()))
     signature = base64.b64encode(key.sign(message.encode())).decode()
-    return {"X-Timestamp": str(timestamp), "X-Nonce": nonce, "X-Signature": signature}
+    body_sha256 = hashlib.sha256(body).hexdigest()  # X-Content-SHA256: uploads are authenticated before their body
+    return {"X-Timestamp": str(timestamp), "X-Nonce": nonce, "X-Signature": signature, "X-Content-SHA256": body_sha256}
 
 
 def unit_vector(rng: np.random.Generator, dim: int = EMBEDDING_DIM) -> np.ndarray:

@@ -1,18 +1,24 @@
-"""`fedface server` and `fedface admin` through the real CLI entry point: errors are one line."""
+"""`fedface server` and `fedface admin` through the real CLI entry point: errors are one line, runtime
+errors exit 1 and usage errors 2, and each operator friction point is reproduced against a real server."""
+
 from __future__ import annotations
 
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
+import numpy as np
 import pytest
+from server_process import REPO, ServerProcess, free_port
+from server_testkit import Device, unit_vector
 
 from fedface import cli
-
-
-@pytest.fixture(autouse=True)
-def _commands(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Until fedface/cli.py lists them, register the two commands for these tests only.
-    monkeypatch.setitem(cli.COMMANDS, "server", ("fedface.commands.server", "round server"))
-    monkeypatch.setitem(cli.COMMANDS, "admin", ("fedface.commands.admin", "operate a round server"))
 
 
 def _one_error_line(capsys: pytest.CaptureFixture[str], command: str) -> str:
@@ -23,42 +29,194 @@ def _one_error_line(capsys: pytest.CaptureFixture[str], command: str) -> str:
 
 def test_server_refuses_to_start_without_secrets(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # Execute
-    code = cli.main(["server", "--data-dir", str(tmp_path), "--model", "random"])
+    code = cli.main(["server", "--data-dir", str(tmp_path), "--model", "random", "--port", str(free_port())])
     # Assert
-    assert code == 2 and "FEDFACE_ADMIN_TOKEN is not set" in _one_error_line(capsys, "server")
+    assert code == 1 and "FEDFACE_ADMIN_TOKEN is not set" in _one_error_line(capsys, "server")
     assert not (tmp_path / "admin_token").exists()
 
 
-def test_server_rejects_weak_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_server_rejects_weak_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     # Prepare
     monkeypatch.setenv("FEDFACE_ADMIN_TOKEN", "changeme")
     monkeypatch.setenv("FEDFACE_TEMPLATE_KEY", "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=")
     # Execute
-    code = cli.main(["server", "--data-dir", str(tmp_path)])
+    code = cli.main(["server", "--data-dir", str(tmp_path), "--port", str(free_port())])
     # Assert
-    assert code == 2 and "weak" in _one_error_line(capsys, "server")
+    assert code == 1 and "weak" in _one_error_line(capsys, "server")
 
 
 def test_server_reports_missing_default_model_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # Prepare: a model path that does not exist (the bundled default may not exist either).
     missing = tmp_path / "nope.pt"
     # Execute
-    code = cli.main(["server", "--dev", "--data-dir", str(tmp_path / "d"), "--model", str(missing)])
+    code = cli.main(
+        ["server", "--dev", "--data-dir", str(tmp_path / "d"), "--model", str(missing), "--port", str(free_port())]
+    )
     # Assert
-    assert code == 2 and "does not exist" in _one_error_line(capsys, "server")
+    assert code == 1 and "does not exist" in _one_error_line(capsys, "server")
 
 
-def test_server_ssl_flags_go_together(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_server_ssl_flags_go_together_as_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Execute
     code = cli.main(["server", "--dev", "--data-dir", str(tmp_path), "--ssl-certfile", "cert.pem"])
+    # Assert
     assert code == 2 and "--ssl-keyfile" in _one_error_line(capsys, "server")
 
 
-def test_admin_errors_are_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_busy_port_is_one_line_before_the_banner(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Prepare: something already listens on the port
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        # Execute
+        code = cli.main(
+            ["server", "--dev", "--data-dir", str(tmp_path / "d"), "--model", "random", "--port", str(port)]
+        )
+    # Assert: nothing started (no banner, no data folder, no migration), one line naming the address
+    line = _one_error_line(capsys, "server")
+    assert code == 1 and f"cannot listen on 127.0.0.1:{port}" in line and "in use" in line
+    assert not (tmp_path / "d").exists()
+
+
+def test_admin_errors_are_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Prepare
+    monkeypatch.delenv("FEDFACE_ADMIN_TOKEN", raising=False)
     # Execute: no token anywhere, then a token but nothing listening.
     no_token = cli.main(["admin", "round", "status", "--data-dir", str(tmp_path)])
     no_token_line = _one_error_line(capsys, "admin")
     monkeypatch.setenv("FEDFACE_ADMIN_TOKEN", "t" * 40)
     unreachable = cli.main(["admin", "round", "open", "--server", "http://127.0.0.1:9", "--data-dir", str(tmp_path)])
     # Assert
-    assert no_token == 2 and "FEDFACE_ADMIN_TOKEN" in no_token_line
-    assert unreachable == 2 and "cannot reach http://127.0.0.1:9" in _one_error_line(capsys, "admin")
+    assert no_token == 1 and "FEDFACE_ADMIN_TOKEN" in no_token_line
+    assert unreachable == 1 and "cannot reach http://127.0.0.1:9" in _one_error_line(capsys, "admin")
+
+
+@pytest.fixture()
+def server(tmp_path: Path) -> Iterator[ServerProcess]:
+    # INFO, so the log shows what --dev prints to an operator's terminal
+    process = ServerProcess(tmp_path / "data", FEDFACE_LOG_LEVEL="INFO").start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def _admin(server: ServerProcess, *args: str, stdout: int | None = subprocess.PIPE) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "FEDFACE_ADMIN_TOKEN"} | {"PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", "fedface", "admin", *args, "--server", server.url, "--data-dir", str(server.data_dir)],
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+def test_round_commands_against_a_real_server(server: ServerProcess) -> None:
+    # Execute: list with no rounds; open; status into a pipe nobody reads; close; list again
+    empty = _admin(server, "round", "list")
+    opened = _admin(
+        server, "round", "open", "--target", "3", "--min", "2", "--deadline", "120", "--selection-window", "0"
+    )
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # `fedface admin round status | head -0`: the reader is gone before the first line
+    piped = _admin(server, "round", "status", stdout=write_end)
+    os.close(write_end)
+    closed = _admin(server, "round", "close")
+    listed = _admin(server, "round", "list")
+    # Assert
+    assert empty.returncode == 0 and "no rounds yet" in empty.stdout
+    assert opened.returncode == 0 and opened.stdout.startswith("round 1: open (fedface, fedavg)")
+    assert piped.returncode == cli.EXIT_BROKEN_PIPE and piped.stderr == ""
+    assert closed.returncode == 0, closed.stderr
+    assert (
+        closed.stdout.startswith("round 1: failed") and "deadline passed with 0 update(s), 2 required" in closed.stdout
+    )
+    header, row = listed.stdout.splitlines()
+    assert header.split()[:3] == ["ROUND", "STATE", "UPLOADED/SELECTED/CHECKED-IN"] and row.split()[:4] == [
+        "1",
+        "failed",
+        "0/0/0",
+        "3/2",
+    ]
+
+
+def test_device_list_and_remove_delete_the_template_and_revoke_the_key(server: ServerProcess) -> None:
+    # Prepare: two enrolled devices
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        devices = [Device(http) for _ in range(2)]
+        for device in devices:
+            assert device.register().status_code == 201
+            assert device.enroll(unit_vector(np.random.default_rng(1))).status_code == 201
+        gone, kept = devices
+        # Execute
+        before = _admin(server, "device", "list")
+        removed = _admin(server, "device", "remove", gone.id)
+        again = _admin(server, "device", "remove", gone.id)
+        after = _admin(server, "device", "list", "--json")
+        gone_asks, kept_asks = gone.embedding(), kept.embedding()
+        unknown = _admin(server, "device", "remove", "ab" * 16)
+    # Assert: the template is gone and the device can no longer authenticate; the other is untouched
+    assert before.returncode == 0 and sum(" yes " in line for line in before.stdout.splitlines()) == 2
+    assert (
+        removed.returncode == 0
+        and removed.stdout == f"device {gone.id} removed (its template deleted; its key no longer authenticates)\n"
+    )
+    assert again.returncode == 0 and "it held no template" in again.stdout
+    rows = {d["device_id"]: d for d in json.loads(after.stdout)}
+    assert (
+        rows[gone.id]["status"] == "removed"
+        and rows[gone.id]["enrolled"] is False
+        and rows[kept.id]["enrolled"] is True
+    )
+    assert gone_asks.status_code == 401 and kept_asks.status_code == 200
+    assert (
+        unknown.returncode == 1
+        and unknown.stderr == f"fedface admin: error: server answered 404: device {'ab' * 16} does not exist\n"
+    )
+
+
+def test_dev_server_logs_readable_lines(server: ServerProcess) -> None:
+    # Execute: a request the access log records
+    httpx.get(server.url + "/healthz")
+    time.sleep(0.5)
+    log = server.log.read_text().splitlines()
+    # Assert: "HH:MM:SS LEVEL logger: message", not JSON objects
+    served = [line for line in log if "GET /healthz" in line]
+    assert served and all(not line.lstrip().startswith("{") for line in log)
+    assert served[0][2] == ":" and " INFO " in served[0]
+
+
+def test_a_token_server_registers_only_with_an_issued_token_and_prunes_the_never_enrolled(tmp_path: Path) -> None:
+    # Prepare: a dev server that still requires enrollment tokens, as production does
+    server = ServerProcess(tmp_path / "data", FEDFACE_REQUIRE_ENROLLMENT_TOKEN="true").start()
+    try:
+        def device(*args: str) -> subprocess.CompletedProcess[str]:
+            env = {k: v for k, v in os.environ.items() if not k.startswith("FEDFACE_")} | {"PYTHONPATH": str(REPO)}
+            return subprocess.run(
+                [sys.executable, "-m", "fedface", "device", "register", "--server", server.url,
+                 "--state", str(tmp_path / "phone"), *args],
+                capture_output=True, text=True, env=env, timeout=120,
+            )
+
+        # Execute
+        refused = device()
+        issued = _admin(server, "token", "issue", "--count", "2")
+        token = issued.stdout.splitlines()[0]
+        registered = device("--enrollment-token", token)
+        pruned = _admin(server, "device", "prune", "--older-than", "0")
+        listed = _admin(server, "device", "list", "--json")
+    finally:
+        server.stop()
+    # Assert: no token, one line and exit 1; with one, registered; the device never enrolled, so it is pruned
+    assert refused.returncode == 1 and len(refused.stderr.splitlines()) == 1 and "token" in refused.stderr
+    assert issued.returncode == 0 and len(issued.stdout.splitlines()) == 3 and len(token) >= 16
+    assert registered.returncode == 0 and registered.stdout.startswith("registered as "), registered.stderr
+    assert pruned.returncode == 0 and pruned.stdout.startswith("1 never-enrolled device(s)"), pruned.stderr
+    assert json.loads(listed.stdout) == []

@@ -1,6 +1,8 @@
 """Round lifecycle through the API: aggregation maths, selection, deadlines, admin."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -182,35 +184,60 @@ def test_round_with_median_aggregation_ignores_one_wild_update(client: TestClien
             np.testing.assert_allclose(new[key], value + median, rtol=0, atol=1e-6, err_msg=key)
 
 
-def test_dp_fedavg_rounds_clip_add_calibrated_noise_and_account_epsilon(client: TestClient, admin: dict, rng: np.random.Generator) -> None:
-    # Prepare: DP rounds of 3 devices whose deltas are far above the clip bound
-    clip, z = 0.5, 2.0
+def test_dp_fedavg_rounds_poisson_sample_use_a_fixed_denominator_and_account_epsilon(
+    client: TestClient, admin: dict, rng: np.random.Generator,
+) -> None:
+    # Prepare: 16 enrolled devices, target 8, so each is drawn independently with q = 1/2; deltas far above the clip bound
+    clip, z, target = 0.5, 2.0, 8
     aggregation = {"method": "dp_fedavg", "max_update_norm": clip, "dp_noise_multiplier": z, "dp_delta": 1e-5}
-    summaries, moved = [], []
+    devices = enrolled_devices(client, 16, rng)
+    summaries, moved, drawn = [], [], []
     for _ in range(2):
-        devices = enrolled_devices(client, 3, rng)
-        round_ = open_round(client, admin, target_participants=3, min_participants=3, aggregation=aggregation)
-        for device in devices:
-            assert device.checkin().json()["status"] == "selected"
+        round_ = open_round(client, admin, target_participants=target, min_participants=1, aggregation=aggregation)
+        selected = [d for d in devices if d.checkin().json()["status"] == "selected"]
+        drawn.append(len(selected))
         base = load_backbone_bytes(devices[0].backbone(round_["base_version"]).content)
         # Execute
-        for device in devices:
+        for device in selected:
             body = update_file(make_delta(base, rng, scale=0.05), unit_vector(rng), round_["base_version"], 10)
             assert device.upload(round_["id"], body).status_code == 201
-        status = client.get("/v1/admin/rounds/current", headers=admin).json()
-        assert status["status"] == "completed"
+        if len(selected) < target:  # fewer drawn than expected: the round waits for its deadline
+            assert client.post(f"/v1/admin/rounds/{round_['id']}/close", headers=admin).status_code == 200
+            tick(client)
+        status = client.get(f"/v1/admin/rounds/{round_['id']}", headers=admin).json()
+        assert status["status"] == "completed", status
         summaries.append(status["summary"])
         new = load_backbone_bytes(devices[0].backbone(status["result_version"]).content)
         moved.append({k: new[k].astype(np.float64) - base[k] for k in base if base[k].dtype.kind == "f"})
-    # Assert: noise std z*C/n on weights; BatchNorm statistics untouched; epsilon grows with the rounds
+    # Assert: the noise std is z*C/target whatever the number drawn; BatchNorm statistics untouched
     weights = np.concatenate([d.ravel() for k, d in moved[0].items() if not k.endswith(("running_mean", "running_var"))])
-    # the clipped mean has norm <= C over ~1M coordinates: tiny next to the noise
-    assert np.std(weights) == pytest.approx(z * clip / 3, rel=0.05)
+    # the clipped sum / target has norm <= C over ~1M coordinates: tiny next to the noise
+    assert np.std(weights) == pytest.approx(z * clip / target, rel=0.05)
     assert all(not np.any(d) for k, d in moved[0].items() if k.endswith(("running_mean", "running_var")))
     first, second = summaries[0]["privacy"], summaries[1]["privacy"]
+    assert (first["sample_rate"], first["population"], first["expected_clients"], first["selection"]) == (0.5, 16, target, "poisson")
     assert first["dp_rounds"] == 1 and second["dp_rounds"] == 2
-    assert 0 < first["epsilon"] < second["epsilon"]
-    assert summaries[0]["metrics"]["dp_clipped_fraction"] == 1.0
+    assert summaries[0]["n_updates"] == drawn[0] and summaries[0]["metrics"]["dp_clipped_fraction"] == 1.0
+    # ε recomputed from the logged z, q and rounds by an accountant written independently of Opacus
+    independent = sampled_gaussian_epsilon(second["noise_multiplier"], second["sample_rate"], second["dp_rounds"], second["delta"])
+    assert second["epsilon"] <= independent <= second["epsilon"] * 1.05
+
+
+def sampled_gaussian_epsilon(z: float, q: float, rounds: int, delta: float) -> float:
+    """ε of `rounds` Poisson-sampled Gaussian mechanisms: the RDP of Mironov, Talwar and Zhang (2019)
+    at integer orders, A_α = Σ_k C(α,k) (1-q)^(α-k) q^k exp((k²-k) / 2z²), converted to (ε, δ)
+    as in Balle et al. (2020). Integer orders only, so it can only be as tight as Opacus or looser."""
+    best = math.inf
+    for alpha in range(2, 257):
+        terms = [
+            math.lgamma(alpha + 1) - math.lgamma(k + 1) - math.lgamma(alpha - k + 1)
+            + (alpha - k) * math.log1p(-q) + (k * math.log(q) if k else 0.0) + (k * k - k) / (2 * z * z)
+            for k in range(alpha + 1)
+        ] if q < 1 else [(alpha * alpha - alpha) / (2 * z * z)]
+        top = max(terms)
+        rdp = rounds * (top + math.log(sum(math.exp(t - top) for t in terms))) / (alpha - 1)
+        best = min(best, rdp + math.log((alpha - 1) / alpha) - (math.log(delta) + math.log(alpha)) / (alpha - 1))
+    return best
 
 
 def test_closing_a_round_early_aggregates_what_it_has_or_fails_below_the_minimum(client: TestClient, admin: dict, rng: np.random.Generator) -> None:

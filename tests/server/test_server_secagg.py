@@ -152,8 +152,8 @@ def test_too_few_unmasking_answers_fail_the_round_and_a_new_one_opens(client: Te
 
 def test_out_of_step_requests_are_refused(client: TestClient, admin: dict, rng: np.random.Generator) -> None:
     # Prepare: 4 devices selected; three advertise and the fourth is late
-    devices = enrolled_devices(client, 5, rng)
-    round_ = open_round(client, admin, target_participants=4, min_participants=2, secure_aggregation=SECURE)
+    devices = enrolled_devices(client, 5, rng)  # t = 2 of the 3 that will advertise: two key sharers are enough
+    round_ = open_round(client, admin, target_participants=4, min_participants=2, secure_aggregation=SECURE | {"threshold_fraction": 0.5})
     for device in devices[:4]:
         assert device.checkin().json()["status"] == "selected"
     assert devices[4].checkin().json()["status"] == "not_selected"  # no late seats once keys are being agreed
@@ -185,3 +185,55 @@ def test_out_of_step_requests_are_refused(client: TestClient, admin: dict, rng: 
     assert members[0].device.upload(round_["id"], plain).status_code == 422  # a plain update into a secure round
     early = members[0].device.request("POST", f"{members[0].url}/unmask", {"s": {}, "b": {"1": "5"}})
     assert early.status_code == 409
+
+
+def test_one_advertiser_fails_the_round_instead_of_publishing_its_update(client: TestClient, admin: dict, rng: np.random.Generator) -> None:
+    # Prepare: the audit's setup: 3 selected, min_participants 2, and only one device advertises keys
+    round_, devices = _selected_round(client, admin, rng, 3)
+    Member(devices[0], round_["id"]).advertise()
+    # Execute: the advertise step times out
+    shift_round(client, round_["id"], selection_at=31)
+    outcome = tick(client)
+    # Assert: failed, nothing published, the current model is still the base
+    status = client.get(f"/v1/admin/rounds/{round_['id']}", headers=admin).json()
+    assert outcome == "failed" and status["result_version"] is None
+    assert status["failure_reason"] == "only 1 device(s) advertised keys, threshold 2: the round cannot hide one update"
+    assert devices[0].request("GET", "/v1/models/current").json()["version"] == round_["base_version"]
+
+
+def test_fewer_masked_uploads_than_the_threshold_fail_at_the_deadline(client: TestClient, admin: dict, rng: np.random.Generator) -> None:
+    # Prepare: 3 members share keys (t = 3), two upload, min_participants is only 2
+    round_, members = _keyed_round(client, admin, rng, 3)
+    base = load_backbone_bytes(members[0].device.backbone(round_["base_version"]).content)
+    for member in members[:2]:
+        assert member.upload(make_delta(base, rng), 4, round_["base_version"], member.receive()) == 201
+    # Execute
+    shift_round(client, round_["id"], deadline_at=1)
+    outcome = tick(client)
+    # Assert
+    status = client.get(f"/v1/admin/rounds/{round_['id']}", headers=admin).json()
+    assert outcome == "failed" and status["result_version"] is None
+    assert status["failure_reason"].startswith("deadline passed with 2 masked update(s), 3 required")
+
+
+@pytest.mark.parametrize("low_order", [bytes(32), (1).to_bytes(32, "little"), bytes.fromhex(
+    "e0eb7a7c3b41b8ae1656e3faf19fc46ada098deb9c32b1fd866205165f49b800")], ids=["zero", "one", "order-8"])
+def test_a_low_order_public_key_is_refused_at_the_advert(client: TestClient, admin: dict, rng: np.random.Generator, low_order: bytes) -> None:
+    # Prepare
+    round_, devices = _selected_round(client, admin, rng, 2)
+    url = f"/v1/rounds/{round_['id']}/secagg/advert"
+    good = SecAggClient(0, 0).advertise()
+    # Execute
+    c_bad = devices[0].request("POST", url, {"c_public": _b64(low_order), "s_public": _b64(good.s_public)})
+    s_bad = devices[0].request("POST", url, {"c_public": _b64(good.c_public), "s_public": _b64(low_order)})
+    # Assert: refused, and the device is not a member, so it cannot break the round
+    assert c_bad.status_code == s_bad.status_code == 422 and "full order" in c_bad.json()["detail"]
+    assert devices[0].request("GET", f"/v1/rounds/{round_['id']}/secagg").json()["index"] is None
+
+
+def _selected_round(client: TestClient, admin: dict, rng: np.random.Generator, n: int) -> tuple[dict, list[Device]]:
+    devices = enrolled_devices(client, n, rng)
+    round_ = open_round(client, admin, target_participants=n, min_participants=2, secure_aggregation=SECURE)
+    for device in devices:
+        assert device.checkin().json()["status"] == "selected"
+    return round_, devices

@@ -148,3 +148,66 @@ def test_unenrolled_device_cannot_upload_a_template(client: TestClient, admin: d
     response = device.upload(round_["id"], update_file(make_delta(base, rng), unit_vector(rng), round_["base_version"], 5))
     # Assert
     assert response.status_code == 409 and "not enrolled" in response.json()["detail"]
+
+
+def _hostile(header: bytes) -> bytes:
+    return struct.pack("<Q", len(header)) + header + b"\0" * 8
+
+
+def test_hostile_tensor_file_headers_are_422_not_500(client: TestClient, admin: dict, rng: np.random.Generator) -> None:
+    # Prepare: the two headers that crashed the parser (RecursionError, int conversion limit), and their cousins
+    (device, _, _), round_, _, _ = _setup(client, admin, rng)
+    cases = {
+        "100k nested [": _hostile(b"[" * 100_000),
+        "5000-digit integer": _hostile(
+            b'{"x": {"dtype": "F32", "shape": [' + b"9" * 5000 + b'], "data_offsets": [0, 8]}}'
+        ),
+        "list dtype": _hostile(b'{"x": {"dtype": ["F32"], "shape": [2], "data_offsets": [0, 8]}}'),
+        "nested metadata": _hostile(b'{"__metadata__": {"fedface": "' + b"[" * 100_000 + b'"}}'),
+    }
+    # Execute
+    answers = {name: device.upload(round_["id"], body) for name, body in cases.items()}
+    # Assert: each a 422 with one short line
+    assert {name: r.status_code for name, r in answers.items()} == {name: 422 for name in cases}
+    assert all(len(r.json()["detail"]) < 300 for r in answers.values())
+    assert "nested too deeply" in answers["100k nested ["].json()["detail"]
+
+
+def test_a_body_other_than_the_signed_one_is_refused(client: TestClient, admin: dict, rng: np.random.Generator) -> None:
+    # Prepare: a valid update signed with its hash, then sent with one byte changed; and one without the hash header
+    (device, _, _), round_, _, base = _setup(client, admin, rng)
+    body = update_file(make_delta(base, rng), unit_vector(rng), round_["base_version"], 5)
+    path = f"/v1/rounds/{round_['id']}/updates"
+    signed = {"X-Device-Id": device.id, **sign(device.key, device.id, "POST", path, body)}
+    unsigned_hash = {k: v for k, v in signed.items() if k != "X-Content-SHA256"}
+    # Execute
+    tampered = body[:-1] + bytes([body[-1] ^ 1])
+    swapped = client.post(path, content=tampered, headers={**signed, "Idempotency-Key": "swapped-0001"})
+    no_hash = client.post(path, content=body, headers={**unsigned_hash, "Idempotency-Key": "no-hash-0001"})
+    good = device.upload(round_["id"], body)
+    # Assert
+    assert swapped.status_code == 401 and "X-Content-SHA256" in swapped.json()["detail"]
+    assert no_hash.status_code == 401 and "X-Content-SHA256" in no_hash.json()["detail"]
+    assert good.status_code == 201
+
+
+def test_a_selected_devices_chunked_upload_past_the_cap_is_413(
+    client: TestClient, admin: dict, rng: np.random.Generator,
+) -> None:
+    # Prepare: no Content-Length, so only counting the stream can stop it
+    (device, _, _), round_, _, _ = _setup(client, admin, rng)
+    cap = client.app.state.ctx.settings.max_upload_bytes
+    path = f"/v1/rounds/{round_['id']}/updates"
+
+    def chunks():  # type: ignore[no-untyped-def]
+        for _ in range(cap // 65536 + 2):
+            yield b"x" * 65536
+
+    signed = sign(device.key, device.id, "POST", path, b"x")
+    headers = {"X-Device-Id": device.id, "Idempotency-Key": "chunked-0001", **signed}
+    # Execute
+    response = client.post(path, content=chunks(), headers=headers)
+    # Assert
+    assert response.status_code == 413
+    with client.app.state.ctx.sessions() as session:
+        assert session.execute(select(func.count()).select_from(Update)).scalar_one() == 0

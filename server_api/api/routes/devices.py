@@ -1,25 +1,38 @@
-"""Device registration, enrollment and template access (all Ed25519-signed)."""
+"""Device registration, enrollment and template access (all Ed25519-signed), and the operator's
+registration controls: enrollment tokens and pruning devices that never enrolled."""
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from server_api.api.deps import CtxDep, CurrentDevice, SessionDep, signed_path
+from server_api.api.deps import AdminDep, CtxDep, CurrentDevice, LimitsDep, SessionDep, client_address, signed_path
 from server_api.core.security import body_digest
-from server_api.schemas import DeviceCreate, DevicePublic, EmbeddingPublic, EnrollmentCreate, ErrorPublic
+from server_api.schemas import (
+    DeviceCreate, DevicePublic, DevicesPrunedPublic, EmbeddingPublic, EnrollmentCreate, EnrollmentTokensCreate,
+    EnrollmentTokensPublic, ErrorPublic,
+)
 from server_api.services import devices as service
 
 router = APIRouter(prefix="/v1/devices", tags=["devices"])
-_errors = {401: {"model": ErrorPublic}, 403: {"model": ErrorPublic}, 422: {"model": ErrorPublic}}
+admin_router = APIRouter(prefix="/v1/admin", tags=["admin"])
+_errors = {code: {"model": ErrorPublic} for code in (401, 403, 422, 429)}
 
 
 @router.post("", status_code=201, response_model=DevicePublic, responses={200: {"model": DevicePublic}, **_errors})
-async def register_device(body: DeviceCreate, request: Request, response: Response, ctx: CtxDep, session: SessionDep) -> DevicePublic:
+async def register_device(
+    body: DeviceCreate, request: Request, response: Response, ctx: CtxDep, session: SessionDep, limits: LimitsDep,
+) -> DevicePublic:
     """Register an Ed25519 public key; the request must be signed by that key (subject "register").
-    Registering a known key again returns its device with 200."""
+    Registering a known key again returns its device with 200. A server that requires enrollment
+    tokens needs ``enrollment_token``, issued by its operator. Each attempt counts against the
+    caller's address (429 with Retry-After past FEDFACE_ADDRESS_BURST)."""
+    limits.addresses.charge(client_address(request))
     digest = body_digest(await request.body())
     device, created = await run_in_threadpool(
-        service.register, ctx, session, body.public_key, request.headers, request.method, signed_path(request), digest
+        service.register, ctx, session, body.public_key, request.headers, request.method, signed_path(request), digest,
+        body.enrollment_token,
     )
     response.status_code = 201 if created else 200
     return device
@@ -48,3 +61,21 @@ def unenroll(device_id: str, device: CurrentDevice, session: SessionDep) -> Resp
     """Delete the template; it leaves W from the next aggregation on."""
     service.unenroll(session, device, device_id)
     return Response(status_code=204)
+
+
+@admin_router.post("/enrollment-tokens", status_code=201, response_model=EnrollmentTokensPublic, responses=_errors)
+def issue_enrollment_tokens(
+    body: EnrollmentTokensCreate, _: AdminDep, ctx: CtxDep, session: SessionDep,
+) -> EnrollmentTokensPublic:
+    """One-time registration tokens to hand to devices; each registers one new device before it expires."""
+    return service.issue_enrollment_tokens(ctx, session, body.count, body.ttl_s)
+
+
+@admin_router.post("/devices/prune", response_model=DevicesPrunedPublic, responses=_errors)
+def prune_never_enrolled(
+    _: AdminDep, ctx: CtxDep, session: SessionDep,
+    older_than_s: Annotated[int | None, Query(ge=0, le=10 * 365 * 86400)] = None,
+) -> DevicesPrunedPublic:
+    """Delete devices registered at least ``older_than_s`` ago (default FEDFACE_PRUNE_UNENROLLED_AFTER_S)
+    that never enrolled a template."""
+    return service.prune_never_enrolled(ctx, session, older_than_s)

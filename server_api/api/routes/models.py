@@ -43,7 +43,8 @@ def current_model(device: CurrentDevice, session: SessionDep) -> ModelVersionPub
 
 def _serve(ctx: CtxDep, blob: str, etag: str, if_none_match: str | None, media_type: str, filename: str) -> Response:
     quoted = f'"{etag}"'
-    headers = {"ETag": quoted, "Cache-Control": IMMUTABLE}
+    # Blobs are named by their sha256: devices check each download (and their cached copy) against it.
+    headers = {"ETag": quoted, "Cache-Control": IMMUTABLE, "X-Content-SHA256": blob}
     if if_none_match and (if_none_match.strip() == "*" or quoted in [t.strip().removeprefix("W/") for t in if_none_match.split(",")]):
         return Response(status_code=304, headers=headers)
     handle = ctx.store.open(blob)

@@ -1,24 +1,27 @@
 """Device side of a round: check in, then upload one signed update."""
 from __future__ import annotations
 
+import asyncio
 import hashlib
-import logging
+from pathlib import Path
 
 from fastapi import APIRouter, BackgroundTasks, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
-from server_api.api.deps import CtxDep, CurrentDevice, RoundIdPath, SessionDep, signed_path
+from server_api.api.deps import CtxDep, CurrentDevice, LimitsDep, RoundIdPath, SessionDep, client_address, signed_path
+from server_api.core.logging import get_logger
+from server_api.errors import AuthenticationFailed, RequestTimeout
 from server_api.schemas import CheckinPublic, ErrorPublic, UpdatePublic
 from server_api.services import participation
 from server_api.services.aggregation import try_aggregate
-from server_api.services.auth import SignedRequest, precheck_device_headers
-from server_api.services.uploads import accept_upload
+from server_api.services.auth import signed_upload
+from server_api.services.uploads import begin_upload, finish_upload
 
-log = logging.getLogger(__name__)
+log = get_logger("uploads")
 router = APIRouter(prefix="/v1/rounds", tags=["rounds"])
-_errors = {code: {"model": ErrorPublic} for code in (401, 403, 404, 409, 413, 422)}
+_errors = {code: {"model": ErrorPublic} for code in (401, 403, 404, 408, 409, 413, 422, 429, 503)}
 UPLOAD_PATH = r"^/v1/rounds/[^/]+/updates$"
 
 
@@ -29,30 +32,71 @@ def checkin(device: CurrentDevice, ctx: CtxDep, session: SessionDep) -> CheckinP
     return participation.checkin(ctx, session, device)
 
 
+_BINARY = {"type": "string", "format": "binary"}
+_UPLOAD_HEADERS = [
+    {"name": "X-Content-SHA256", "in": "header", "required": True, "description": "hex sha256 of the body, as signed",
+     "schema": {"type": "string", "pattern": "^[0-9a-f]{64}$"}},
+    {"name": "Idempotency-Key", "in": "header", "required": True, "description": "a resend returns the first answer",
+     "schema": {"type": "string", "pattern": "^[A-Za-z0-9_.:-]{8,128}$"}},
+]
+
+
 @router.post(
     "/{round_id}/updates", status_code=201, response_model=UpdatePublic, responses=_errors,
-    openapi_extra={"requestBody": {"required": True, "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}},
+    openapi_extra={
+        "requestBody": {"required": True, "content": {"application/octet-stream": {"schema": _BINARY}}},
+        "parameters": _UPLOAD_HEADERS,
+    },
 )
-async def upload_update(round_id: RoundIdPath, request: Request, background: BackgroundTasks, ctx: CtxDep, session: SessionDep) -> JSONResponse:
+async def upload_update(
+    round_id: RoundIdPath, request: Request, background: BackgroundTasks, ctx: CtxDep, session: SessionDep,
+    limits: LimitsDep,
+) -> JSONResponse:
     """Upload a tensor file (safetensors layout): ``backbone.*`` deltas, ``class_embedding``,
     metadata ``fedface`` = {base_version, n_samples, metrics}. Needs an ``Idempotency-Key``;
-    repeating it returns the first response. The body is streamed to disk, never held in memory."""
-    precheck_device_headers(request.headers, ctx.settings.signature_window_s)
-    with ctx.store.temp_file() as spool:
-        digest, size = hashlib.sha256(), 0
+    repeating it returns the first response. Needs ``X-Content-SHA256`` (the signed body hash):
+    the signature and the round are checked before the body is read, which is then streamed to
+    disk, never held in memory. 429/503/408 carry why and, where a retry helps, ``Retry-After``."""
+    address = client_address(request)
+    limits.addresses.check(address)
+    try:
+        signed = signed_upload(request.headers, request.method, signed_path(request), ctx.settings.signature_window_s)
+        key = request.headers.get("idempotency-key")
+        ticket = await run_in_threadpool(begin_upload, ctx, session, signed, round_id, key, limits.devices.charge)
+    except AuthenticationFailed:
+        limits.addresses.take(address)
+        raise
+    if ticket.replay is not None:
+        return JSONResponse(ticket.replay.response, status_code=ticket.replay.status_code)
+    with limits.uploads.hold(), ctx.store.temp_file() as spool:
         try:
-            with spool.open("wb") as out:
-                async for chunk in request.stream():  # the size-limit middleware stops oversized streams
-                    digest.update(chunk)
-                    out.write(chunk)
-                    size += len(chunk)
+            size = await _receive_body(request, spool, ticket.body_sha256, limits.body_timeout_s)
         except ClientDisconnect:
             # A phone that lost its network mid-upload: nothing was accepted, the spool file goes
             # with this block, and the device resends under the same Idempotency-Key. Not an error.
-            log.info("upload abandoned mid-body", extra={"fields": {"round_id": round_id, "bytes": size}})
+            fields = {"round_id": round_id, "device_id": ticket.device_id}
+            log.info("upload abandoned mid-body", extra={"fields": fields})
             return JSONResponse({"detail": "the client disconnected before the body was complete"}, status_code=400)
-        signed = SignedRequest(request.headers, request.method, signed_path(request), digest.hexdigest())
-        outcome = await run_in_threadpool(accept_upload, ctx, session, signed, round_id, spool, size, request.headers.get("idempotency-key"))
+        outcome = await run_in_threadpool(finish_upload, ctx, session, ticket, spool, size)
     if outcome.due:
         background.add_task(try_aggregate, ctx, round_id)  # the target-th update; deadlines are the scheduler's
     return JSONResponse(outcome.response, status_code=outcome.status_code)
+
+
+async def _receive_body(request: Request, spool: Path, declared_sha256: str, timeout_s: float) -> int:
+    """Stream the body to ``spool`` within ``timeout_s``; its size. The size-limit middleware
+    stops oversized streams; a body other than the one signed is refused."""
+    digest, size = hashlib.sha256(), 0
+    try:
+        async with asyncio.timeout(timeout_s):
+            with spool.open("wb") as out:
+                async for chunk in request.stream():
+                    digest.update(chunk)
+                    out.write(chunk)
+                    size += len(chunk)
+    except TimeoutError:
+        log.info("upload body timed out", extra={"fields": {"bytes": size, "timeout_s": timeout_s}})
+        raise RequestTimeout(f"the upload body did not arrive within {timeout_s:g} s") from None
+    if digest.hexdigest() != declared_sha256:
+        raise AuthenticationFailed("the body does not match its signed X-Content-SHA256")
+    return size

@@ -1,0 +1,75 @@
+"""A malicious server against the device's secure-aggregation steps: the device must refuse a
+threshold that lets the server rebuild one update, an unmasking request with one survivor, and
+must not agree keys with a low-order point."""
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import pytest
+
+from device_sdk.secure_round import SecureRound
+from facecore.secagg import SecAggAborted, SecAggClient
+
+
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode()
+
+
+class ScriptedServer:
+    """Answers every request with the next scripted state and records what the device sent."""
+
+    def __init__(self, states: list[dict[str, Any]]) -> None:
+        self.states, self.sent = list(states), list[tuple[str, str, Any]]()
+
+    def __call__(self, method: str, path: str, body: Any = None, expect: tuple[int, ...] = (200,)) -> Any:
+        self.sent.append((method, path, body))
+        state = self.states.pop(0)
+        return type("Response", (), {"json": staticmethod(lambda: state)})()
+
+
+def _members(n: int, extra: dict[int, bytes] | None = None) -> list[dict[str, Any]]:
+    members = []
+    for index in range(1, n + 1):
+        advert = SecAggClient(index, 2).advertise()
+        c_public = (extra or {}).get(index, advert.c_public)
+        members.append({"index": index, "c_public": _b64(c_public), "s_public": _b64(advert.s_public)})
+    return members
+
+
+@pytest.mark.parametrize(("threshold", "n_members"), [(1, 3), (2, 4), (4, 3)], ids=["t=1", "t=n/2", "t>n"])
+def test_the_device_refuses_an_unsafe_threshold_before_sharing_anything(threshold: int, n_members: int) -> None:
+    # Prepare: the server says the key-sharing step is open with a threshold it chose
+    server = ScriptedServer([
+        {"round_id": 7, "phase": "advertise", "index": 1},
+        {"round_id": 7, "phase": "share_keys", "index": 1, "threshold": threshold, "members": _members(n_members)},
+    ])
+    # Execute / Assert
+    with pytest.raises(SecAggAborted, match=f"refusing threshold t={threshold}"):
+        SecureRound(server, "/v1/rounds/7/secagg", poll=0).join()
+    assert [path for _, path, _ in server.sent] == ["/v1/rounds/7/secagg/advert", "/v1/rounds/7/secagg"]  # no shares left the device
+
+
+def test_the_device_does_not_unmask_for_a_single_survivor() -> None:
+    # Prepare: a device that took part with 3 key sharers, then the server claims everyone else dropped
+    round_ = SecureRound(ScriptedServer([]), "/v1/rounds/7/secagg", poll=0)
+    round_.client.index, round_.client.threshold, round_.key_sharers = 1, 2, [1, 2, 3]
+    round_.request = ScriptedServer([{"round_id": 7, "phase": "unmask", "survived": [1], "dropped": [2, 3], "answered": False}])
+    # Execute / Assert: revealing the others' s keys and its own b would publish its update alone
+    with pytest.raises(SecAggAborted, match="1 survivor"):
+        round_.unmask()
+
+
+def test_a_member_with_a_low_order_key_is_treated_as_dropped() -> None:
+    # Prepare: member 3's encryption key is the all-zero point
+    server = ScriptedServer([
+        {"round_id": 7, "phase": "advertise", "index": 1},
+        {"round_id": 7, "phase": "share_keys", "index": 1, "threshold": 3, "members": _members(4, {3: bytes(32)})},
+        {"round_id": 7, "phase": "share_keys", "index": 1},
+    ])
+    # Execute: the device shares keys, then waits; the scripted server has nothing more to say
+    with pytest.raises(IndexError):
+        SecureRound(server, "/v1/rounds/7/secagg", poll=0).join()
+    # Assert: shares went to members 2 and 4 only, none to the low-order key
+    shares = next(body for method, path, body in server.sent if path.endswith("/shares"))["shares"]
+    assert sorted(shares) == ["2", "4"]

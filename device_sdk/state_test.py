@@ -1,0 +1,171 @@
+"""DeviceState on a real folder: names the server picks, the key file, corrupt files, sealed uploads."""
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from device_sdk.errors import BadServerResponse, NotRegistered, StateError
+from device_sdk.state import KEY_ENV, DeviceState
+
+VERSION = "ab" * 32
+
+
+@pytest.fixture(autouse=True)
+def _no_key_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(KEY_ENV, raising=False)
+
+
+def registered(folder: Path) -> DeviceState:
+    state = DeviceState(folder)
+    state.signing_key(create=True)
+    state.update_info(device_id="0" * 32)
+    return state
+
+
+@pytest.mark.parametrize("version", ["../../x/y", "AB" * 32, "ab" * 31, "ab" * 32 + "/..", "", None])
+def test_a_model_version_that_is_not_64_lowercase_hex_digits_never_reaches_a_path(
+    tmp_path: Path, version: object,
+) -> None:
+    # Prepare
+    state = registered(tmp_path / "device")
+    # Execute / Assert
+    with pytest.raises(BadServerResponse, match="64 lowercase hex digits"):
+        state.model_path(version, "onnx")  # type: ignore[arg-type]
+    with pytest.raises(BadServerResponse):
+        state.store_model(version, "onnx", b"model", None)  # type: ignore[arg-type]
+    assert not (tmp_path / "x").exists() and not list((tmp_path / "device").glob("models/*"))
+
+
+def test_a_models_folder_linked_outside_the_state_is_refused(tmp_path: Path) -> None:
+    # Prepare: models/ is a link to a folder outside the state
+    state = registered(tmp_path / "device")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "device" / "models").symlink_to(tmp_path / "elsewhere")
+    # Execute / Assert
+    with pytest.raises(StateError, match="resolves outside"):
+        state.store_model(VERSION, "onnx", b"model", None)
+    assert not list((tmp_path / "elsewhere").iterdir())
+
+
+def test_the_key_file_is_created_once_with_mode_0600_and_32_bytes(tmp_path: Path) -> None:
+    # Execute
+    state = registered(tmp_path / "device")
+    key = tmp_path / "device" / "device.key"
+    # Assert
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600 and len(key.read_bytes()) == 32
+    before = key.read_bytes()
+    state.create()  # registering again must not re-key
+    assert key.read_bytes() == before
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda key: key.write_bytes(key.read_bytes()[:20]), "holds 20 bytes, not a 32-byte key"),
+    (lambda key: key.unlink(), "device.key is missing, so identity.enc cannot be decrypted"),
+    (lambda key: key.write_bytes(os.urandom(32)), "identity.enc cannot be decrypted with"),
+])
+def test_a_damaged_key_is_one_line_naming_the_file_and_the_fix_and_writes_nothing(
+    tmp_path: Path, damage: Callable[[Path], object], message: str,
+) -> None:
+    # Prepare
+    registered(tmp_path / "device")
+    key = tmp_path / "device" / "device.key"
+    damage(key)
+    listing = sorted(p.name for p in (tmp_path / "device").iterdir())
+    # Execute
+    with pytest.raises(StateError) as caught:
+        DeviceState(tmp_path / "device").require_registered()
+    # Assert: named file, the reset fix, one line, and no fresh key written behind the user's back
+    text = str(caught.value)
+    assert message in text and "fedface device reset" in text and "\n" not in text
+    assert sorted(p.name for p in (tmp_path / "device").iterdir()) == listing
+
+
+def test_a_corrupt_device_json_is_one_line_naming_the_file(tmp_path: Path) -> None:
+    # Prepare
+    registered(tmp_path / "device")
+    (tmp_path / "device" / "device.json").write_text('{"device_id": "0000')
+    # Execute / Assert
+    with pytest.raises(StateError, match=r"device\.json cannot be read \(not valid JSON\): run `fedface device reset"):
+        DeviceState(tmp_path / "device").require_registered()
+
+
+def test_a_missing_folder_or_a_file_is_not_a_device_and_nothing_is_created(tmp_path: Path) -> None:
+    # Prepare
+    (tmp_path / "notes.txt").write_text("hello")
+    # Execute / Assert
+    with pytest.raises(NotRegistered, match="no device state at .*typo: run `fedface device register"):
+        DeviceState(tmp_path / "typo").require_registered()
+    with pytest.raises(StateError, match="is a file, not a device state folder"):
+        DeviceState(tmp_path / "notes.txt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_registering_into_a_non_empty_foreign_folder_is_refused(tmp_path: Path) -> None:
+    # Prepare: a folder with the user's own files, e.g. a mistyped --state
+    (tmp_path / "photos.txt").write_text("mine")
+    # Execute / Assert
+    with pytest.raises(StateError, match="not empty and holds no device state"):
+        DeviceState(tmp_path).create()
+    assert not (tmp_path / "device.key").exists()
+
+
+def test_the_pending_upload_is_sealed_and_an_old_plain_one_is_sealed_on_read(tmp_path: Path) -> None:
+    # Prepare
+    state = registered(tmp_path / "device")
+    body = b"delta and template " * 100
+    meta = {"round_id": 3, "key": "k", "url": "/v1/rounds/3/updates"}
+    # Execute
+    state.save_pending(meta, body)
+    # Assert
+    assert body[:19] not in (tmp_path / "device" / "pending_upload.enc").read_bytes()
+    assert state.pending() == (meta, body)
+    # Prepare: a plain body left by an earlier version
+    (tmp_path / "device" / "pending_upload.enc").unlink()
+    (tmp_path / "device" / "pending_upload.bin").write_bytes(body)
+    # Execute / Assert
+    assert state.pending() == (meta, body)
+    assert not (tmp_path / "device" / "pending_upload.bin").exists()
+    state.clear_pending()
+    assert state.pending() is None
+
+
+def test_a_cached_model_whose_bytes_changed_is_dropped_and_a_wrong_download_refused(tmp_path: Path) -> None:
+    # Prepare
+    state = registered(tmp_path / "device")
+    data = b"onnx bytes" * 1000
+    path = state.store_model(VERSION, "onnx", data, hashlib.sha256(data).hexdigest())
+    assert state.cached_model(VERSION, "onnx") == path
+    # Execute: a bit flips on disk
+    path.write_bytes(b"X" + data[1:])
+    # Assert: not used, and gone so the next use downloads it again
+    assert state.cached_model(VERSION, "onnx") is None and not path.exists()
+    with pytest.raises(BadServerResponse, match="not the .* the server published"):
+        state.store_model(VERSION, "onnx", data, "0" * 64)
+
+
+def test_the_key_from_the_environment_must_be_32_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare
+    monkeypatch.setenv(KEY_ENV, base64.b64encode(b"short").decode())
+    # Execute / Assert
+    with pytest.raises(StateError, match=f"{KEY_ENV} must be base64 of 32 bytes"):
+        DeviceState(tmp_path).signing_key(create=True)
+
+
+def test_delete_removes_the_state_files_only(tmp_path: Path) -> None:
+    # Prepare
+    state = registered(tmp_path)
+    state.save_template(np.ones(4, np.float32))
+    state.store_model(VERSION, "onnx", b"m", None)
+    (tmp_path / "keep.txt").write_text("the user's own file")
+    # Execute
+    removed = state.delete()
+    # Assert
+    assert {p.name for p in removed} == {"device.key", "device.json", "identity.enc", "template.enc", "models"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]

@@ -1,0 +1,64 @@
+"""`fedface device verify PHOTO...|DIR [--personal] [--threshold T] [--json]`: photos against the owner.
+
+One process scores every photo without torch (device_sdk.verify). Output: one line per photo, in
+the order given (a folder's photos sorted by name), then the threshold, its false-accept rate and
+the model's version; with --json, one JSON object per photo per line carrying the same fields.
+Exit status 0 when every photo got a score (a match or not), 1 when one could not be scored (not
+an image, no face): its line says which. The caller adds --server, --state and --cacert.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("photos", nargs="+", metavar="PHOTO",
+                        help="photos, or folders of photos, to compare with the owner")
+    parser.add_argument("--personal", action="store_true",
+                        help="score with the personal verifier (at its own calibrated threshold)")
+    parser.add_argument("--threshold", type=float, metavar="COSINE",
+                        help="accept at or above this cosine (default: the personal verifier's calibrated one with "
+                             "--personal, else the server's, calibrated for the global model)")
+    parser.add_argument("--json", action="store_true", help="one JSON object per photo per line")
+
+
+def run(args: argparse.Namespace) -> int:
+    from device_sdk.state import DeviceState
+    from device_sdk.transport import Transport
+    from device_sdk.verify import device_model, open_verifier
+    from facecore.data.folders import list_photos
+    from fedface.cli import UsageError
+
+    if args.threshold is not None and not -1.0 <= args.threshold <= 1.0:
+        raise UsageError(f"--threshold is a cosine in [-1, 1], got {args.threshold}")
+    photos = list_photos(args.photos)
+    state = DeviceState(args.state)
+    # One quick retry: a verify should answer, not wait out a long backoff; offline it uses the cached model.
+    # A plain-http server needs no CA bundle, and loading one costs a tenth of a cold verify.
+    tls = args.cacert or True if args.server.startswith("https:") else False
+    transport = Transport(args.server, timeout=10.0, retries=1, verify=tls)
+    model = device_model(state, transport)
+    if model.offline:
+        print(f"server unreachable: using model {model.version[:12]}, the one last seen", file=sys.stderr)
+    verifier = open_verifier(state, model, personal=args.personal, threshold=args.threshold)
+    threshold = verifier.threshold
+    far = "unknown" if threshold.far is None else f"{threshold.far:g}"
+    results = verifier.verify(photos)
+    for result in results:
+        if args.json:
+            row = {**result.to_json(), "threshold": threshold.value, "threshold_source": threshold.source,
+                   "far": threshold.far, "personal": args.personal, "model_version": verifier.model_version}
+            print(json.dumps(row), flush=True)
+        elif result.score is None:
+            print(f"{result.photo}: {result.problem}", flush=True)
+        else:
+            print(f"{result.photo}: {'match' if result.match else 'no match'}, score {result.score:.3f}", flush=True)
+    if not args.json:
+        source = {"server": "the server's", "personal": "the personal verifier's", "given": "given"}[threshold.source]
+        print(f"threshold {threshold.value:.3f} ({source}, FAR {far}); model {verifier.model_version[:12]}"
+              + ("; personal verifier" if args.personal else ""))
+        if threshold.detail:
+            print(f"calibration: {threshold.detail}")
+    return 0 if all(r.score is not None for r in results) else 1

@@ -1,0 +1,36 @@
+"""The operator's view of devices: list them, remove one (its template and key go with it)."""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from server_api.core.logging import get_logger
+from server_api.crud import devices as device_crud
+from server_api.errors import NotFound
+from server_api.schemas import DeviceAdminPublic, DeviceRemovedPublic
+
+log = get_logger("device_admin")
+
+
+def list_devices(session: Session, limit: int, offset: int) -> list[DeviceAdminPublic]:
+    return [
+        DeviceAdminPublic(
+            device_id=device.id,
+            status=device.status,
+            enrolled=enrolled,
+            created_at=device.created_at,
+            last_selected_round=device.last_selected_round,
+        )
+        for device, enrolled in device_crud.list_devices(session, limit, offset)
+    ]
+
+
+def remove_device(session: Session, device_id: str) -> DeviceRemovedPublic:
+    """Delete the device's template (and uploaded copies) and revoke its key. An update it already
+    sent to the open round still counts in that round's backbone average; its template does not."""
+    device = device_crud.get_device(session, device_id)
+    if device is None:
+        raise NotFound(f"device {device_id} does not exist")
+    template_deleted = device_crud.remove_device(session, device)
+    log.info("device removed", extra={"fields": {"device_id": device_id, "template_deleted": template_deleted}})
+    return DeviceRemovedPublic(device_id=device_id, status=device.status, template_deleted=template_deleted)

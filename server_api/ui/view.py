@@ -1,0 +1,119 @@
+"""What the operator page shows, read from the database in one session: rounds (newest first),
+model versions with their published threshold and figures, and device counts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from server_api.crud import devices as device_crud
+from server_api.crud import rounds as round_crud
+from server_api.crud import versions as version_crud
+from server_api.models import ModelVersion, Round
+
+ACTIVE = ("open", "unmasking", "aggregating")
+
+
+@dataclass(frozen=True)
+class RoundRow:
+    id: int
+    status: str
+    strategy: str
+    aggregation: str
+    secure: bool
+    n_checked_in: int
+    n_selected: int
+    n_uploaded: int
+    target: int
+    minimum: int
+    created_at: datetime
+    closed_at: datetime | None
+    duration_s: float  # opening to end; to now while the round is active
+    failure_reason: str | None
+    base_version: str
+    result_version: str | None
+    metrics: dict[str, float]  # the devices' mean training figures (loss...), once completed
+
+    @property
+    def active(self) -> bool:
+        return self.status in ACTIVE
+
+
+@dataclass(frozen=True)
+class VersionRow:
+    version: str
+    backbone: str
+    embedding_dim: int
+    round_id: int | None
+    created_at: datetime
+    threshold: float | None
+    far: float | None
+    calibration: str | None
+    figures: dict[str, Any]  # any other published figure (LFW accuracy...) and the round's training metrics
+
+
+@dataclass(frozen=True)
+class OperatorView:
+    now: datetime
+    rounds: list[RoundRow]
+    versions: list[VersionRow]
+    devices: dict[str, int]
+
+
+def _round_row(session: Session, round_: Round, now: datetime) -> RoundRow:
+    public = round_crud.to_public(session, round_)
+    config = public.config or {}
+    end = public.closed_at or now
+    return RoundRow(
+        id=public.id,
+        status=public.status,
+        strategy=public.strategy,
+        aggregation=(config.get("aggregation") or {}).get("method", "fedavg"),
+        secure=bool((config.get("secure_aggregation") or {}).get("enabled")),
+        n_checked_in=public.n_checked_in,
+        n_selected=public.n_selected,
+        n_uploaded=public.n_uploaded,
+        target=public.target_participants,
+        minimum=public.min_participants,
+        created_at=public.created_at,
+        closed_at=public.closed_at,
+        duration_s=max(0.0, (end - public.created_at).total_seconds()),
+        failure_reason=public.failure_reason,
+        base_version=public.base_version,
+        result_version=public.result_version,
+        metrics={k: float(v) for k, v in ((public.summary or {}).get("metrics") or {}).items()},
+    )
+
+
+def _version_row(version: ModelVersion, rounds_by_id: dict[int, RoundRow]) -> VersionRow:
+    verification = dict(version.verification or {})
+    threshold, far, calibration = (
+        verification.pop("threshold", None),
+        verification.pop("far", None),
+        verification.pop("calibration", None),
+    )
+    figures: dict[str, Any] = {k: v for k, v in verification.items() if isinstance(v, int | float | str)}
+    produced_by = rounds_by_id.get(version.round_id) if version.round_id is not None else None
+    if produced_by is not None:
+        figures |= {f"round {produced_by.id} {name}": value for name, value in produced_by.metrics.items()}
+    return VersionRow(
+        version=version.version_hash,
+        backbone=version.backbone,
+        embedding_dim=version.embedding_dim,
+        round_id=version.round_id,
+        created_at=version.created_at,
+        threshold=threshold,
+        far=far,
+        calibration=calibration,
+        figures=figures,
+    )
+
+
+def build(session: Session, now: datetime, round_limit: int = 50, version_limit: int = 20) -> OperatorView:
+    rounds = [_round_row(session, r, now) for r in round_crud.list_rounds(session, round_limit)]
+    by_id = {row.id: row for row in rounds}
+    versions = [_version_row(v, by_id) for v in version_crud.list_versions(session, version_limit)]
+    return OperatorView(now=now, rounds=rounds, versions=versions, devices=device_crud.device_counts(session))
