@@ -26,6 +26,7 @@ COPY export export
 COPY pretrain pretrain
 COPY device_sdk device_sdk
 COPY simulator simulator
+COPY fedface_bench fedface_bench
 RUN pip install --no-deps .
 
 # Verified against the recorded sha256 and unpacked into the image, not the /data volume.

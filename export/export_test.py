@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from export.bench import op_profile
+from export.profile import op_profile
 from export.pipeline import ExportError, export_model, sha256
 from facecore.align.geometry import ARCFACE_112, FaceGeometry
 from facecore.errors import CheckpointError, FaceCoreError

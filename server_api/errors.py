@@ -7,6 +7,8 @@ scheduler and tests without an HTTP layer. They derive from FaceCoreError so the
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from facecore.errors import FaceCoreError
 
 
@@ -70,3 +72,13 @@ class RequestTimeout(ServerError):
 
 class AdminClientError(ServerError):
     """`fedface admin` could not talk to the server or the server refused the request."""
+
+
+class LaunchFailed(ServerError):
+    """A local server process (server_api.launcher) exited or never became ready. The message is one
+    line naming the log; ``log_tail`` holds the log's end for a test or benchmark report."""
+
+    def __init__(self, message: str, log: Path, tail_chars: int = 3000) -> None:
+        self.log = log
+        self.log_tail = log.read_text(errors="replace")[-tail_chars:] if log.is_file() else ""
+        super().__init__(f"{message}; its log: {log}")

@@ -54,7 +54,7 @@ class Device(Base):
     __tablename__ = "devices"
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     public_key: Mapped[bytes] = mapped_column(LargeBinary(32), unique=True)
-    status: Mapped[str] = mapped_column(String(16), default="active")  # active | unenrolled
+    status: Mapped[str] = mapped_column(String(16), default="active")  # active | unenrolled | removed (key revoked)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     # Round in which the device was last selected: drives rotation in participant choice.
     last_selected_round: Mapped[int | None] = mapped_column(default=None)

@@ -29,7 +29,7 @@ from facecore.eval.lfw import evaluate, load_lfw_faces
 from facecore.eval.plots import save_line_plot
 from facecore.models.checkpoint import load_backbone
 from facecore.models.preprocess import embed_faces
-from simulator.local_server import LocalServer
+from server_api.launcher import MANY_DEVICES_ON_LOOPBACK, LocalServer
 
 TRAINING_SLOTS = 2  # 2 cores gain nothing from more
 
@@ -44,7 +44,10 @@ def run_demo(
     split = build_split(root, SplitConfig(seed=0))
     owners = [(identity, [root / p for p in paths]) for identity, paths in sorted(split.sets["devices"].items()) if len(paths) >= 8][:devices]
     lfw = load_lfw_faces(root / "lfw", folds, aligner=FaceAligner(geometry=geometry_of(load_backbone(model))))
-    with tempfile.TemporaryDirectory(prefix="fedface-demo-") as scratch, LocalServer(Path(scratch) / "server", model) as server:
+    # The server's log goes to `out`, where it outlives the scratch folder (a failed start names it).
+    with tempfile.TemporaryDirectory(prefix="fedface-demo-") as scratch, LocalServer(
+        Path(scratch) / "server", model=model, env=MANY_DEVICES_ON_LOOPBACK, log=out / "server.log",
+    ) as server:
         print(f"server up at {server.url} (SQLite, model {model}); enrolling {len(owners)} real-face devices")
         fleet = []
         slot = TrainingSlots(TRAINING_SLOTS)
@@ -53,7 +56,7 @@ def run_demo(
             device.register()
             device.enroll(photos)
             fleet.append(device)
-        history = [_score(lfw, server.current_model(fleet[0]), 0)]
+        history = [_score(lfw, _current_model(fleet[0]), 0)]
         print(f"round 0: LFW accuracy {100 * history[0]['accuracy']:.2f}%")
         for number in range(1, rounds + 1):
             config = {"target_participants": len(fleet), "min_participants": max(2, len(fleet) // 2), "deadline_s": 900, "selection_window_s": 1}
@@ -62,7 +65,7 @@ def run_demo(
             opened = server.admin("POST", "/v1/admin/rounds", json=config)
             losses = _train_all(fleet, number, parallel=secure)
             status = _wait_completed(server, opened["id"])
-            record = _score(lfw, server.current_model(fleet[0]), number)
+            record = _score(lfw, _current_model(fleet[0]), number)
             record |= {"train_loss_before": sum(s.loss_before for s in losses) / len(losses), "train_loss_after": sum(s.loss_after for s in losses) / len(losses),
                        "bytes_up_per_device": sum(s.bytes_up for s in losses) // len(losses), "seconds_per_device": sum(s.seconds for s in losses) / len(losses),
                        "aggregation": status.get("summary")}
@@ -105,6 +108,12 @@ def _train_all(fleet: list[FaceDevice], number: int, parallel: bool) -> list[Any
 def _score(lfw: Any, model: torch.nn.Module, number: int) -> dict[str, Any]:
     report = evaluate(lfw, lambda faces: embed_faces(model, faces)).report
     return {"round": number, "accuracy": report.accuracy, "accuracy_std": report.accuracy_std, "auc": report.auc, "tar_at_far": report.tar_at_far}
+
+
+def _current_model(device: FaceDevice) -> torch.nn.Module:
+    """The current global backbone, fetched the way a device fetches it."""
+    info = device._model()
+    return device._load_backbone(info["backbone_url"], info["version"])
 
 
 def _wait_completed(server: LocalServer, round_id: int, timeout: float = 600) -> dict[str, Any]:

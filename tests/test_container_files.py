@@ -4,6 +4,7 @@ they set is one the code reads, and dependencies install before the code is copi
 
 import re
 import shlex
+import tomllib
 from pathlib import Path
 
 import yaml
@@ -79,8 +80,10 @@ def test_every_copied_path_exists_and_dependencies_install_before_the_code() -> 
     assert missing == []
     assert before_install == {"pyproject.toml", "README.md"}
     packages = {source for i, sources in local if i > install for source in sources}
-    for package in ("facecore", "fedface", "server_api", "export", "pretrain", "device_sdk", "simulator"):
-        assert package in packages and (ROOT / package / "__init__.py").is_file()
+    with (ROOT / "pyproject.toml").open("rb") as handle:
+        included = tomllib.load(handle)["tool"]["setuptools"]["packages"]["find"]["include"]
+    for package in (pattern.rstrip("*") for pattern in included):  # every package `pip install .` would ship
+        assert package in packages and (ROOT / package / "__init__.py").is_file(), package
     assert re.search(r"RUN pip install --no-deps \.$", DOCKERFILE, re.MULTILINE)
 
 

@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _secagg(args: argparse.Namespace) -> int:
-    from facecore.secagg_bench import describe, run_secagg_bench
+    from fedface_bench.secagg import describe, run_secagg_bench
 
     try:
         counts = tuple(int(c) for c in args.devices.split(","))
@@ -80,11 +80,11 @@ def _secagg(args: argparse.Namespace) -> int:
 
 
 def _sim(args: argparse.Namespace) -> int:
+    from fedface_bench.sim import bench_sim, describe
     from facecore.align.geometry import geometry_of
     from facecore.data.split import SplitConfig, build_split
     from facecore.models.checkpoint import load_backbone
     from facecore.paths import data_root
-    from simulator.bench import bench_sim, describe
     from simulator.cross_device.population import load_population
 
     try:
@@ -108,18 +108,20 @@ def _sim(args: argparse.Namespace) -> int:
 def _device(args: argparse.Namespace) -> int:
     """Real photos of one device identity (20 to enroll and train on, one more to verify), and a
     folder of real LFW photos for the verify throughput."""
-    from device_sdk.bench import bench_device, bench_verify
+    from fedface_bench.device import bench_device, bench_verify
     from export.mtcnn_onnx import export_mtcnn_onnx
     from facecore.data.split import SplitConfig, build_split
     from facecore.paths import data_root
-    from simulator.local_server import LocalServer
+    from server_api.launcher import MANY_DEVICES_ON_LOOPBACK, LocalServer
 
     root = data_root(args.data)
     split = build_split(root, SplitConfig(seed=0))
     photos = next([root / p for p in paths] for identity, paths in sorted(split.sets["devices"].items()) if identity.startswith("celeba:") and len(paths) >= 21)
     lfw = sorted((root / "lfw" / "lfw-deepfunneled").glob("*/*.jpg"))
     export_mtcnn_onnx()  # what `fedface models fetch` made; the torch-free verify needs it
-    with tempfile.TemporaryDirectory() as scratch, LocalServer(Path(scratch) / "server", args.model) as server:
+    with tempfile.TemporaryDirectory() as scratch, LocalServer(
+        Path(scratch) / "server", model=args.model, env=MANY_DEVICES_ON_LOOPBACK, log=Path(scratch) / "server.log",
+    ) as server:
         def open_round() -> None:
             import time
 
@@ -170,7 +172,7 @@ def _describe_verify(v: dict) -> str:  # type: ignore[type-arg]
 
 
 def _export(args: argparse.Namespace) -> int:
-    from export.bench import bench_exports
+    from fedface_bench.export import bench_exports
     from export.pipeline import export_model
     from facecore.models.checkpoint import load_backbone
     from facecore.paths import data_root
@@ -218,7 +220,7 @@ def _describe_export(result: dict) -> str:  # type: ignore[type-arg]
 
 
 def _server(args: argparse.Namespace) -> int:
-    from server_api.bench import describe, run_server_bench
+    from fedface_bench.server import describe, run_server_bench
 
     if min(args.devices, args.concurrency, args.workers) < 1:
         raise SystemExit("fedface bench server: --devices, --concurrency and --workers must be at least 1")
@@ -227,7 +229,7 @@ def _server(args: argparse.Namespace) -> int:
     if args.db is not None and args.secure:
         raise SystemExit("fedface bench server: --secure runs on SQLite only")
     if args.secure:
-        from server_api.bench import describe_secure, run_secure_bench
+        from fedface_bench.server import describe_secure, run_secure_bench
 
         if args.devices < 3 or not 0 <= args.drop < 1 / 3:
             raise SystemExit("fedface bench server --secure: --devices must be >= 3 and 0 <= --drop < 1/3 (the threshold is 2n/3 + 1)")

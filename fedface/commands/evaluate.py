@@ -4,6 +4,9 @@
 (one subfolder per person), and what the model's shipped threshold does on it.
 
 `fedface eval geometry`: choose a backbone's crop (template scale and shift) on LFW folds 1-5.
+
+`fedface eval owners`: each device identity enrolls and is verified on held-out photos, against
+the other owners, at the model's published threshold (fedface/commands/evaluate_owners.py).
 """
 from __future__ import annotations
 
@@ -58,6 +61,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     crop.add_argument("--shifts", default="12,18,24,30", help="comma-separated upward shifts in pixels of the crop")
     crop.add_argument("--data", help="data root (default: FEDFACE_DATA or ../shared/data)")
     crop.add_argument("--json", action="store_true", help="print the ranked candidates as JSON")
+    from fedface.commands import evaluate_owners
+
+    evaluate_owners.add_arguments(targets.add_parser(
+        "owners", help="what a phone's owner gets: held-out owner photos against every other owner, at the model's threshold",
+        description="Each device identity of the split enrolls from its own photos and is verified on held-out ones, "
+        "against every other device identity's held-out photos, at the model's published threshold.",
+    ))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,6 +75,10 @@ def run(args: argparse.Namespace) -> int:
         return run_folder(args)
     if args.target == "geometry":
         return run_geometry(args)
+    if args.target == "owners":
+        from fedface.commands import evaluate_owners
+
+        return evaluate_owners.run(args)
     from facecore.align.geometry import ARCFACE_112, geometry_of
     from facecore.align.pipeline import FaceAligner
     from facecore.data.lfw import parse_folds

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from server_api.bench import fresh_database
 from server_api.core.config import Settings
+from server_api.launcher import scratch_database
 
 warnings.filterwarnings("ignore", message=".*httpx.*starlette.testclient.*")
 from fastapi.testclient import TestClient  # noqa: E402
@@ -39,7 +39,7 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         yield f"sqlite:///{tmp_path / 'fedface.db'}"
         return
     assert POSTGRES_URL
-    with fresh_database(POSTGRES_URL, prefix="t_") as url:
+    with scratch_database(POSTGRES_URL, prefix="t_") as url:
         assert url is not None
         yield url
 

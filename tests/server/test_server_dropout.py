@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from server_api.bench import bench_round
+from fedface_bench.server import bench_round
 
 
 @pytest.mark.slow

@@ -2,10 +2,7 @@
 for one model or several (each at its own crop size), all engines interleaved in one run."""
 from __future__ import annotations
 
-import json
-import tempfile
 import time
-from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,9 +11,8 @@ import numpy as np
 import torch
 
 from export.onnx_model import INPUT_NAME, ort_session
+from export.profile import op_profile
 from facecore.align.geometry import geometry_of
-
-PRELU_SCOPE = "/PRelu/"  # the exporter names the nodes it writes for a PReLU under its scope
 
 
 def _latencies(call: Callable[[], object], runs: int, warmup: int) -> list[float]:
@@ -81,30 +77,3 @@ def bench_exports(exports: dict[str, tuple[torch.nn.Module, Path]], runs: int = 
         result["profile"] = {name: op_profile(export_dir / file, inputs[label]) for name, file in ENGINES[1:] if (export_dir / file).is_file()}
         models[label] = result
     return {"models": models, "threads": 1, "batch": 1, "rounds": rounds, "warmup_per_round": warmup}
-
-
-def op_profile(path: Path, x: np.ndarray, runs: int = 100) -> dict[str, Any]:
-    """Where one batch-1 run's time goes, from onnxruntime's own profiler: ms per operator type,
-    the kernels run per operator type (ReorderInput/ReorderOutput are the blocked layout's
-    entries and exits, Transpose the uint8 NHWC path's), and the ms of the nodes written for
-    PReLUs (the share that decided int8's speedup for MobileFaceNet)."""
-    with tempfile.TemporaryDirectory() as scratch:
-        session = ort_session(path, threads=1, profile_prefix=str(Path(scratch) / "ort"))
-        for _ in range(runs):
-            session.run(None, {INPUT_NAME: x})
-        events = json.loads(Path(session.end_profiling()).read_text())
-    by_op: dict[str, float] = defaultdict(float)
-    count: dict[str, int] = defaultdict(int)
-    prelu_us = 0.0
-    for event in events:
-        if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
-            by_op[event["args"]["op_name"]] += event["dur"]
-            count[event["args"]["op_name"]] += 1
-            prelu_us += event["dur"] if PRELU_SCOPE in event["name"] else 0.0
-    total_us = sum(by_op.values())
-    return {
-        "ms_per_run": total_us / runs / 1000, "prelu_ms": prelu_us / runs / 1000,
-        "prelu_share": prelu_us / total_us if total_us else 0.0,
-        "ms_by_op": {op: us / runs / 1000 for op, us in sorted(by_op.items(), key=lambda item: -item[1])},
-        "nodes_by_op": {op: n // runs for op, n in sorted(count.items())},
-    }

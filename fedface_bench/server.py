@@ -4,26 +4,22 @@ Each measured run gets a fresh server (SQLite in a temporary directory, or with 
 schema in that PostgreSQL database, dropped afterwards; ``--model random``)
 so the two peaks compare like with like: a 10-participant round first, then the N-participant
 round, and ``rss_growth_mb`` is the difference of the two peaks. The load comes from
-:mod:`server_api.bench_client` in a separate process; this process only starts and stops the
+:mod:`fedface_bench.server_load` in a separate process; this process only starts and stops the
 server and samples its RSS, so sampling never steals the client's or the server's GIL.
 """
 from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
+from server_api.errors import LaunchFailed
+from server_api.launcher import MANY_DEVICES_ON_LOOPBACK, LocalServer, scratch_database
 
 REPO = Path(__file__).resolve().parents[1]
 BASELINE_DEVICES = 10
@@ -31,12 +27,6 @@ INGEST_GOAL_S = 15.0
 RSS_GROWTH_GOAL_MB = 300.0
 GOAL_DEVICES = 1000
 SAMPLE_INTERVAL_S = 0.05
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _status_kb(pid: int, field: str) -> int:
@@ -87,82 +77,23 @@ class RssSampler(threading.Thread):
         return max(self.peak_kb, hwm) / 1024
 
 
-class BenchServer:
-    """`python -m fedface server --dev` on a free loopback port, in its own session."""
-
-    def __init__(self, data_dir: Path, backbone: str, workers: int = 1, db_url: str | None = None) -> None:
-        self.data_dir, self.port = data_dir, _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = data_dir.parent / "server.log"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FEDFACE_")}  # the operator's settings must not leak in
-        # The real backbone size; no ONNX export, so aggregate_seconds times FedAvg + spreadout, not the exporter.
-        env |= {"FEDFACE_RANDOM_BACKBONE": backbone, "FEDFACE_EXPORT_ONNX": "false", "FEDFACE_LOG_LEVEL": "INFO",
-                "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-        env["FEDFACE_ADDRESS_RATE_PER_S"] = "0"  # one loopback address registers all N devices: no per-address limit
-        args = ["--dev", "--data-dir", str(data_dir), "--model", "random", "--port", str(self.port), "--workers", str(workers)]
-        args += ["--db", db_url] if db_url else []
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "fedface", "server", *args], cwd=REPO, env=env, stdout=log, stderr=log, start_new_session=True
-            )
-
-    def wait_ready(self, timeout: float = 300) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.tail()}")
-            try:
-                if httpx.get(self.url + "/readyz", timeout=5).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        raise RuntimeError(f"server not ready after {timeout} s:\n{self.tail()}")
-
-    def tail(self) -> str:
-        """Where the failure is: the server's ERROR records (a 500's traceback) if any, else the log's
-        end; the whole log is copied out of the temporary directory, which is about to be removed."""
-        text = self.log.read_text(errors="replace")
-        kept = Path(tempfile.gettempdir()) / f"fedface-bench-server-{self.port}.log"
-        kept.write_text(text)
-        errors = [line for line in text.splitlines() if '"level": "ERROR"' in line]
-        return f"(full log: {kept})\n" + ("\n".join(errors[-3:]) if errors else text)[-6000:]
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=30)
+def bench_server(data_dir: Path, backbone: str, workers: int = 1, db_url: str | None = None) -> LocalServer:
+    """`fedface server --dev` with the real backbone size, not yet started; the operator's FEDFACE_* settings
+    stay out. No ONNX export, so aggregate_seconds times FedAvg + spreadout, not the exporter."""
+    settings = {"FEDFACE_RANDOM_BACKBONE": backbone, "FEDFACE_EXPORT_ONNX": "false", "FEDFACE_LOG_LEVEL": "INFO",
+                "OMP_NUM_THREADS": "1", **MANY_DEVICES_ON_LOOPBACK}
+    return LocalServer(data_dir, model="random", workers=workers, db_url=db_url, env=settings, inherit_settings=False,
+                       log=data_dir.parent / "server.log", ready_timeout_s=300)
 
 
-@contextmanager
-def fresh_database(db_url: str | None, prefix: str = "bench_") -> Iterator[str | None]:
-    """A PostgreSQL URL whose search_path is a new, empty schema named `prefix`+random (dropped on
-    exit), for runs that must not see each other's tables; None stays None (SQLite). The server
-    tests' per-test schemas come from here too."""
-    if db_url is None:
-        yield None
-        return
-    import secrets
-
-    from sqlalchemy import create_engine, text
-
-    if not db_url.startswith("postgresql"):
-        raise ValueError(f"--db must be a postgresql:// URL (SQLite is the default), got {db_url.split(':', 1)[0]}")
-    url = "postgresql+psycopg://" + db_url.split("://", 1)[1]
-    schema = prefix + secrets.token_hex(6)
-    admin = create_engine(url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE SCHEMA "{schema}"'))
-    try:
-        yield f"{url}{'&' if '?' in url else '?'}options=-csearch_path%3D{schema}"
-    finally:
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
+def failure_report(server: LocalServer) -> str:
+    """Where the failure is: the server's ERROR records (a 500's traceback) if any, else the log's
+    end; the whole log is copied out of the temporary directory, which is about to be removed."""
+    text = server.log.read_text(errors="replace")
+    kept = Path(tempfile.gettempdir()) / f"fedface-bench-server-{server.port}.log"
+    kept.write_text(text)
+    errors = [line for line in text.splitlines() if '"level": "ERROR"' in line]
+    return f"(full log: {kept})\n" + ("\n".join(errors[-3:]) if errors else text)[-6000:]
 
 
 def bench_round(
@@ -170,24 +101,27 @@ def bench_round(
     db_url: str | None = None,
 ) -> dict[str, Any]:
     """One fresh server, one round with `devices` participants; the client's JSON plus peak RSS."""
-    with tempfile.TemporaryDirectory(prefix="fedface-bench-") as scratch, fresh_database(db_url) as database:
-        server = BenchServer(Path(scratch) / "data", backbone, workers, database)
+    with tempfile.TemporaryDirectory(prefix="fedface-bench-") as scratch, scratch_database(db_url) as database:
+        server = bench_server(Path(scratch) / "data", backbone, workers, database).launch()
         client: subprocess.Popen[str] | None = None
-        sampler = RssSampler(server.process.pid)
+        sampler = RssSampler(server.pid)
         sampler.start()
         try:
             print(f"bench server: starting a server and a client for {devices} devices", file=sys.stderr)
             # Started together: the client's imports overlap the server's startup; it waits for /readyz itself.
-            client = subprocess.Popen(
-                [sys.executable, "-m", "server_api.bench_client", "--url", server.url, "--data-dir", str(server.data_dir),
-                 "--devices", str(devices), "--concurrency", str(concurrency), "--drop-fraction", str(drop_fraction)] + (["--secure"] if secure else []),
-                cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, text=True,
-            )
-            server.wait_ready()
+            load = [sys.executable, "-m", "fedface_bench.server_load", "--url", server.url,
+                    "--data-dir", str(server.data_dir), "--devices", str(devices), "--concurrency", str(concurrency),
+                    "--drop-fraction", str(drop_fraction)] + (["--secure"] if secure else [])
+            client = subprocess.Popen(load, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
+                                      text=True)
+            try:
+                server.wait_ready()
+            except LaunchFailed as error:
+                raise RuntimeError(f"{error}\n{failure_report(server)}") from None
             stdout, _ = client.communicate()
             peak_mb = sampler.stop()
             if client.returncode != 0:
-                raise RuntimeError(f"bench client failed ({client.returncode}); server log:\n{server.tail()}")
+                raise RuntimeError(f"bench client failed ({client.returncode}); server log:\n{failure_report(server)}")
             result: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])
             result["server_errors"] = [line for line in server.log.read_text(errors="replace").splitlines() if '"level": "ERROR"' in line][:5]
         finally:

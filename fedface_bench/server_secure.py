@@ -23,7 +23,7 @@ import numpy as np
 
 from facecore import tensorfile
 from facecore.secagg import Advert, SecAggClient, quantize, weighted_update
-from server_api.bench_client import (
+from fedface_bench.server_client import (
     DELTA_SCALE, REQUEST_TIMEOUT_S, BenchDevice, aggregation_metrics, bounded, connect, current_model, expect, plain, unit,
 )
 

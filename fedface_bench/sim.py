@@ -86,7 +86,7 @@ def floor_seconds(simulation: CrossDeviceSimulation, state: SimulationState) -> 
 
 
 def export_flower_workload(simulation: CrossDeviceSimulation, state: SimulationState, folder: Path) -> None:
-    """What simulator/flower_bench.py reads: the model, every device's cached prefix activations, W."""
+    """What fedface_bench/flower.py reads: the model, every device's cached prefix activations, W."""
     save_backbone(simulation.model, folder / "model.pt")
     blocks, devices, offset = [], [], 0
     for device in simulation.population.devices:
@@ -112,8 +112,8 @@ def flower_reference(simulation: CrossDeviceSimulation, state: SimulationState, 
     folder.mkdir()
     export_flower_workload(simulation, state, folder)
     # Imported, not run as __main__: Ray's actors unpickle the ClientApp's functions by module name.
-    command = [str(python), "-c", "import sys; from simulator.flower_bench import main; sys.exit(main())", "--folder", str(folder),
-               "--devices", str(len(simulation.population.devices)), "--repeats", str(repeats)]
+    command = [str(python), "-c", "import sys; from fedface_bench.flower import main; sys.exit(main())",
+               "--folder", str(folder), "--devices", str(len(simulation.population.devices)), "--repeats", str(repeats)]
     done = subprocess.run(command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "RAY_DEDUP_LOGS": "0"},
                           capture_output=True, text=True, check=False)
     if done.returncode != 0:

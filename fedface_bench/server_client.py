@@ -1,13 +1,13 @@
-"""Load generator for `fedface bench server`: N signing devices through one round over HTTP.
+"""The load of `fedface bench server`: N signing devices through one plain round over HTTP, and the
+device, request and polling helpers that the secure round (:mod:`fedface_bench.server_secure`) shares.
 
-Runs in its own process (``python -m server_api.bench_client``) so the client's CPU work
-(signing, hashing, HTTP framing) never shares an interpreter or GIL with the server or the
-RSS sampler. It speaks the documented wire protocol (server_api/README.md) with plain httpx
-+ cryptography instead of server internals. Progress goes to stderr; one JSON object to stdout.
+Runs in the client process (:mod:`fedface_bench.server_load`), so the client's CPU work (signing,
+hashing, HTTP framing) never shares an interpreter or GIL with the server or the RSS sampler. It
+speaks the documented wire protocol (server_api/README.md) with plain httpx + cryptography instead
+of server internals. Progress goes to stderr.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import base64
 import hashlib
@@ -290,25 +290,3 @@ async def run(url: str, data_dir: Path, n_devices: int, concurrency: int, drop_f
     # Strict JSON: a quantity that could not be measured (nothing accepted, no aggregation) is null, not NaN.
     return {k: None if isinstance(v, float) and v != v else v for k, v in result.items()}
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--url", required=True)
-    parser.add_argument("--data-dir", type=Path, required=True, help="the --dev server's data dir (admin_token)")
-    parser.add_argument("--devices", type=int, default=1000)
-    parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--drop-fraction", type=float, default=0.0, help="devices that drop mid-upload (--secure: after sharing keys)")
-    parser.add_argument("--secure", action="store_true", help="a secure-aggregation round (server_api.bench_secure)")
-    args = parser.parse_args(argv)
-    if args.secure:
-        from server_api.bench_secure import run_secure
-
-        result = asyncio.run(run_secure(args.url, args.data_dir, args.devices, args.concurrency, args.drop_fraction))
-    else:
-        result = asyncio.run(run(args.url, args.data_dir, args.devices, args.concurrency, args.drop_fraction))
-    print(json.dumps(result))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,7 +1,7 @@
 """Flower's simulation engine (flwr + Ray) on the same round as `fedface bench sim`: the reference (b).
 
 Runs in its own interpreter from `.venv-flower` (`make flower-venv`), because flwr pins FastAPI,
-Starlette and uvicorn versions other than the server's. `simulator.bench` writes a work folder:
+Starlette and uvicorn versions other than the server's. `fedface_bench.sim` writes a work folder:
 - `model.pt`: the round's backbone (a FedFace backbone file);
 - `prefix.npy` and `devices.json`: every device's cached frozen-prefix activations (plain, then
   mirrored) with offsets and face counts, the class embeddings W and the local-training settings.

@@ -1,5 +1,7 @@
 """The SecAgg benchmark's byte counts and both timing modes, at toy sizes."""
-from facecore.secagg_bench import ADVERT_BYTES, SHARE_CIPHERTEXT_BYTES, UNMASK_SHARE_BYTES, bytes_per_device, run_secagg_bench
+from fedface_bench.secagg import (
+    ADVERT_BYTES, SHARE_CIPHERTEXT_BYTES, UNMASK_SHARE_BYTES, bytes_per_device, run_secagg_bench,
+)
 
 
 def test_byte_counts_follow_the_messages() -> None:

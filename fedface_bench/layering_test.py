@@ -1,0 +1,76 @@
+"""Benchmarks sit above the product: no product package imports them, and the server never imports the
+simulator or the benchmarks (imports found by parsing every module, lazy ones inside functions included).
+The package's name is ours alone: opacus, a dependency, installs a top-level `benchmarks` package."""
+from __future__ import annotations
+
+import ast
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PRODUCT_PACKAGES = ("facecore", "server_api", "device_sdk", "export", "pretrain", "simulator")
+
+
+def imported_modules(source: str) -> set[str]:
+    """Every absolute module name an `import` or `from ... import` statement anywhere in `source` names."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+    return names
+
+
+def importers_of(top_level: str, packages: tuple[str, ...]) -> list[str]:
+    """`path: module` for each import of `top_level` (or a module inside it) from the given packages' files."""
+    found = []
+    for package in packages:
+        for path in sorted((REPO / package).rglob("*.py")):
+            for name in imported_modules(path.read_text()):
+                if name == top_level or name.startswith(top_level + "."):
+                    found.append(f"{path.relative_to(REPO)}: {name}")
+    return found
+
+
+def test_the_scanner_finds_lazy_and_from_imports_and_ignores_look_alikes() -> None:
+    # Prepare
+    source = (
+        "import os\nfrom fedface_bench.server import bench_round\n"
+        "def f():\n    import fedface_bench.sim as sim\n    from . import local\n"
+        "import fedface_bench_extra\nfrom fedface_benchx import y\nimport benchmarks\n"
+    )
+    # Execute
+    names = imported_modules(source)
+    # Assert
+    ours = {n for n in names if n == "fedface_bench" or n.startswith("fedface_bench.")}
+    assert ours == {"fedface_bench.server", "fedface_bench.sim"}
+
+
+def test_no_installed_distribution_but_fedface_ships_a_package_of_this_name() -> None:
+    # Execute
+    owners = {
+        dist.metadata["Name"] for dist in metadata.distributions()
+        if "fedface_bench" in (dist.read_text("top_level.txt") or "").split()
+        or any(str(file).startswith("fedface_bench/") for file in dist.files or ())
+    }
+    # Assert
+    assert owners <= {"fedface"}, f"another distribution installs fedface_bench: {owners}"
+
+
+@pytest.mark.parametrize("package", PRODUCT_PACKAGES)
+def test_no_product_package_imports_the_benchmarks(package: str) -> None:
+    # Execute
+    offenders = importers_of("fedface_bench", (package,))
+    # Assert
+    assert offenders == [], f"product code imports the benchmarks: {offenders}"
+
+
+@pytest.mark.parametrize("upper", ["simulator", "fedface_bench", "fedface"])
+def test_the_server_does_not_import_what_sits_above_it(upper: str) -> None:
+    # Execute
+    offenders = importers_of(upper, ("server_api",))
+    # Assert
+    assert offenders == [], f"server_api imports {upper}: {offenders}"
