@@ -1,5 +1,4 @@
 """`fedface bench sim` measures what it says: the same device work as the floor, timed side by side."""
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -7,16 +6,8 @@ import torch
 from fedface_bench.sim import bench_sim, flower_python, tile_population
 from facecore.data.synthetic import synthetic_faces
 from facecore.models import get_backbone
+from simulator.conftest import one_torch_thread  # noqa: F401  the simulator tests' autouse fixture, here too
 from simulator.cross_device.population import Population, SimDevice
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """As in the simulator's own tests: tiny models, where spinning OpenMP threads on a busy machine only slow them."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _population(devices: int = 3) -> Population:
