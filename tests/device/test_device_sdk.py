@@ -84,13 +84,16 @@ def test_the_personal_verifier_separates_the_owner_and_stays_on_the_device(fleet
     device = fleet[0]
     with pytest.raises(NotEnrolled, match="personalize"):
         device.verify(owners[0][-1], personal=True)
-    # Execute: at a margin the dlib ResNet's owner faces (cosine 0.96-0.99 to the template) do not already meet
-    done = device.personalize(PersonalConfig(training=LocalTrainingConfig(epochs=20, trainable_blocks=2, margin=0.995)))
+    # Execute: at a margin the dlib ResNet's owner faces (cosine 0.96-0.99 to the template) do not already meet;
+    # its threshold calibrated on 200 public faces (test_device_verify.py checks the calibration itself)
+    training = LocalTrainingConfig(epochs=20, trainable_blocks=2, margin=0.995)
+    done = device.personalize(PersonalConfig(training=training, calibration_far=1e-2, calibration_impostors=200))
     own = [device.verify(photo, personal=True) for photo in owners[0][-2:]]
     other = [device.verify(photo, personal=True) for photo in owners[1][-2:]]
     # Assert: it trained, scores owner above others, and is sealed in the device state only
     assert done.loss_after < done.loss_before and 0.0 <= done.fusion_summary["lambda_mean"] <= 1.0
-    assert all(r.personal for r in own + other)
+    assert all(r.personal for r in own + other) and done.threshold is not None and done.far == 1e-2
+    assert all(r.threshold == done.threshold for r in own + other)  # judged at its own threshold, not the server's
     assert min(r.score for r in own) > max(r.score for r in other)
     assert (device.state.dir / "personal.enc").exists()
     assert b"fused" not in (device.state.dir / "personal.enc").read_bytes()
