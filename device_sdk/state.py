@@ -34,6 +34,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from device_sdk.errors import BadServerResponse, NotRegistered, StateError
+from facecore.digest import file_sha256
 
 KEY_ENV = "FEDFACE_DEVICE_KEY"
 KEY_BYTES = 32
@@ -72,14 +73,6 @@ def check_device_id(device_id: object) -> str:
         raise BadServerResponse(f"the server sent a device id that is not 32 lowercase hex digits: "
                                 f"{str(device_id)[:80]!r}")
     return device_id
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as source:
-        while chunk := source.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 class DeviceState:

@@ -22,6 +22,7 @@ import torch
 from facecore.align.onnx_detector import (
     FORMAT, NETS, SOURCE, DetectorCorrupt, DetectorMissing, detector_dir, detector_files,
 )
+from facecore.digest import file_sha256
 from facecore.errors import FaceCoreError
 
 OPSET = 17
@@ -46,8 +47,6 @@ def export_mtcnn_onnx(folder: Path | None = None, force: bool = False) -> Path:
             return folder
         except (DetectorMissing, DetectorCorrupt):
             pass
-    from facecore.models.published import sha256_file
-
     nets = _load_nets()
     folder.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder.parent, prefix=".mtcnn-staging-") as scratch:
@@ -58,7 +57,7 @@ def export_mtcnn_onnx(folder: Path | None = None, force: bool = False) -> Path:
             path = staging / f"{name}.onnx"
             _export(name, net, path)
             _check_parity(name, net, path)
-            files[name] = {"path": path.name, "sha256": sha256_file(path), "bytes": path.stat().st_size}
+            files[name] = {"path": path.name, "sha256": file_sha256(path), "bytes": path.stat().st_size}
         manifest = {"format": FORMAT, "source": SOURCE, "source_sha256": SOURCE_SHA256, "opset": OPSET, "files": files,
                     "input": "image: (N, 3, H, W) float32 RGB, (pixel - 127.5) / 128"}
         (staging / "manifest.json").write_text(json.dumps(manifest, indent=1))
@@ -73,11 +72,10 @@ def _load_nets() -> dict[str, torch.nn.Module]:
     import facenet_pytorch
     from facenet_pytorch.models.mtcnn import ONet, PNet, RNet
 
-    from facecore.models.published import sha256_file
 
     data = Path(facenet_pytorch.__file__).parent / "data"
     for name, expected in SOURCE_SHA256.items():
-        if sha256_file(data / f"{name}.pt") != expected:
+        if file_sha256(data / f"{name}.pt") != expected:
             raise FaceCoreError(f"{data / name}.pt is not {SOURCE}'s {name} (sha256 differs): "
                                 "reinstall facenet-pytorch==2.6.0")
     return {"pnet": PNet().eval(), "rnet": RNet().eval(), "onet": ONet().eval()}

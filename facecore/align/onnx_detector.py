@@ -12,7 +12,6 @@ Invariants:
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from facecore.align.detector import Detection, DetectorConfig, pick_face
+from facecore.digest import file_sha256
 from facecore.errors import FaceCoreError
 from facecore.paths import cache_root
 
@@ -47,10 +47,6 @@ def detector_dir() -> Path:
     return root / "mtcnn-onnx-facenet-pytorch-2.6.0"
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def detector_files(folder: Path | None = None) -> dict[str, Path]:
     """{net: path} of the exported nets, each checked against the manifest's sha256."""
     folder = folder or detector_dir()
@@ -66,7 +62,7 @@ def detector_files(folder: Path | None = None) -> dict[str, Path]:
         path = folder / entry["path"]
         if not path.is_file():
             raise DetectorMissing(f"{path} is missing: run `{FETCH_HINT} --force`")
-        if _sha256(path) != entry["sha256"]:
+        if file_sha256(path) != entry["sha256"]:
             raise DetectorCorrupt(f"{path} does not match the sha256 in {manifest_path}: run `{FETCH_HINT} --force`")
         files[net] = path
     return files

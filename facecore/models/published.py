@@ -11,7 +11,6 @@ so a truncated or edited file is one clear error, not a model that silently scor
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -24,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from facecore.digest import file_sha256
 from facecore.errors import FaceCoreError
 from facecore.paths import cache_root
 
@@ -76,14 +76,6 @@ FACE_API = NpmPackage(
 FETCH_HINT = "fedface models fetch"
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def installed_files(package: NpmPackage = FACE_API) -> dict[str, Path]:
     """The package's files in the cache, each checked against its published sha256."""
     found: dict[str, Path] = {}
@@ -91,7 +83,7 @@ def installed_files(package: NpmPackage = FACE_API) -> dict[str, Path]:
         path = package.folder / relative
         if not path.is_file():
             raise WeightsMissing(f"{package.spec} is not installed ({path} missing): run `{FETCH_HINT}` (or `make venv`)")
-        if sha256_file(path) != expected:
+        if file_sha256(path) != expected:
             raise WeightsCorrupt(f"{path} does not match {package.spec}'s published sha256: run `{FETCH_HINT} --force`")
         found[relative] = path
     return found
@@ -111,7 +103,7 @@ def fetch(package: NpmPackage = FACE_API, force: bool = False, tarball: Path | N
         archive_path = Path(tarball) if tarball is not None else _npm_pack(package, Path(scratch))
         if not archive_path.is_file():
             raise WeightsMissing(f"{archive_path} does not exist")
-        if sha256_file(archive_path) != package.tarball_sha256:
+        if file_sha256(archive_path) != package.tarball_sha256:
             raise WeightsCorrupt(f"{archive_path.name} is not the {package.spec} tarball (its sha256 differs from the recorded one)")
         staging = Path(scratch) / "unpacked"
         with tarfile.open(archive_path, "r:gz") as archive:

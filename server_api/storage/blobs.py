@@ -10,7 +10,6 @@ Blobs hold model weights and device updates: the local store's folders are 0700 
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shutil
@@ -19,6 +18,8 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import BinaryIO, Protocol
+
+from facecore.digest import file_sha256
 
 CHUNK = 1 << 20
 PRIVATE_DIR_MODE = 0o700
@@ -72,14 +73,6 @@ def make_private_dir(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
     os.chmod(path, PRIVATE_DIR_MODE)
     return path
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class LocalBlobStore:
