@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # Reinstall whenever the dependency list changes.
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: run test venv weights clean-venv flower-venv
+.PHONY: run test lint venv weights clean-venv flower-venv
 
 venv: $(STAMP) weights
 
@@ -26,8 +26,15 @@ $(STAMP): pyproject.toml
 run: $(STAMP) weights
 	$(BIN)/fedface demo --out reports/demo
 
-test: $(STAMP) weights
+# Lint first, so a style, type or layering error fails in seconds, before the weights and the suite.
+test: $(STAMP) lint weights
 	$(BIN)/python -m pytest
+
+# ruff (style, imports), mypy (types) and import-linter (the packages' layers); all configured in pyproject.toml.
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 clean-venv:
 	rm -rf $(VENV) .venv-flower

@@ -26,12 +26,27 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from device_sdk.errors import (
-    AuthError, BadServerResponse, DeviceError, NoFaceFound, NotAnImage, NotEnoughPhotos, NotEnrolled, NotRegistered,
-    RoundClosed, ServerRefused, ServerUnavailable, StateError,
+    AuthError,
+    BadServerResponse,
+    DeviceError,
+    NoFaceFound,
+    NotAnImage,
+    NotEnoughPhotos,
+    NotEnrolled,
+    NotRegistered,
+    RoundClosed,
+    ServerRefused,
+    ServerUnavailable,
+    StateError,
 )
 from device_sdk.inference import OnnxEmbedder
 from device_sdk.personal import (
-    PersonalConfig, PersonalVerifier, load_verifier, save_verifier, saved_model_version, train_personal_verifier,
+    PersonalConfig,
+    PersonalVerifier,
+    load_verifier,
+    save_verifier,
+    saved_model_version,
+    train_personal_verifier,
 )
 from device_sdk.secure_round import SecureRound
 from device_sdk.state import DeviceState, check_device_id, check_version
@@ -42,15 +57,12 @@ from facecore import tensorfile
 from facecore.align.geometry import FaceGeometry, geometry_of
 from facecore.align.pipeline import FaceAligner, load_rgb
 from facecore.data.folders import list_photos
+from facecore.federation.protocol import BACKBONE_PREFIX, CONTENT_SHA256_HEADER, EMBEDDING_KEY, MASKED_KEY, METADATA_KEY
+from facecore.federation.status import CHOSEN_STATUSES, ParticipationStatus
 from facecore.models.registry import get_backbone
 
-# The server names the content hash of every model download in this header (server_api/api/routes/models.py).
-SHA256_HEADER = "X-Content-SHA256"
 # A path on the round server: "/v1/" then segments that cannot be "." or "..", no scheme, no host, no query.
 SERVER_PATH = re.compile(r"/v1(/[A-Za-z0-9_~-][A-Za-z0-9._~-]*)+")
-# `code`s a server may put in a 409's body; without one the status and this device's own state decide.
-NOT_ENROLLED_CODES = {"not_enrolled"}
-LATE_CODES = {"deadline_passed", "round_closed", "stale_round", "round_not_open", "no_open_round"}
 
 
 def server_path(url: object) -> str:
@@ -196,7 +208,7 @@ class FaceDevice:
         if cached is not None:
             return cached
         response = self._request("GET", url)
-        published = response.headers.get(SHA256_HEADER)
+        published = response.headers.get(CONTENT_SHA256_HEADER)
         expected = published.lower() if published else (version if kind == "fp32.pt" else None)
         return self.state.store_model(version, kind, response.content, expected)
 
@@ -264,7 +276,7 @@ class FaceDevice:
         say("checking in" + (" (waiting for the round to select this device)" if wait is None or wait > 0 else ""))
         checkin = self._checkin_until_selected(wait, poll)
         round_id = int(checkin["round_id"])
-        if checkin["status"] == "uploaded":
+        if checkin["status"] == ParticipationStatus.UPLOADED:
             raise RoundClosed(f"this device already sent its update for round {round_id}: run train again for the "
                               "next round")
         started = time.perf_counter()
@@ -279,9 +291,7 @@ class FaceDevice:
             raise NotEnrolled(f"the server's model crops faces as {geometry_of(backbone).key}, this device's faces "
                               "were cropped for another model: enroll again")
         embedding = np.asarray(self._request("GET", checkin["embedding_url"]).json()["embedding"], np.float32)
-        local = checkin["local"]
-        config = LocalTrainingConfig(epochs=local.get("epochs", 1), steps=local.get("steps"), lr=local.get("lr", 0.01),
-                                     margin=local.get("margin", 0.9), batch=local.get("batch_size", 32))
+        config = LocalTrainingConfig.from_round(checkin["local"])
         say(f"training locally for round {round_id}")
         with self._training_slot:
             update = train_local(backbone, embedding, faces, config, seed=round_id)
@@ -419,10 +429,10 @@ class FaceDevice:
                 time.sleep(poll)
                 continue
             seen_round = int(checkin["round_id"])
-            if checkin["status"] in ("selected", "uploaded"):
+            if checkin["status"] in CHOSEN_STATUSES:
                 return checkin
             status = str(checkin["status"]).replace("_", " ")
-            if wait is None and checkin["status"] == "not_selected":
+            if wait is None and checkin["status"] == ParticipationStatus.NOT_SELECTED:
                 raise RoundClosed(f"round {seen_round} selected other devices: run train again for the next round")
             if wait is not None and time.monotonic() >= deadline:
                 raise RoundClosed(f"round {seen_round}: this device is {status} (pass a longer --wait, or --wait alone "
@@ -430,11 +440,12 @@ class FaceDevice:
             time.sleep(min(poll, max(checkin.get("retry_after_s") or poll, 0.1)))
 
     def _raise_if_not_enrolled_on_server(self, refused: ServerRefused) -> None:
-        """A check-in 409 means no open round or no enrollment on the server; without a `code`,
-        asking for this device's own template tells them apart."""
-        if refused.code is not None and refused.code not in NOT_ENROLLED_CODES:
+        """A check-in 409 means no open round or no enrollment on the server: the body's `code` says
+        which (the transport typed the refusal by it)."""
+        if refused.code is not None and not isinstance(refused, NotEnrolled):
             return
         if refused.code is None:
+            # A server older than error codes: asking for this device's own template tells them apart.
             try:
                 self._request("GET", f"/v1/devices/{self._identity()[0]}/embedding")
                 return
@@ -471,7 +482,7 @@ class FaceDevice:
         except ServerRefused as refused:
             self.state.clear_pending()  # a refusal does not change on a resend
             deadline = _deadline(meta.get("deadline_at"))
-            if refused.code in LATE_CODES or (refused.status == 409 and deadline and datetime.now(UTC) >= deadline):
+            if isinstance(refused, RoundClosed) or (refused.status == 409 and deadline and datetime.now(UTC) >= deadline):
                 when = f" ({deadline:%H:%M:%S} UTC)" if deadline else ""
                 raise RoundClosed(f"round {round_id}'s upload deadline{when} passed before this device's update "
                                   "arrived: the update is discarded; run train again to join the next round") from None
@@ -506,15 +517,15 @@ class FaceDevice:
         deltas = {name: (trained[name] - value if name in trained else torch.zeros_like(value)).numpy()
                   for name, value in base.items()}
         if secure is not None:
-            tensors = {"secagg.masked": secure.masked(deltas, update.n_samples).view(np.int32)}
+            tensors = {MASKED_KEY: secure.masked(deltas, update.n_samples).view(np.int32)}
         else:
-            tensors = {f"backbone.{k}": d.astype(wire) if np.issubdtype(d.dtype, np.floating) else d
+            tensors = {BACKBONE_PREFIX + k: d.astype(wire) if np.issubdtype(d.dtype, np.floating) else d
                        for k, d in deltas.items()}
-        tensors["class_embedding"] = self._shared_template(update.embedding.numpy())
+        tensors[EMBEDDING_KEY] = self._shared_template(update.embedding.numpy())
         meta = {"base_version": base_version, "n_samples": update.n_samples,
                 "metrics": {"loss": update.loss_after, "loss_before": update.loss_before}}
         buffer = io.BytesIO()
-        tensorfile.write(buffer, tensors, {"fedface": json.dumps(meta)})
+        tensorfile.write(buffer, tensors, {METADATA_KEY: json.dumps(meta)})
         return buffer.getvalue()
 
 

@@ -1,12 +1,15 @@
 """Exceptions a device app handles. All derive from FaceCoreError, so the CLI prints one line.
 
-Each message names what went wrong and what fixes it; a state error also names the file.
+Each message names what went wrong and what fixes it; a state error also names the file. A server
+refusal is typed by the body's machine-readable `code` (facecore.federation.protocol.ErrorCode) where
+one names a case the SDK knows, else by the HTTP status alone: never by the wording of `detail`.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
 
 from facecore.errors import FaceCoreError, NoFaceFound
+from facecore.federation.protocol import ErrorCode
 
 
 class DeviceError(FaceCoreError):
@@ -65,11 +68,33 @@ class RoundClosed(DeviceError):
     """The round this device trained for is over (or none is open)."""
 
 
+# Both a ServerRefused (callers that handle refusals by status keep working) and the SDK's own meaning.
+class RefusedNotEnrolled(ServerRefused, NotEnrolled):
+    """The server holds no enrollment for this device (code `not_enrolled`)."""
+
+
+class RefusedRoundClosed(ServerRefused, RoundClosed):
+    """No round is open, or the round no longer takes this request (code `stale_round`)."""
+
+
+REFUSALS: dict[str, type[ServerRefused]] = {
+    ErrorCode.NOT_ENROLLED: RefusedNotEnrolled,
+    ErrorCode.STALE_ROUND: RefusedRoundClosed,
+}
+
+
+def refusal(status: int, detail: str, code: str | None) -> ServerRefused:
+    """The exception for a 4xx refusal: typed by `code` when it names a known case; a code this SDK does
+    not know (a newer server) or none (an older one) leaves the plain ServerRefused, typed by status."""
+    return REFUSALS.get(code or "", ServerRefused)(status, detail, code)
+
+
 class AuthError(DeviceError):
     """The server rejected this device's signature or identity."""
 
 
 __all__ = [
     "AuthError", "BadServerResponse", "DeviceError", "NoFaceFound", "NotAnImage", "NotEnoughPhotos", "NotEnrolled",
-    "NotRegistered", "RoundClosed", "ServerRefused", "ServerUnavailable", "StateError",
+    "NotRegistered", "RefusedNotEnrolled", "RefusedRoundClosed", "RoundClosed", "ServerRefused", "ServerUnavailable",
+    "StateError", "refusal",
 ]

@@ -94,6 +94,8 @@ class FusedSuffix(nn.Module):
 class PersonalVerifier(nn.Module):
     """Aligned faces (the backbone's crop) → fused embeddings, and their cosine with the owner's template."""
 
+    template: Tensor  # a buffer, registered in __init__
+
     def __init__(self, global_backbone: nn.Module, config: PersonalConfig) -> None:
         super().__init__()
         self.config = config
@@ -230,7 +232,8 @@ def verifier_onnx(verifier: PersonalVerifier) -> bytes:
     buffer = io.BytesIO()
     with torch.no_grad():
         torch.onnx.export(
-            _FusedGraph(verifier).eval(), (torch.zeros(1, 3, size, size),), buffer, dynamo=False, opset_version=17,
+            # the TorchScript exporter (dynamo=False) writes to any binary file; torch annotates f as a path only
+            _FusedGraph(verifier).eval(), (torch.zeros(1, 3, size, size),), buffer, dynamo=False, opset_version=17,  # type: ignore[arg-type]
             do_constant_folding=True, input_names=["faces"], output_names=["embedding"],
             dynamic_axes={"faces": {0: "batch"}, "embedding": {0: "batch"}},
         )

@@ -10,11 +10,16 @@ import torch
 from device_sdk.errors import NotEnrolled
 from device_sdk.inference import OnnxEmbedder
 from device_sdk.personal import (
-    PersonalConfig, load_verifier, save_verifier, saved_model_version, train_personal_verifier,
+    PersonalConfig,
+    load_verifier,
+    save_verifier,
+    saved_model_version,
+    train_personal_verifier,
 )
 from device_sdk.personal_file import read_personal
 from device_sdk.training import LocalTrainingConfig
 from facecore.data.synthetic import synthetic_faces
+from facecore.fusion import LambdaFusion
 from facecore.models.preprocess import faces_to_tensor
 from facecore.models.testing import calibrated_backbone
 
@@ -54,7 +59,9 @@ def test_lambda_stays_in_the_unit_box_even_at_a_huge_learning_rate(setup, fusion
     # Execute
     verifier, _ = train_personal_verifier(model, owner, _config(fusion, lr=50.0, momentum=0.0), seed=1)
     # Assert
-    lam = verifier.fused.fusion.lam.detach()
+    trained = verifier.fused.fusion
+    assert isinstance(trained, LambdaFusion)
+    lam = trained.lam.detach()
     assert lam.min() >= 0.0 and lam.max() <= 1.0
 
 
@@ -63,8 +70,10 @@ def test_lambda_one_is_exactly_the_global_model(setup) -> None:  # type: ignore[
     model, owner, others = setup
     config = PersonalConfig("single", LocalTrainingConfig(epochs=3, batch=4, trainable_blocks=2, lr=0.1), lambda_init=0.5)
     verifier, _ = train_personal_verifier(model, owner, config, seed=1)
+    trained = verifier.fused.fusion
+    assert isinstance(trained, LambdaFusion)
     with torch.no_grad():
-        verifier.fused.fusion.lam.fill_(1.0)
+        trained.lam.fill_(1.0)
         local_moved = not torch.allclose(verifier.fused.local(verifier.prefix_cache(others).plain), model(faces_to_tensor(others)))
         expected = torch.nn.functional.normalize(model(faces_to_tensor(others)), dim=1).numpy()
     # Execute

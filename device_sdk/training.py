@@ -14,8 +14,9 @@ import copy
 import math
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -45,6 +46,14 @@ class LocalTrainingConfig:
     # they are the mean batch loss of the first and of the last epoch, computed during training
     # anyway; a simulator of thousands of devices saves two forward passes per device.
     exact_losses: bool = True
+
+    @classmethod
+    def from_round(cls, local: Mapping[str, Any]) -> LocalTrainingConfig:
+        """The `local` settings a round's check-in carries (server_api.schemas.LocalTrainingConfig,
+        whose `batch_size` is `batch` here); what the server leaves out keeps this class's default."""
+        names = {"epochs": "epochs", "steps": "steps", "lr": "lr", "margin": "margin", "batch_size": "batch",
+                 "trainable_blocks": "trainable_blocks"}
+        return cls(**{names[key]: value for key, value in local.items() if key in names})
 
     def __post_init__(self) -> None:
         problems = [
@@ -89,8 +98,17 @@ def split_backbone(model: nn.Module, trainable_blocks: int | None) -> tuple[nn.M
     the suffix when `trainable_blocks` is None."""
     if trainable_blocks is None:
         return nn.Identity(), model
-    cut = len(model.blocks) - min(trainable_blocks, len(model.blocks))
-    return nn.Sequential(model.stem, *list(model.blocks)[:cut]), nn.Sequential(*list(model.blocks)[cut:], model.head)
+    blocks = list(_part(model, "blocks").children())
+    cut = len(blocks) - min(trainable_blocks, len(blocks))
+    return nn.Sequential(_part(model, "stem"), *blocks[:cut]), nn.Sequential(*blocks[cut:], _part(model, "head"))
+
+
+def _part(model: nn.Module, name: str) -> nn.Module:
+    """The backbone contract's `stem`, `blocks` (a Sequential) or `head` (facecore.models.registry)."""
+    part = getattr(model, name)
+    if not isinstance(part, nn.Module):
+        raise TypeError(f"{type(model).__name__} has no {name} module: not a FedFace backbone")
+    return part
 
 
 def trainable_keys(model: nn.Module, trainable_blocks: int | None, names: list[str] | None = None) -> list[str]:
@@ -102,8 +120,9 @@ def trainable_keys(model: nn.Module, trainable_blocks: int | None, names: list[s
     names = list(model.state_dict(keep_vars=True)) if names is None else names
     if trainable_blocks is None:
         return names
-    cut = len(model.blocks) - min(trainable_blocks, len(model.blocks))
-    prefixes = ("head.", *(f"blocks.{i}." for i in range(cut, len(model.blocks))))
+    count = len(list(_part(model, "blocks").children()))
+    cut = count - min(trainable_blocks, count)
+    prefixes = ("head.", *(f"blocks.{i}." for i in range(cut, count)))
     return [k for k in names if k.startswith(prefixes)]
 
 

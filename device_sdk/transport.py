@@ -2,37 +2,34 @@
 
 Every attempt is signed afresh (new timestamp and nonce), since the server refuses a nonce it
 has seen; an upload keeps its Idempotency-Key across attempts, so a retried upload counts once.
-Errors are typed by HTTP status and, when the body carries one, its machine-readable `code`,
-never by the wording of `detail`: the caller, which knows what it asked for, says what a
-refusal means (device_sdk.device).
+Errors are typed by HTTP status and, when the body carries one, its machine-readable `code`
+(device_sdk.errors.refusal), never by the wording of `detail`: the caller, which knows what it
+asked for, says what a refusal means (device_sdk.device). The signed message and header names are
+the protocol's (facecore.federation.protocol).
 """
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import random
-import secrets
 import time
 from typing import Any
 
 import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from device_sdk.errors import AuthError, ServerRefused, ServerUnavailable
+from device_sdk.errors import AuthError, ServerUnavailable, refusal
+from facecore.federation import protocol
 
-SCHEME = "FEDFACE-V1"
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}
 MAX_RETRY_AFTER_S = 30.0
 
 
-def signature_headers(key: Ed25519PrivateKey, subject: str, method: str, path: str, body: bytes) -> dict[str, str]:
-    timestamp, nonce = str(int(time.time())), secrets.token_urlsafe(18)
-    message = "\n".join((SCHEME, subject, method.upper(), path, timestamp, nonce, hashlib.sha256(body).hexdigest()))
-    signature = base64.b64encode(key.sign(message.encode())).decode()
-    # X-Content-SHA256 lets the server check the signature before it reads a large body (uploads).
-    return {"X-Timestamp": timestamp, "X-Nonce": nonce, "X-Signature": signature,
-            "X-Content-SHA256": hashlib.sha256(body).hexdigest()}
+def signature_headers(key: Ed25519PrivateKey, device_id: str | None, method: str, path: str, body: bytes) -> dict[str, str]:
+    """The signed headers of one request by this device; `device_id` None while registering."""
+    # The body hash header lets the server check the signature before it reads a large body (uploads).
+    subject = device_id or protocol.REGISTER_SUBJECT
+    signed = protocol.signature_headers(key, subject, method, path, protocol.body_sha256(body))
+    return (signed | {protocol.DEVICE_ID_HEADER: device_id}) if device_id else signed
 
 
 class Transport:
@@ -53,9 +50,7 @@ class Transport:
         raw = json.dumps(body).encode() if isinstance(body, dict) else (body or b"")
         extra = {"Content-Type": "application/json"} if isinstance(body, dict) else {}
         for attempt in range(self.retries + 1):
-            signed = signature_headers(key, device_id or "register", method, path, raw)
-            if device_id:
-                signed["X-Device-Id"] = device_id
+            signed = signature_headers(key, device_id, method, path, raw)
             try:
                 response = self.http.request(method, path, content=raw, headers={**extra, **(headers or {}), **signed})
             except httpx.TransportError as error:
@@ -93,7 +88,7 @@ class Transport:
             raise AuthError(f"server refused this device ({status}): {detail}")
         if status >= 500:
             raise ServerUnavailable(f"server error {status} after retries: {detail}")
-        raise ServerRefused(status, detail, code)
+        raise refusal(status, detail, code)
 
 
 def error_body(response: httpx.Response) -> tuple[str, str | None]:

@@ -28,12 +28,11 @@ from facecore.align.onnx_detector import OnnxMTCNN
 from facecore.align.pipeline import load_rgb
 from facecore.align.template import warp_to_template
 from facecore.errors import FaceCoreError
+from facecore.federation.protocol import CONTENT_SHA256_HEADER
 
 if TYPE_CHECKING:
     from device_sdk.personal_file import PersonalThreshold
 
-# The header in which the server names a model download's sha256 (as device_sdk.device reads it).
-SHA256_HEADER = "X-Content-SHA256"
 NOT_AN_IMAGE = "not an image"
 NO_FACE = "no face found"
 
@@ -142,7 +141,7 @@ def device_model(state: DeviceState, transport: Transport) -> DeviceModel:
             raise BadServerResponse(f"the server publishes no usable ONNX file for model {version[:12]} "
                                     f"(onnx_url {url!r})")
         response = transport.request("GET", url, key, device_id)
-        cached = state.store_model(version, "onnx", response.content, response.headers.get(SHA256_HEADER))
+        cached = state.store_model(version, "onnx", response.content, response.headers.get(CONTENT_SHA256_HEADER))
     return DeviceModel(description, cached, offline=False)
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from export.profile import op_profile
 from export.pipeline import ExportError, export_model, sha256
+from export.profile import op_profile
 from facecore.align.geometry import ARCFACE_112, FaceGeometry
 from facecore.errors import CheckpointError, FaceCoreError
 from facecore.models import get_backbone
@@ -133,7 +133,7 @@ def test_the_device_embedder_takes_the_manifest_size(exported_dlib) -> None:  # 
 def test_mismatched_architecture_is_one_clear_error(tmp_path: Path, real_data: Path) -> None:
     # Prepare: a file that claims mobilefacenet but holds iresnet18 weights
     model = get_backbone("iresnet18")
-    model.name = "mobilefacenet"
+    model.name = "mobilefacenet"  # type: ignore[assignment]  # Module types unknown attributes as Tensor | Module
     save_backbone(model, tmp_path / "wrong.pt")
     # Execute / Assert
     with pytest.raises(CheckpointError, match="weights do not fit backbone 'mobilefacenet'"):

@@ -20,7 +20,12 @@ import onnxruntime as ort
 import torch
 
 from facecore.align.onnx_detector import (
-    FORMAT, NETS, SOURCE, DetectorCorrupt, DetectorMissing, detector_dir, detector_files,
+    FORMAT,
+    SOURCE,
+    DetectorCorrupt,
+    DetectorMissing,
+    detector_dir,
+    detector_files,
 )
 from facecore.digest import file_sha256
 from facecore.errors import FaceCoreError

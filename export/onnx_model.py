@@ -6,6 +6,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -198,7 +199,7 @@ def _prelu_as_convolutions(model: onnx.ModelProto, x: str, slope: np.ndarray, ou
         onnx.numpy_helper.from_array(slope.reshape(channels, 1, 1, 1), f"{name}/linear_weight"),
         onnx.numpy_helper.from_array((1 - slope).reshape(channels, 1, 1, 1), f"{name}/positive_weight"),
     ])
-    depthwise = {"group": channels, "kernel_shape": [1, 1]}
+    depthwise: dict[str, Any] = {"group": channels, "kernel_shape": [1, 1]}
     return [
         onnx.helper.make_node("Conv", [x, f"{name}/linear_weight"], [f"{name}/linear"], name=f"{name}/prelu_linear", **depthwise),
         onnx.helper.make_node("Conv", [x, f"{name}/positive_weight"], [f"{name}/scaled"], name=f"{name}/prelu_scaled", **depthwise),

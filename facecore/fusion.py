@@ -56,6 +56,7 @@ class ConvFusion(Fusion):
         with torch.no_grad():
             self.conv.weight.zero_()
             self.conv.weight[:, channels:, 0, 0] = torch.eye(channels)
+            assert self.conv.bias is not None  # Conv2d's default: a bias
             self.conv.bias.zero_()
 
     def forward(self, local: torch.Tensor, global_: torch.Tensor | None) -> torch.Tensor:

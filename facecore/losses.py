@@ -17,7 +17,7 @@ from torch import Tensor, nn
 MARGIN_LOSSES = ("arcface", "cosface")
 
 
-class _MarginHead(nn.Module):
+class MarginHead(nn.Module):
     """Shared parts: the (num_classes, embedding_dim) weight and cosine logits."""
 
     def __init__(self, embedding_dim: int, num_classes: int, s: float) -> None:
@@ -49,7 +49,7 @@ class _MarginHead(nn.Module):
         return F.cross_entropy(self.logits(embeddings, labels), labels.long())
 
 
-class CosFaceHead(_MarginHead):
+class CosFaceHead(MarginHead):
     """CosFace / AM-Softmax (Wang et al. 2018): target logit ``s * (cos - m)``."""
 
     def __init__(self, embedding_dim: int, num_classes: int, s: float = 64.0, m: float = 0.35) -> None:
@@ -62,7 +62,7 @@ class CosFaceHead(_MarginHead):
         return cos_target - self.m
 
 
-class ArcFaceHead(_MarginHead):
+class ArcFaceHead(MarginHead):
     """ArcFace (Deng et al. 2019): target logit ``s * cos(theta + m)``.
 
     With "easy margin" off (insightface default): ``cos(theta + m)`` stops being
@@ -89,7 +89,7 @@ class ArcFaceHead(_MarginHead):
         return torch.where(cos_target > self.threshold, shifted, cos_target - self.fallback)
 
 
-def make_margin_head(loss: str, embedding_dim: int, num_classes: int, **kwargs: Any) -> nn.Module:
+def make_margin_head(loss: str, embedding_dim: int, num_classes: int, **kwargs: Any) -> MarginHead:
     """Build the margin head named ``loss`` (``cosface`` or ``arcface``); ``kwargs``
     go to the head (``s``, ``m``)."""
     if loss == "cosface":

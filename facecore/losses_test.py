@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ import torch
 from facecore.losses import (
     ArcFaceHead,
     CosFaceHead,
+    MarginHead,
     SpreadoutConfig,
     impostor_loss,
     make_margin_head,
@@ -119,7 +121,7 @@ def test_invalid_shapes_and_k_rejected() -> None:
         spreadout_loss(torch.ones(4))
 
 
-def _head_with_weight(head: torch.nn.Module, weight: list[list[float]]) -> torch.nn.Module:
+def _head_with_weight(head: MarginHead, weight: list[list[float]]) -> MarginHead:
     with torch.no_grad():
         head.weight.copy_(torch.tensor(weight))
     return head
@@ -179,6 +181,7 @@ def test_margin_head_gradients_finite_at_cos_extremes(loss_name: str) -> None:
 
     # Assert
     assert torch.isfinite(loss)
+    assert embeddings.grad is not None and head.weight.grad is not None
     assert torch.isfinite(embeddings.grad).all() and torch.isfinite(head.weight.grad).all()
 
 
@@ -202,6 +205,7 @@ def test_positive_and_spreadout_gradients_finite() -> None:
     (positive_loss(features, W[0]) + spreadout_loss(W) + spreadout_topk_loss(W, k=1)).backward()
 
     # Assert
+    assert features.grad is not None and W.grad is not None
     assert torch.isfinite(features.grad).all() and torch.isfinite(W.grad).all()
     assert W.grad.abs().sum() > 0
 
@@ -269,7 +273,7 @@ def test_spreadout_config_defaults_and_frozen() -> None:
         {"nu": 1.5}, {"nu": -1.01}, {"momentum": 1.0}, {"momentum": -0.1},
     ],
 )
-def test_spreadout_config_rejects_bad_values(kwargs: dict[str, float]) -> None:
+def test_spreadout_config_rejects_bad_values(kwargs: dict[str, Any]) -> None:
     # Execute / Assert
     with pytest.raises(ValueError):
         SpreadoutConfig(**kwargs)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import io
 import json
 import struct
+from typing import Any
 
 import numpy as np
 import pytest
@@ -64,7 +65,7 @@ def test_a_long_tensor_name_is_cut_short_in_the_error() -> None:
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
 @given(header=st.dictionaries(st.text(max_size=6), st.dictionaries(_ENTRY_KEYS, _JSON, max_size=4) | _JSON, max_size=4),
        data=st.binary(max_size=64))
-def test_any_json_header_parses_or_is_a_tensor_file_error(header: dict, data: bytes) -> None:
+def test_any_json_header_parses_or_is_a_tensor_file_error(header: dict[str, Any], data: bytes) -> None:
     # Prepare
     body = _file(json.dumps(header).encode(), data)
     # Execute / Assert: a parsed header always describes the bytes that follow it

@@ -99,7 +99,7 @@ class Parser(argparse.ArgumentParser):
             importlib.import_module(module_name).add_arguments(self)
         return self
 
-    def parse_known_args(
+    def parse_known_args(  # type: ignore[override]  # one signature for argparse's three overloads
         self, args: Sequence[str] | None = None, namespace: Any = None
     ) -> tuple[argparse.Namespace, list[str]]:
         self.populate()
@@ -115,10 +115,10 @@ class Parser(argparse.ArgumentParser):
 
 
 def add_lazy_command(
-    subparsers: argparse._SubParsersAction,
+    subparsers: argparse._SubParsersAction[Any],  # of Parser, or of a plain ArgumentParser (a test's)
     name: str,
     module_name: str,
-    help_text: str,  # type: ignore[type-arg]
+    help_text: str,
 ) -> argparse.ArgumentParser:
     """A sub-command whose arguments come from ``module_name.add_arguments``, imported only if used."""
     sub = subparsers.add_parser(name, help=help_text, description=help_text)

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ def bench_device(
     for k in range(repeats + 1):  # the server enrolls a device once, so each repeat is a new device
         device = FaceDevice(server_url, state_dir / f"device{k}", aligner=aligner)
         device.register()
-        enrolled.append(_timed(lambda: device.enroll(enroll_photos))[0])
+        enrolled.append(_timed(partial(device.enroll, enroll_photos))[0])
     warm_enroll, enroll = enrolled[0], enrolled[1:]
     rounds = []
     for _ in range(repeats + 1):

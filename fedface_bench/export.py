@@ -50,7 +50,11 @@ def bench_exports(exports: dict[str, tuple[torch.nn.Module, Path]], runs: int = 
         for name, file in ENGINES[1:]:
             if (export_dir / file).is_file():
                 session = ort_session(export_dir / file, threads=1)
-                engines[label, name] = lambda s=session, x=x: s.run(None, {INPUT_NAME: x})
+
+                def onnx_run(s: Any = session, x: np.ndarray = x) -> object:
+                    return s.run(None, {INPUT_NAME: x})
+
+                engines[label, name] = onnx_run
     order = list(engines)
     samples: dict[tuple[str, str], list[float]] = {key: [] for key in order}
     per_round = max(1, runs // rounds)

@@ -1,6 +1,8 @@
 """Benchmarks sit above the product: no product package imports them, and the server never imports the
 simulator or the benchmarks (imports found by parsing every module, lazy ones inside functions included).
-The package's name is ours alone: opacus, a dependency, installs a top-level `benchmarks` package."""
+The shared core sits below everything: facecore's code imports no package above it, and its federation
+vocabulary (facecore/federation) no transport, database or torch. The package's name is ours alone:
+opacus, a dependency, installs a top-level `benchmarks` package."""
 from __future__ import annotations
 
 import ast
@@ -24,11 +26,14 @@ def imported_modules(source: str) -> set[str]:
     return names
 
 
-def importers_of(top_level: str, packages: tuple[str, ...]) -> list[str]:
-    """`path: module` for each import of `top_level` (or a module inside it) from the given packages' files."""
+def importers_of(top_level: str, packages: tuple[str, ...], tests: bool = True) -> list[str]:
+    """`path: module` for each import of `top_level` (or a module inside it) from the given packages' files
+    (their `*_test.py` files too unless `tests` is False)."""
     found = []
     for package in packages:
         for path in sorted((REPO / package).rglob("*.py")):
+            if not tests and path.name.endswith("_test.py"):
+                continue
             for name in imported_modules(path.read_text()):
                 if name == top_level or name.startswith(top_level + "."):
                     found.append(f"{path.relative_to(REPO)}: {name}")
@@ -74,3 +79,19 @@ def test_the_server_does_not_import_what_sits_above_it(upper: str) -> None:
     offenders = importers_of(upper, ("server_api",))
     # Assert
     assert offenders == [], f"server_api imports {upper}: {offenders}"
+
+
+@pytest.mark.parametrize("upper", ["server_api", "device_sdk", "simulator", "fedface_bench", "fedface", "export", "pretrain"])
+def test_the_core_imports_nothing_above_it(upper: str) -> None:
+    # Execute: a test may drive the code above (the federation protocol test signs with the SDK)
+    offenders = importers_of(upper, ("facecore",), tests=False)
+    # Assert
+    assert offenders == [], f"facecore imports {upper}: {offenders}"
+
+
+@pytest.mark.parametrize("heavy", ["httpx", "fastapi", "starlette", "sqlalchemy", "psycopg", "torch", "requests"])
+def test_the_federation_vocabulary_imports_no_transport_database_or_torch(heavy: str) -> None:
+    # Execute
+    offenders = importers_of(heavy, ("facecore/federation",), tests=False)
+    # Assert
+    assert offenders == [], f"facecore/federation imports {heavy}: {offenders}"

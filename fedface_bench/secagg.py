@@ -17,7 +17,18 @@ from typing import Any
 
 import numpy as np
 
-from facecore.secagg import SHARE_BYTES, SHARE_CIPHERTEXT_BYTES, SecAggClient, combine_shares, dequantize, lagrange_weights, prg, quantize, split_secret, unmask_sum
+from facecore.secagg import (
+    SHARE_BYTES,
+    SHARE_CIPHERTEXT_BYTES,
+    SecAggClient,
+    combine_shares,
+    dequantize,
+    lagrange_weights,
+    prg,
+    quantize,
+    split_secret,
+    unmask_sum,
+)
 
 ADVERT_BYTES = 4 + 32 + 32  # index, two X25519 public keys
 UNMASK_SHARE_BYTES = 4 + SHARE_BYTES  # whose secret, this device's share of it

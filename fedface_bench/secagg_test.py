@@ -1,6 +1,10 @@
 """The SecAgg benchmark's byte counts and both timing modes, at toy sizes."""
 from fedface_bench.secagg import (
-    ADVERT_BYTES, SHARE_CIPHERTEXT_BYTES, UNMASK_SHARE_BYTES, bytes_per_device, run_secagg_bench,
+    ADVERT_BYTES,
+    SHARE_CIPHERTEXT_BYTES,
+    UNMASK_SHARE_BYTES,
+    bytes_per_device,
+    run_secagg_bench,
 )
 
 

@@ -18,6 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from facecore.federation.status import RoundStatus
 from server_api.errors import LaunchFailed
 from server_api.launcher import MANY_DEVICES_ON_LOOPBACK, LocalServer, scratch_database
 
@@ -150,7 +151,7 @@ def run_server_bench(
         "rss_growth_mb": round(growth, 1), "peak_rss_mb_10": base["peak_rss_mb"], "peak_rss_mb_n": full["peak_rss_mb"],
         "baseline_10": {k: base[k] for k in ("ingest_seconds", "p99_upload_ms", "aggregate_seconds", "accepted", "round_status")},
         "all_accepted": full["accepted"] == devices and base["accepted"] == BASELINE_DEVICES,
-        "round_completed": full["round_status"] == "completed" and base["round_status"] == "completed",
+        "round_completed": full["round_status"] == base["round_status"] == RoundStatus.COMPLETED,
         # Goals are stated for 1,000 devices; a smaller run says nothing about them.
         "ingest_goal_met": (full["ingest_seconds"] or float("inf")) <= INGEST_GOAL_S if devices >= GOAL_DEVICES else None,
         "rss_goal_met": growth <= RSS_GROWTH_GOAL_MB if devices >= GOAL_DEVICES else None,
@@ -167,10 +168,14 @@ def run_secure_bench(devices: int, concurrency: int = 16, backbone: str = "mobil
     plain_up = plain["update_bytes"]
     return {
         "devices": devices, "backbone": backbone, "drop_after_sharing": drop_fraction, "secure": secure,
-        "plain": {k: plain[k] for k in ("ingest_seconds", "aggregate_seconds", "completed_after_last_upload_s", "checkin_seconds", "update_bytes", "round_status", "peak_rss_mb")},
+        "plain": {k: plain[k] for k in (
+            "ingest_seconds", "aggregate_seconds", "completed_after_last_upload_s", "checkin_seconds", "update_bytes", "round_status", "peak_rss_mb",
+        )},
         "plain_round_seconds": round(plain_round_s, 3),
         "round_seconds_ratio": round(secure["round_seconds_without_device_masking"] / plain_round_s, 2) if plain_round_s else None,
-        "aggregate_seconds_ratio": round(secure["aggregate_seconds"] / plain["aggregate_seconds"], 2) if plain["aggregate_seconds"] and secure["aggregate_seconds"] else None,
+        "aggregate_seconds_ratio": (
+            round(secure["aggregate_seconds"] / plain["aggregate_seconds"], 2) if plain["aggregate_seconds"] and secure["aggregate_seconds"] else None
+        ),
         "upload_bytes_ratio_vs_fp16": round(secure["bytes_up_per_device_median"] / plain_up, 3),
     }
 

@@ -3,8 +3,8 @@ device, request and polling helpers that the secure round (:mod:`fedface_bench.s
 
 Runs in the client process (:mod:`fedface_bench.server_load`), so the client's CPU work (signing,
 hashing, HTTP framing) never shares an interpreter or GIL with the server or the RSS sampler. It
-speaks the documented wire protocol (server_api/README.md) with plain httpx + cryptography instead
-of server internals. Progress goes to stderr.
+speaks the wire protocol (facecore.federation.protocol, documented in server_api/README.md) with
+plain httpx + cryptography instead of server internals. Progress goes to stderr.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import numpy as np
@@ -30,6 +30,15 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from tqdm import tqdm
 
 from facecore import tensorfile
+from facecore.federation.protocol import (
+    BACKBONE_PREFIX,
+    DEVICE_ID_HEADER,
+    EMBEDDING_KEY,
+    METADATA_KEY,
+    REGISTER_SUBJECT,
+    signature_headers,
+)
+from facecore.federation.status import FINAL_ROUND_STATUSES, RoundStatus
 
 DELTA_SCALE = 1e-3  # ~1M params * (1e-3)^2 -> L2 norm ~1, far below FEDFACE_MAX_DELTA_NORM (1000)
 REQUEST_TIMEOUT_S = 600.0  # generous: the bench may share a loaded machine
@@ -64,15 +73,12 @@ class BenchDevice:
         self.drops = False
         self.key = Ed25519PrivateKey.generate()
         self.public_key = base64.b64encode(self.key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)).decode()
-        self.id = "register"
+        self.id = REGISTER_SUBJECT  # until registration names it
 
     def headers(self, method: str, path: str, body_sha256: str) -> dict[str, str]:
-        timestamp, nonce = str(int(time.time())), secrets.token_urlsafe(18)
-        message = "\n".join(("FEDFACE-V1", self.id, method, path, timestamp, nonce, body_sha256)).encode()
-        signature = base64.b64encode(self.key.sign(message)).decode()
-        # X-Content-SHA256: the server checks an upload's signature before it reads the body
-        signed = {"X-Timestamp": timestamp, "X-Nonce": nonce, "X-Signature": signature, "X-Content-SHA256": body_sha256}
-        return signed if self.id == "register" else {**signed, "X-Device-Id": self.id}
+        # The body hash goes in a header too: the server checks an upload's signature before it reads the body.
+        signed = signature_headers(self.key, self.id, method, path, body_sha256)
+        return signed if self.id == REGISTER_SUBJECT else {**signed, DEVICE_ID_HEADER: self.id}
 
     async def call(self, http: httpx.AsyncClient, method: str, path: str, payload: Any = None, extra: dict[str, str] | None = None,
                    raw: bytes | None = None, body_sha256: str | None = None) -> httpx.Response:
@@ -90,9 +96,12 @@ def expect(response: httpx.Response, *codes: int) -> Any:
     return response.json() if response.headers.get("content-type", "").startswith("application/json") else response.content
 
 
-async def bounded(items: Sequence[BenchDevice], concurrency: int, label: str, job: Callable[[BenchDevice], Awaitable[None]]) -> float:
+Item = TypeVar("Item")
+
+
+async def bounded(items: Sequence[Item], concurrency: int, label: str, job: Callable[[Item], Awaitable[None]]) -> float:
     """Run job over items with at most `concurrency` in flight; returns the wall seconds."""
-    queue: asyncio.Queue[BenchDevice] = asyncio.Queue()
+    queue: asyncio.Queue[Item] = asyncio.Queue()
     for item in items:
         queue.put_nowait(item)
     bar = tqdm(total=len(items), desc=label, file=sys.stderr, unit="dev", leave=False, mininterval=1.0)
@@ -117,14 +126,14 @@ def update_template(state: dict[str, np.ndarray], embedding_dim: int, base_versi
     last, so each device only swaps the final embedding bytes: 1,000 x 2 MB never sits in memory."""
     rng = np.random.default_rng(0)
     tensors = {
-        f"backbone.{k}": (rng.standard_normal(v.shape) * DELTA_SCALE).astype("<f2") if v.dtype.kind == "f" else np.zeros(v.shape, v.dtype)
+        BACKBONE_PREFIX + k: (rng.standard_normal(v.shape) * DELTA_SCALE).astype("<f2") if v.dtype.kind == "f" else np.zeros(v.shape, v.dtype)
         for k, v in state.items()
     }
-    tensors["class_embedding"] = np.zeros(embedding_dim, "<f4")
+    tensors[EMBEDDING_KEY] = np.zeros(embedding_dim, "<f4")
     meta = {"base_version": base_version, "n_samples": 32, "metrics": {"loss": 0.5}}
-    data = tensorfile.dumps(tensors, {"fedface": json.dumps(meta)})
+    data = tensorfile.dumps(tensors, {METADATA_KEY: json.dumps(meta)})
     header = tensorfile.read_header(io.BytesIO(data), len(data))
-    embedding_at = header.data_start + header.tensors["class_embedding"].begin
+    embedding_at = header.data_start + header.tensors[EMBEDDING_KEY].begin
     assert embedding_at == len(data) - embedding_dim * 4, "class_embedding must be the last tensor"
     return data[:embedding_at]
 
@@ -264,10 +273,10 @@ async def run(url: str, data_dir: Path, n_devices: int, concurrency: int, drop_f
         deadline, final = time.monotonic() + REQUEST_TIMEOUT_S, {}
         while time.monotonic() < deadline:
             final = expect(await plain(http, "GET", f"/v1/admin/rounds/{round_id}", headers=admin), 200)
-            if final["status"] in ("completed", "failed"):
+            if final["status"] in FINAL_ROUND_STATUSES:
                 break
             await asyncio.sleep(0.1)
-        metrics = await aggregation_metrics(http, final.get("status") == "completed")
+        metrics = await aggregation_metrics(http, final.get("status") == RoundStatus.COMPLETED)
 
     closed = final.get("closed_at")
     after_last = datetime.fromisoformat(closed).timestamp() - last_accepted[1] if closed and codes[201] else float("nan")

@@ -22,9 +22,20 @@ import httpx
 import numpy as np
 
 from facecore import tensorfile
+from facecore.federation.protocol import EMBEDDING_KEY, MASKED_KEY, METADATA_KEY
+from facecore.federation.status import FINAL_ROUND_STATUSES, RoundStatus
 from facecore.secagg import Advert, SecAggClient, quantize, weighted_update
 from fedface_bench.server_client import (
-    DELTA_SCALE, REQUEST_TIMEOUT_S, BenchDevice, aggregation_metrics, bounded, connect, current_model, expect, plain, unit,
+    DELTA_SCALE,
+    REQUEST_TIMEOUT_S,
+    BenchDevice,
+    aggregation_metrics,
+    bounded,
+    connect,
+    current_model,
+    expect,
+    plain,
+    unit,
 )
 
 N_SAMPLES = 32
@@ -109,7 +120,7 @@ async def run_secure(url: str, data_dir: Path, n_devices: int, concurrency: int,
             masked = device.secagg.masked_input(quantize(vector, device.bound, device.scale), device.sharers)
             mask_s.append(time.perf_counter() - t0)
             meta = {"base_version": version, "n_samples": N_SAMPLES, "metrics": {"loss": 0.5}}
-            device.body = tensorfile.dumps({"secagg.masked": masked.view(np.int32), "class_embedding": unit(rng, dim)}, {"fedface": json.dumps(meta)})
+            device.body = tensorfile.dumps({MASKED_KEY: masked.view(np.int32), EMBEDDING_KEY: unit(rng, dim)}, {METADATA_KEY: json.dumps(meta)})
         pause = sum(mask_s)
 
         async def upload(device: SecureBenchDevice) -> None:
@@ -120,7 +131,7 @@ async def run_secure(url: str, data_dir: Path, n_devices: int, concurrency: int,
         await step("upload_s", upload, senders)
         if dropping:  # the dropped devices will never upload: the operator ends the upload step
             expect(await plain(http, "POST", f"/v1/admin/rounds/{round_id}/close", headers=admin), 200)
-        while expect(await plain(http, "GET", f"/v1/admin/rounds/{round_id}", headers=admin), 200)["status"] == "open":
+        while expect(await plain(http, "GET", f"/v1/admin/rounds/{round_id}", headers=admin), 200)["status"] == RoundStatus.OPEN:
             await asyncio.sleep(0.1)
 
         async def answer(device: SecureBenchDevice) -> None:
@@ -133,11 +144,11 @@ async def run_secure(url: str, data_dir: Path, n_devices: int, concurrency: int,
         final: dict[str, Any] = {}
         while True:
             final = expect(await plain(http, "GET", f"/v1/admin/rounds/{round_id}", headers=admin), 200)
-            if final["status"] in ("completed", "failed"):
+            if final["status"] in FINAL_ROUND_STATUSES:
                 break
             await asyncio.sleep(0.1)
         round_s = time.perf_counter() - started - pause
-        metrics = await aggregation_metrics(http, final["status"] == "completed")
+        metrics = await aggregation_metrics(http, final["status"] == RoundStatus.COMPLETED)
     agg = re.search(r"^fedface_aggregation_seconds_sum ([0-9.eE+-]+)$", metrics, re.M)
     up = np.asarray([d.bytes_up for d in senders])
     down = np.asarray([d.bytes_down for d in senders])
@@ -147,7 +158,7 @@ async def run_secure(url: str, data_dir: Path, n_devices: int, concurrency: int,
         "steps_s": timings, "round_seconds_without_device_masking": round(round_s, 3),
         "aggregate_seconds": round(float(agg.group(1)), 3) if agg else None,
         "device_mask_s_median": round(float(np.median(mask_s)), 4),
-        "masked_update_bytes": len(tensorfile.dumps({"secagg.masked": np.zeros(vector.size, np.int32)}, {})),
+        "masked_update_bytes": len(tensorfile.dumps({MASKED_KEY: np.zeros(vector.size, np.int32)}, {})),
         "bytes_up_per_device_median": int(np.median(up)), "bytes_down_per_device_median": int(np.median(down)),
         "lost": len(senders) - int((final.get("summary") or {}).get("n_updates", 0)),
     }

@@ -30,6 +30,7 @@ import torch
 from device_sdk.training import LocalTrainingConfig, PrefixCache, split_backbone
 from facecore.losses import positive_loss
 from facecore.models.checkpoint import save_backbone
+from facecore.models.registry import embedding_dim_of
 from simulator.cross_device.config import CrossDeviceConfig
 from simulator.cross_device.engine import CrossDeviceSimulation, SimulationState
 from simulator.cross_device.population import Population, SimDevice
@@ -53,7 +54,7 @@ def _simulation(
     if caches is not None:
         simulation.caches = caches
     simulation.prepare_caches()
-    W = np.random.default_rng(0).standard_normal((n, model.embedding_dim)).astype(np.float32)
+    W = np.random.default_rng(0).standard_normal((n, embedding_dim_of(model))).astype(np.float32)
     state = SimulationState(0, model.state_dict(), W / np.linalg.norm(W, axis=1, keepdims=True))
     return simulation, state
 
@@ -186,7 +187,8 @@ def describe(results: list[dict[str, Any]]) -> str:
     for r in results:
         flower = f"{r['flower_seconds']:>9.2f} {r['flower_ratio']:>11.3f}" if r["flower_seconds"] is not None else f"{'-':>9} {'-':>11}"
         on_ray = f"{r['round_seconds_ray']:>9.2f}" if r.get("round_seconds_ray") is not None else f"{'-':>9}"
-        lines.append(f"{r['devices']:>8} {r['round_seconds']:>8.2f} {r['round_seconds_workers']:>9.2f} {on_ray} {r['floor_seconds']:>8.2f} {r['floor_ratio']:>10.3f} {flower}")
+        lines.append(f"{r['devices']:>8} {r['round_seconds']:>8.2f} {r['round_seconds_workers']:>9.2f} {on_ray} "
+                     f"{r['floor_seconds']:>8.2f} {r['floor_ratio']:>10.3f} {flower}")
     lines.append(f"ours: in process (the default); workers: {results[0]['workers']} device processes; on Ray: as many actors; "
                  "floor: one process, one stream of the same steps")
     goal = next((r for r in results if r["devices"] >= 1000), None)

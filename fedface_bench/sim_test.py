@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from fedface_bench.sim import bench_sim, flower_python, tile_population
 from facecore.data.synthetic import synthetic_faces
 from facecore.models import get_backbone
+from fedface_bench.sim import bench_sim, flower_python, tile_population
 from simulator.conftest import one_torch_thread  # noqa: F401  the simulator tests' autouse fixture, here too
 from simulator.cross_device.population import Population, SimDevice
 

@@ -51,4 +51,5 @@ class PretrainConfig:
 
     # What must match for --resume to continue the same run.
     def resume_key(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if k in ("backbone", "embedding_dim", "loss", "scale", "margin", "batch", "seed", "role", "schedule", "epochs")}
+        keys = ("backbone", "embedding_dim", "loss", "scale", "margin", "batch", "seed", "role", "schedule", "epochs")
+        return {k: v for k, v in asdict(self).items() if k in keys}

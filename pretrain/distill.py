@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -79,7 +80,7 @@ class Distiller(Pretrainer):
         return {"teacher_rotation": torch.from_numpy(self.rotation), "view_cache": self.data.cache.folder.name}
 
     def _load_extra_state(self, state: dict[str, object]) -> None:
-        self._set_rotation(state["teacher_rotation"].cpu().numpy())  # type: ignore[union-attr]
+        self._set_rotation(cast(torch.Tensor, state["teacher_rotation"]).cpu().numpy())  # _extra_state stored a tensor
 
     def _loader(self, epoch: int) -> DataLoader:  # type: ignore[type-arg]
         generator = torch.Generator().manual_seed(self.config.seed * 100_003 + epoch)

@@ -2,6 +2,7 @@
 exact resume. Synthetic data never backs an accuracy claim."""
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +44,7 @@ class TinyTeacher(nn.Module):
 def _photos(identities: int = 4, per_identity: int = 2) -> list[Photo]:
     faces, labels = synthetic_faces(identities, per_identity, seed=5, size=144)
     landmarks = ARCFACE_TEMPLATE * (144 / 112)
-    return [Photo(f"{i:064x}", int(labels[i]), landmarks, lambda i=i: faces[i]) for i in range(len(labels))]
+    return [Photo(f"{i:064x}", int(labels[i]), landmarks, partial(faces.__getitem__, i)) for i in range(len(labels))]
 
 
 def _data(tmp_path: Path, teacher: nn.Module | None = None, views: int = 2) -> DistillData:

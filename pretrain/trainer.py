@@ -23,7 +23,7 @@ from facecore.errors import CheckpointError, FaceCoreError
 from facecore.losses import make_margin_head
 from facecore.models.checkpoint import FORMAT, atomic_torch_save, save_backbone
 from facecore.models.preprocess import normalize_nchw
-from facecore.models.registry import get_backbone
+from facecore.models.registry import embedding_dim_of, get_backbone
 from pretrain.augment import AugmentedFaces
 from pretrain.config import PretrainConfig
 
@@ -69,9 +69,9 @@ class Pretrainer:
         self.model = get_backbone(config.backbone, embedding_dim=config.embedding_dim)
         if init_state is not None:  # fine-tuning: start from a trained backbone, fresh classifier head
             self.model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in init_state.items()})
-        self.model.to(self.device, memory_format=torch.channels_last)
+        self.model.to(self.device, memory_format=torch.channels_last)  # type: ignore[call-overload]  # documented; Module.to's overloads omit it
         head_options = {k: v for k, v in (("s", config.scale), ("m", config.margin)) if v is not None}
-        self.head = make_margin_head(config.loss, self.model.embedding_dim, len(data.classes), **head_options).to(self.device)
+        self.head = make_margin_head(config.loss, embedding_dim_of(self.model), len(data.classes), **head_options).to(self.device)
         if init_head is not None:  # (classes, dim), e.g. each class's mean feature: no random head to recover from
             if tuple(init_head.shape) != tuple(self.head.weight.shape):
                 raise FaceCoreError(f"init_head has shape {tuple(init_head.shape)}, the head needs {tuple(self.head.weight.shape)}")

@@ -7,12 +7,14 @@ store (rows hold their sha256); class embeddings are AES-GCM ciphertexts.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, LargeBinary, MetaData, String, UniqueConstraint
+from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, LargeBinary, MetaData, String, Table, UniqueConstraint
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
+
+from facecore.federation.status import RoundStatus
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -48,6 +50,12 @@ NAMING_CONVENTION = {
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
     type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSON()}
+
+
+def table_of(model: type[Base]) -> Table:
+    """A model's Table, for Core statements that bypass the ORM's unit of work. DeclarativeBase types
+    ``__table__`` as any FromClause; every model here declares ``__tablename__``, which makes a Table."""
+    return cast(Table, model.__table__)
 
 
 class Device(Base):
@@ -91,7 +99,7 @@ class ModelVersion(Base):
 class Round(Base):
     __tablename__ = "rounds"
     id: Mapped[int] = mapped_column(primary_key=True)
-    status: Mapped[str] = mapped_column(String(16), default="open")  # open | unmasking | aggregating | completed | failed
+    status: Mapped[str] = mapped_column(String(16), default=RoundStatus.OPEN)  # a RoundStatus
     # 1 while open or aggregating, NULL after: a unique column that allows one active round.
     active_slot: Mapped[int | None] = mapped_column(unique=True, default=1)
     config: Mapped[dict[str, Any]]
@@ -123,7 +131,7 @@ class Participation(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     round_id: Mapped[int] = mapped_column(ForeignKey("rounds.id"), index=True)
     device_id: Mapped[str] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"))
-    status: Mapped[str] = mapped_column(String(16))  # candidate | selected | not_selected | uploaded
+    status: Mapped[str] = mapped_column(String(16))  # a ParticipationStatus (never "waiting")
     checked_in_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

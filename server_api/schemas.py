@@ -7,6 +7,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from facecore.federation.protocol import ErrorCode
+from facecore.federation.status import ParticipationStatus, RoundStatus
+
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 
@@ -59,6 +62,10 @@ class LocalTrainingConfig(StrictModel):
     lr: float = Field(default=0.01, gt=0, le=10)
     margin: float = Field(default=0.9, ge=-1, le=1, description="FedFace positive-loss margin on the cosine")
     batch_size: int = Field(default=32, ge=1, le=1024)
+    trainable_blocks: int | None = Field(
+        default=None, ge=0, le=64,
+        description="frozen prefix: devices train only the backbone's last K blocks and its head (the other deltas are zero); null: all of it",
+    )
 
 
 class SpreadoutSettings(StrictModel):
@@ -89,7 +96,9 @@ class SecureAggregationSettings(StrictModel):
     (``threshold_fraction`` of the devices that advertised, at least 2) fails the round."""
 
     enabled: bool = False
-    threshold_fraction: float = Field(default=2 / 3, ge=0.5, lt=1, description="t = max(2, floor(fraction x advertisers) + 1); fewer advertisers than t fails the round")
+    threshold_fraction: float = Field(
+        default=2 / 3, ge=0.5, lt=1, description="t = max(2, floor(fraction x advertisers) + 1); fewer advertisers than t fails the round",
+    )
     key_phase_s: float = Field(default=30, ge=1, le=86400, description="seconds for each of the advertise and share-keys steps")
     unmask_phase_s: float = Field(default=60, ge=1, le=86400, description="seconds the unmasking step waits for answers")
     scale_bits: int = Field(default=14, ge=4, le=24, description="fixed point: updates are scaled by 2**scale_bits")
@@ -126,7 +135,10 @@ class RoundCreate(StrictModel):
 
 class RoundPublic(BaseModel):
     id: int
-    status: Literal["open", "unmasking", "aggregating", "completed", "failed"]
+    # Literals of members keep the published schema an inline list of strings, as before the enums.
+    status: Literal[
+        RoundStatus.OPEN, RoundStatus.UNMASKING, RoundStatus.AGGREGATING, RoundStatus.COMPLETED, RoundStatus.FAILED,
+    ]
     strategy: str
     target_participants: int
     min_participants: int
@@ -146,7 +158,11 @@ class RoundPublic(BaseModel):
 
 class CheckinPublic(BaseModel):
     round_id: int
-    status: Literal["selected", "waiting", "not_selected", "uploaded"]
+    # Not every member: a stored "candidate" is reported as "waiting".
+    status: Literal[
+        ParticipationStatus.SELECTED, ParticipationStatus.WAITING, ParticipationStatus.NOT_SELECTED,
+        ParticipationStatus.UPLOADED,
+    ]
     retry_after_s: float | None = None
     deadline_at: datetime
     base_version: str
@@ -243,7 +259,8 @@ class ModelVersionPublic(BaseModel):
 
 
 class ErrorPublic(BaseModel):
-    detail: str
+    detail: str = Field(description="for people; may be reworded between versions")
+    code: ErrorCode = Field(description="what a client branches on")
 
 
 class DeviceAdminPublic(BaseModel):

@@ -27,6 +27,7 @@ from facecore.align.pipeline import FaceAligner
 from facecore.data.split import SplitConfig, build_split
 from facecore.eval.lfw import evaluate, load_lfw_faces
 from facecore.eval.plots import save_line_plot
+from facecore.federation.status import FINAL_ROUND_STATUSES, RoundStatus
 from facecore.models.checkpoint import load_backbone
 from facecore.models.preprocess import embed_faces
 from server_api.launcher import MANY_DEVICES_ON_LOOPBACK, LocalServer
@@ -59,21 +60,30 @@ def run_demo(
         history = [_score(lfw, _current_model(fleet[0]), 0)]
         print(f"round 0: LFW accuracy {100 * history[0]['accuracy']:.2f}%")
         for number in range(1, rounds + 1):
-            config = {"target_participants": len(fleet), "min_participants": max(2, len(fleet) // 2), "deadline_s": 900, "selection_window_s": 1}
+            config: dict[str, Any] = {
+                "target_participants": len(fleet), "min_participants": max(2, len(fleet) // 2), "deadline_s": 900, "selection_window_s": 1,
+            }
             if secure:
                 config["secure_aggregation"] = {"enabled": True, "key_phase_s": 120, "unmask_phase_s": 120}
             opened = server.admin("POST", "/v1/admin/rounds", json=config)
             losses = _train_all(fleet, number, parallel=secure)
             status = _wait_completed(server, opened["id"])
             record = _score(lfw, _current_model(fleet[0]), number)
-            record |= {"train_loss_before": sum(s.loss_before for s in losses) / len(losses), "train_loss_after": sum(s.loss_after for s in losses) / len(losses),
-                       "bytes_up_per_device": sum(s.bytes_up for s in losses) // len(losses), "seconds_per_device": sum(s.seconds for s in losses) / len(losses),
-                       "aggregation": status.get("summary")}
+            record |= {
+                "train_loss_before": sum(s.loss_before for s in losses) / len(losses), "train_loss_after": sum(s.loss_after for s in losses) / len(losses),
+                "bytes_up_per_device": sum(s.bytes_up for s in losses) // len(losses), "seconds_per_device": sum(s.seconds for s in losses) / len(losses),
+                "aggregation": status.get("summary"),
+            }
             history.append(record)
-            print(f"round {number}: LFW accuracy {100 * record['accuracy']:.2f}%, local loss {record['train_loss_before']:.4f} -> {record['train_loss_after']:.4f}")
-    report = {"devices": len(fleet), "rounds": rounds, "secure_aggregation": secure, "folds": list(folds), "before": history[0], "after": history[-1], "history": history}
+            print(f"round {number}: LFW accuracy {100 * record['accuracy']:.2f}%, "
+                  f"local loss {record['train_loss_before']:.4f} -> {record['train_loss_after']:.4f}")
+    report = {
+        "devices": len(fleet), "rounds": rounds, "secure_aggregation": secure, "folds": list(folds),
+        "before": history[0], "after": history[-1], "history": history,
+    }
     (out / "demo.json").write_text(json.dumps(report, indent=1, default=str))
-    save_line_plot(out / "demo_accuracy.png", {"FedFace over HTTP": ([h["round"] for h in history], [h["accuracy"] for h in history])}, "round", "LFW accuracy", f"LFW folds {folds[0]}-{folds[-1]} during the demo")
+    curve = ([h["round"] for h in history], [h["accuracy"] for h in history])
+    save_line_plot(out / "demo_accuracy.png", {"FedFace over HTTP": curve}, "round", "LFW accuracy", f"LFW folds {folds[0]}-{folds[-1]} during the demo")
     return report
 
 
@@ -100,7 +110,7 @@ def _train_all(fleet: list[FaceDevice], number: int, parallel: bool) -> list[Any
         return [device.train_round(wait=60) for device in tqdm(fleet, desc=f"round {number}", unit="device")]
     with ThreadPoolExecutor(len(fleet)) as pool, tqdm(total=len(fleet), desc=f"round {number} (secure aggregation)", unit="device") as bar:
         futures = [pool.submit(device.train_round, 60, 0.5) for device in fleet]
-        for future in as_completed(futures):
+        for _ in as_completed(futures):
             bar.update()
         return [f.result() for f in futures]
 
@@ -120,8 +130,8 @@ def _wait_completed(server: LocalServer, round_id: int, timeout: float = 600) ->
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         status = server.admin("GET", f"/v1/admin/rounds/{round_id}")
-        if status["status"] in ("completed", "failed"):
-            if status["status"] == "failed":
+        if status["status"] in FINAL_ROUND_STATUSES:
+            if status["status"] == RoundStatus.FAILED:
                 raise RuntimeError(f"round {round_id} failed: {status['failure_reason']}")
             return status
         time.sleep(0.5)

@@ -77,7 +77,9 @@ def test_a_new_geometry_reuses_the_112_detections_without_running_the_detector(r
     assert aligner._detector is None
     photo = photos[int(second.kept[0])]
     (entry,) = detections.lookup([file_key(photo)]).values()
-    np.testing.assert_array_equal(aligner.warp(load_rgb(photo), np.asarray(entry.landmarks)), second.faces[0])
+    image = load_rgb(photo)
+    assert image is not None
+    np.testing.assert_array_equal(aligner.warp(image, np.asarray(entry.landmarks)), second.faces[0])
 
 
 @pytest.mark.slow

@@ -29,7 +29,9 @@ def _lfw_photos(real_data: Path, count: int) -> list[Path]:
 def test_landmarks_and_boxes_match_facenet_pytorch_on_real_lfw_photos(real_data: Path,
                                                                       onnx_detector: OnnxMTCNN) -> None:
     # Prepare: LFW photos as they are, plus two re-framed ones (a larger, non-square image has a deeper pyramid)
-    images = [load_rgb(p) for p in _lfw_photos(real_data, 40)]
+    loaded = [load_rgb(p) for p in _lfw_photos(real_data, 40)]
+    images = [image for image in loaded if image is not None]
+    assert len(images) == len(loaded)
     images.append(np.asarray(Image.fromarray(images[0]).resize((400, 310))))
     images.append(np.pad(images[1], ((60, 0), (0, 90), (0, 0)), mode="edge"))
     reference = MTCNNDetector()

@@ -112,7 +112,7 @@ class FaceAligner:
             self._detector = MTCNNDetector()
         return self._detector
 
-    def with_geometry(self, geometry: FaceGeometry) -> "FaceAligner":
+    def with_geometry(self, geometry: FaceGeometry) -> FaceAligner:
         """This aligner for another crop, sharing its loaded detector (in-memory use: no cache)."""
         if geometry == self.geometry:
             return self
@@ -132,17 +132,17 @@ class FaceAligner:
     def align_paths(
         self, paths: Sequence[str | Path], allow_fallback: bool = False, progress: bool = True, desc: str = "aligning faces"
     ) -> AlignedSet:
-        paths = tuple(Path(p) for p in paths)
-        keys = [file_key(p) for p in paths]
+        files = tuple(Path(p) for p in paths)
+        keys = [file_key(p) for p in files]
         entries = self.cache.lookup(keys)
         todo = [i for i, k in enumerate(keys) if k not in entries]
         if todo and self.landmark_source is not None:
-            entries.update(self.cache.add(self._rewarp_known([paths[i] for i in todo], [keys[i] for i in todo])))
+            entries.update(self.cache.add(self._rewarp_known([files[i] for i in todo], [keys[i] for i in todo])))
             todo = [i for i in todo if keys[i] not in entries]
         bar = tqdm(total=len(todo), desc=desc, unit="img", disable=not progress or not todo)
         for start in range(0, len(todo), self.batch_size):
             chunk = todo[start : start + self.batch_size]
-            items = self._align_chunk([paths[i] for i in chunk], [keys[i] for i in chunk])
+            items = self._align_chunk([files[i] for i in chunk], [keys[i] for i in chunk])
             entries.update(self.cache.add([(key, face, entry) for key, face, entry, _ in items]))
             if self.landmark_source is not None:  # later geometries then reuse these detections too
                 self.landmark_source.add([(key, arcface, entry) for key, _, entry, arcface in items])
@@ -154,13 +154,13 @@ class FaceAligner:
         kept = np.array([i for i, s in enumerate(statuses) if s in usable], dtype=np.int64)
         rows = [entries[keys[i]].row for i in kept]
         faces = self.cache.faces(rows) if rows else np.zeros((0, *self.geometry.row_shape), np.uint8)
-        return AlignedSet(paths, statuses, faces, kept)
+        return AlignedSet(files, statuses, faces, kept)
 
     def _align_chunk(self, paths: list[Path], keys: list[str]) -> list[tuple[str, np.ndarray | None, CacheEntry, np.ndarray | None]]:
         """(key, face in this geometry, entry, face in the landmark source's ArcFace 112 crop)."""
         images = [load_rgb(p) for p in paths]
         readable = [i for i, im in enumerate(images) if im is not None]
-        detections = dict(zip(readable, self.detector.detect([images[i] for i in readable]))) if readable else {}
+        detections = dict(zip(readable, self.detector.detect([image for image in images if image is not None]))) if readable else {}
         typical = _typical_landmarks([(images[i].shape, d) for i, d in detections.items() if d is not None])  # type: ignore[union-attr]
         items: list[tuple[str, np.ndarray | None, CacheEntry, np.ndarray | None]] = []
         for i, (path, key) in enumerate(zip(paths, keys)):

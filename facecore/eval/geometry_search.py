@@ -65,7 +65,13 @@ class _Rewarper:
         statuses = tuple(self._photos[Path(p)][0] for p in paths)
         kept = np.array([i for i, s in enumerate(statuses) if s in usable], dtype=np.int64)
         warper = FaceAligner(geometry=self.geometry)
-        faces = np.stack([warper.warp(*self._photos[Path(paths[i])][1:]) for i in kept]) if len(kept) else np.zeros((0, *self.geometry.row_shape), np.uint8)
+
+        def warped(path: Path) -> np.ndarray:
+            _, image, landmarks = self._photos[path]
+            assert image is not None and landmarks is not None  # a usable photo has landmarks, so it was decoded
+            return warper.warp(image, landmarks)
+
+        faces = np.stack([warped(Path(paths[i])) for i in kept]) if len(kept) else np.zeros((0, *self.geometry.row_shape), np.uint8)
         return AlignedSet(tuple(Path(p) for p in paths), statuses, faces, kept)
 
 

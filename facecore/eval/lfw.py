@@ -9,8 +9,8 @@ so these pairs stay disjoint from anything trained outside them.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +52,21 @@ class LFWFaces:
     pair_fold: np.ndarray  # (P,)
     alignment: AlignedSet
     skipped_pairs: tuple[str, ...]
+    face_fold: np.ndarray | None = None  # the people fold of each face's person (all_people only)
+
+    def without(self, identities: Collection[str]) -> LFWFaces:
+        """These folds less the given people's faces and every pair that shows one of them: how a
+        model is scored on folds 1-5 when some of their people trained it."""
+        keep = ~np.isin(self.identities, list(identities))
+        if keep.all():
+            return self
+        new_row = np.cumsum(keep) - 1
+        pairs = keep[self.pair_index].all(axis=1)
+        return replace(
+            self, faces=self.faces[keep], identities=self.identities[keep], pair_index=new_row[self.pair_index[pairs]],
+            pair_same=self.pair_same[pairs], pair_fold=self.pair_fold[pairs],
+            face_fold=None if self.face_fold is None else self.face_fold[keep],
+        )
 
     def alignment_summary(self) -> dict[str, object]:
         return {
@@ -72,11 +87,13 @@ def load_lfw_faces(
     if max_pairs_per_fold is not None:  # a quick look, e.g. in tests: keep matched and mismatched balanced
         pairs = [p for fold in folds for same in (True, False) for p in [q for q in pairs if q.fold == fold and q.same == same][: max_pairs_per_fold // 2]]
     images = {img.path: img for p in pairs for img in (p.a, p.b)}
+    fold_of: dict[str, int] = {}
     if all_people:
         people = lfw.people_folds()
         for fold in folds:
             for name, count in people[fold - 1].items():
                 images.update({img.path: img for img in lfw.images_of(name, count)})
+                fold_of[f"lfw:{name}"] = fold
     paths = sorted(images)
     aligned = (aligner or FaceAligner()).align_paths(paths, allow_fallback=True, desc=f"aligning LFW folds {folds[0]}-{folds[-1]}")
     row_of = {aligned.paths[k]: row for row, k in enumerate(aligned.kept)}
@@ -89,9 +106,10 @@ def load_lfw_faces(
         else:
             skipped.append(f"{pair.a.path.name} / {pair.b.path.name}")
     identities = np.array([images[aligned.paths[k]].identity for k in aligned.kept])
+    face_fold = np.array([fold_of.get(str(name), 0) for name in identities]) if all_people else None
     return LFWFaces(
         folds, aligned.faces, identities, np.array(index, dtype=np.int64).reshape(-1, 2), np.array(same, bool),
-        np.array(fold_ids), aligned, tuple(skipped),
+        np.array(fold_ids), aligned, tuple(skipped), face_fold,
     )
 
 
@@ -120,11 +138,26 @@ def evaluate(data: LFWFaces, embed: EmbedFn, fars: tuple[float, ...] = FARS) -> 
         pairs=int(len(scores)),
         extra={
             "per_fold_accuracy": [round(a, 6) for a in accuracy.per_fold],
+            **({"per_fold_tar_at_far": per_fold_tar(data, embeddings, fars)} if data.face_fold is not None else {}),
             "all_pairs": {"genuine": int(genuine.size), "impostor": int(impostor.size)},
             **data.alignment_summary(),
         },
     )
     return LFWResult(report, (far, tar))
+
+
+def per_fold_tar(data: LFWFaces, embeddings: np.ndarray, fars: tuple[float, ...] = FARS) -> dict[str, list[float]]:
+    """TAR@FAR over each people fold's own all pairs: the fold-to-fold spread a TAR gain must beat.
+    A fold of about 1,400 faces holds about 1M impostor pairs, enough for FAR 1e-4."""
+    if data.face_fold is None:
+        raise FaceCoreError("per-fold TAR needs every person's fold: load the faces with all_people=True")
+    per_fold: dict[str, list[float]] = {}
+    for fold in data.folds:
+        rows = data.face_fold == fold
+        genuine, impostor = all_pairs_scores(embeddings[rows], data.identities[rows])
+        for key, tar in tar_at_far(genuine, impostor, fars).items():
+            per_fold.setdefault(key, []).append(round(tar, 6))
+    return per_fold
 
 
 def _all_pairs_roc(genuine: np.ndarray, impostor: np.ndarray, points: int = 400) -> tuple[np.ndarray, np.ndarray]:
@@ -137,4 +170,4 @@ def _all_pairs_roc(genuine: np.ndarray, impostor: np.ndarray, points: int = 400)
     return fars, tars
 
 
-__all__ = ["TEST_FOLDS", "LFWFaces", "LFWResult", "evaluate", "load_lfw_faces", "refuse_test_folds", "roc_curve"]
+__all__ = ["TEST_FOLDS", "LFWFaces", "LFWResult", "evaluate", "load_lfw_faces", "per_fold_tar", "refuse_test_folds", "roc_curve"]

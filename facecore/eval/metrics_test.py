@@ -203,11 +203,12 @@ def test_tar_at_far_is_nan_when_too_few_impostors() -> None:
 
 
 @pytest.mark.parametrize("ids", [list("aabbbcdddde") * 3 + ["f", "g", "g", "h"], list(range(37))])
-def test_all_pairs_scores_matches_brute_force(ids: list) -> None:
+def test_all_pairs_scores_matches_brute_force(ids: list[str] | list[int]) -> None:
     # Prepare: 37 rows in blocks of 8 so the last block is partial
     rng = np.random.default_rng(4)
     emb = rng.normal(size=(37, 16))
-    expected_gen, expected_imp = [], []
+    expected_gen: list[float] = []
+    expected_imp: list[float] = []
     for i, j in itertools.combinations(range(37), 2):
         cos = emb[i] @ emb[j] / (np.linalg.norm(emb[i]) * np.linalg.norm(emb[j]))
         (expected_gen if ids[i] == ids[j] else expected_imp).append(cos)

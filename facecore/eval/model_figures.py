@@ -20,6 +20,7 @@ from facecore.eval.cross_source import celeba_owner_check
 from facecore.eval.lfw import TEST_FOLDS, evaluate, load_lfw_faces
 from facecore.models.checkpoint import FIGURES, load_backbone, model_source, save_backbone
 from facecore.models.preprocess import embed_faces
+from facecore.models.registry import embedding_dim_of
 
 
 def fp16_bytes(model: torch.nn.Module) -> int:
@@ -38,14 +39,14 @@ def measure(spec: str, root: Path, progress: bool = True) -> dict[str, Any]:
     split = build_split(root, SplitConfig(seed=0))
     seen = split.sets["public"] if spec in TRAINED_ON_PUBLIC else ()
     verification = calibrate_threshold(model, root / "lfw", exclude=list(seen))
-    model.meta = {**(getattr(model, "meta", None) or {}), "verification": verification}  # type: ignore[attr-defined]
+    model.meta = {**(getattr(model, "meta", None) or {}), "verification": verification}  # type: ignore[assignment]  # Module types unknown attributes as Tensor | Module; meta is a dict
     folds = tuple(sorted(TEST_FOLDS))
     data = load_lfw_faces(root / "lfw", folds, aligner=FaceAligner(geometry=geometry_of(model)))
     lfw = evaluate(data, lambda faces: embed_faces(model, faces)).report.to_json_dict()
     owners = celeba_owner_check(model, root, split, progress=progress).to_json_dict()
     owners = {k: v for k, v in owners.items() if k not in ("skipped", "single_photo_persons", "empty_persons", "folder")}
     return {
-        "name": spec, "backbone": model.name, "embedding_dim": int(model.embedding_dim), "weights": model_source(spec),
+        "name": spec, "backbone": model.name, "embedding_dim": int(embedding_dim_of(model)), "weights": model_source(spec),
         "parameters": sum(p.numel() for p in model.parameters()), "fp16_bytes": fp16_bytes(model),
         "geometry": geometry_of(model).to_json(),
         "verification": verification, "lfw": lfw, "celeba_owners": owners,

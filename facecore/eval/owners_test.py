@@ -50,7 +50,7 @@ def test_separable_owners_are_all_accepted_and_every_impostor_refused() -> None:
 def test_a_look_alike_is_counted_against_the_template_it_passes() -> None:
     # Prepare: identity 1 is close to identity 0; identity 2 is far from both
     rng = np.random.default_rng(1)
-    directions = [[1, 0, 0], [1, 0.2, 0], [0, 0, 1]]
+    directions: list[list[float]] = [[1, 0, 0], [1, 0.2, 0], [0, 0, 1]]
     owners = [OwnerFaces(str(i), _faces(d, 4, rng, 0.5), _faces(d, 2, rng, 0.5)) for i, d in enumerate(directions)]
     # Execute
     report = owner_verification(_embed, owners, threshold=0.95)

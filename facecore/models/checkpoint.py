@@ -11,10 +11,10 @@ Training checkpoints embed the same keys, so both load here.
 """
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
-import json
 from typing import Any
 
 import torch
@@ -90,7 +90,7 @@ def load_backbone(spec: str | Path, backbone: str = "mobilefacenet", seed: int =
 
 def _with_figures(model: torch.nn.Module, name: str) -> torch.nn.Module:
     figures = json.loads(FIGURES[name].read_text()) if FIGURES[name].is_file() else {}
-    model.meta = {**getattr(model, "meta", {}), "verification": figures.get("verification")}  # type: ignore[attr-defined]
+    model.meta = {**getattr(model, "meta", {}), "verification": figures.get("verification")}  # type: ignore[assignment]  # Module types unknown attributes as Tensor | Module; meta is a dict
     return model
 
 
@@ -102,5 +102,5 @@ def _load_file(path: Path) -> torch.nn.Module:
         model.load_state_dict(state)
     except RuntimeError as error:
         raise CheckpointError(f"{path}: weights do not fit backbone {payload['backbone']!r}: {str(error).splitlines()[0]}") from None
-    model.meta = payload.get("meta", {})  # type: ignore[attr-defined]
+    model.meta = payload.get("meta", {})
     return model.eval()

@@ -74,6 +74,9 @@ class ResidualBlock(nn.Module):
 class DlibStem(nn.Module):
     """[-1, 1] RGB -> dlib's pixel convention -> 7x7 stride-2 conv, ReLU, 3x3 stride-2 max pool."""
 
+    input_scale: Tensor  # buffers, registered in __init__
+    input_shift: Tensor
+
     def __init__(self) -> None:
         super().__init__()
         self.conv = nn.Conv2d(3, 32, 7, stride=2)
@@ -118,6 +121,7 @@ class DlibResNet(nn.Module):
         for module in self.modules():
             if isinstance(module, nn.Conv2d):
                 nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+                assert module.bias is not None  # every conv here has one
                 nn.init.zeros_(module.bias)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -189,5 +189,6 @@ def load_dlib_resnet() -> torch.nn.Module:
 
     model = get_backbone("dlib-resnet")
     model.load_state_dict(dlib_state_dict(read_face_api_tensors()))
-    model.meta = {"source": f"npm {FACE_API.spec} model/face_recognition_model.bin (dlib ResNet v1, CC0 weights)"}  # type: ignore[attr-defined]
+    source = f"npm {FACE_API.spec} model/face_recognition_model.bin (dlib ResNet v1, CC0 weights)"
+    model.meta = {"source": source}  # type: ignore[assignment]  # Module types unknown attributes as Tensor | Module; meta is a dict
     return model.eval()

@@ -8,8 +8,8 @@ is why ``embedding_dim=None`` means "the backbone's default" here.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import lru_cache
-from typing import Any, TypeVar
+from functools import cache
+from typing import Any, TypeVar, cast
 
 from torch import nn
 
@@ -67,7 +67,13 @@ def get_backbone(name: str, embedding_dim: int | None = None, **kwargs: Any) -> 
     return model
 
 
-@lru_cache(maxsize=None)
+def embedding_dim_of(model: nn.Module) -> int:
+    """A backbone's ``embedding_dim`` (every registered backbone carries one), typed: torch types a
+    module's undeclared attributes as ``Tensor | Module``."""
+    return cast(int, model.embedding_dim)
+
+
+@cache
 def backbone_geometry(name: str) -> FaceGeometry:
     """The crop geometry of a registered backbone, without keeping a model around."""
     return geometry_of(get_backbone(name))

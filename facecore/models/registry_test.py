@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from torch import nn
@@ -135,7 +137,7 @@ def test_channels_last_input_matches_contiguous(name: str) -> None:
 @pytest.mark.parametrize("name", ["mobilefacenet", "iresnet18"])
 def test_stem_blocks_head_compose_to_forward(name: str) -> None:
     # Prepare: split in the middle as the frozen-prefix fine-tuning will
-    model = get_backbone(name).eval()
+    model: Any = get_backbone(name).eval()  # the backbone contract's stem, blocks and head
     faces = _faces()
     split = len(model.blocks) // 2
 

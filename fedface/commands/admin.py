@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from facecore.federation.status import ACTIVE_ROUND_STATUSES, RoundStatus
 from server_api.errors import AdminClientError
 
 # request field (dotted path) -> the flag that sets it
@@ -42,7 +43,6 @@ FLAGS = {
     "round_id": "--round",
 }
 AGGREGATIONS = ("fedavg", "median", "trimmed_mean", "norm_bounded", "dp_fedavg")
-ACTIVE = ("open", "unmasking", "aggregating")
 
 
 def _connection_arguments(parser: argparse.ArgumentParser) -> None:
@@ -337,8 +337,8 @@ def _describe(r: dict[str, Any]) -> str:
         f"  participants: {r['n_checked_in']} checked in, {r['n_selected']} selected, {r['n_uploaded']} uploaded "
         f"(target {r['target_participants']}, min {r['min_participants']})",
         f"  opened: {_time(r['created_at'])}, deadline: {_time(r['deadline_at'])}"
-        + (f" (in {left:.0f} s)" if r["status"] == "open" and left > 0 else ""),
-        f"  duration: {_duration(r)}" + (" so far" if r["status"] in ACTIVE else ""),
+        + (f" (in {left:.0f} s)" if r["status"] == RoundStatus.OPEN and left > 0 else ""),
+        f"  duration: {_duration(r)}" + (" so far" if r["status"] in ACTIVE_ROUND_STATUSES else ""),
         f"  model: {r['base_version'][:12]}" + (f" -> {r['result_version'][:12]}" if r["result_version"] else ""),
     ]
     if r.get("failure_reason"):
@@ -397,7 +397,7 @@ def _close(args: argparse.Namespace) -> dict[str, Any]:
     round_id = args.round or _call(args, "GET", "/v1/admin/rounds/current")["id"]
     result = _call(args, "POST", f"/v1/admin/rounds/{round_id}/close", None)
     deadline = time.monotonic() + max(0.0, args.wait)
-    while result["status"] == "open" and time.monotonic() < deadline:
+    while result["status"] == RoundStatus.OPEN and time.monotonic() < deadline:
         time.sleep(0.2)
         result = _call(args, "GET", f"/v1/admin/rounds/{round_id}")
     return result

@@ -80,11 +80,11 @@ def _secagg(args: argparse.Namespace) -> int:
 
 
 def _sim(args: argparse.Namespace) -> int:
-    from fedface_bench.sim import bench_sim, describe
     from facecore.align.geometry import geometry_of
     from facecore.data.split import SplitConfig, build_split
     from facecore.models.checkpoint import load_backbone
     from facecore.paths import data_root
+    from fedface_bench.sim import bench_sim, describe
     from simulator.cross_device.population import load_population
 
     try:
@@ -108,10 +108,10 @@ def _sim(args: argparse.Namespace) -> int:
 def _device(args: argparse.Namespace) -> int:
     """Real photos of one device identity (20 to enroll and train on, one more to verify), and a
     folder of real LFW photos for the verify throughput."""
-    from fedface_bench.device import bench_device, bench_verify
     from export.mtcnn_onnx import export_mtcnn_onnx
     from facecore.data.split import SplitConfig, build_split
     from facecore.paths import data_root
+    from fedface_bench.device import bench_device, bench_verify
     from server_api.launcher import MANY_DEVICES_ON_LOOPBACK, LocalServer
 
     root = data_root(args.data)
@@ -172,10 +172,10 @@ def _describe_verify(v: dict) -> str:  # type: ignore[type-arg]
 
 
 def _export(args: argparse.Namespace) -> int:
-    from fedface_bench.export import bench_exports
     from export.pipeline import export_model
     from facecore.models.checkpoint import load_backbone
     from facecore.paths import data_root
+    from fedface_bench.export import bench_exports
 
     specs = list(dict.fromkeys(args.model or ["default", "mobile"]))
     if args.dir and len(args.dir) != len(specs):
@@ -220,6 +220,7 @@ def _describe_export(result: dict) -> str:  # type: ignore[type-arg]
 
 
 def _server(args: argparse.Namespace) -> int:
+    from facecore.federation.status import RoundStatus
     from fedface_bench.server import describe, run_server_bench
 
     if min(args.devices, args.concurrency, args.workers) < 1:
@@ -235,7 +236,7 @@ def _server(args: argparse.Namespace) -> int:
             raise SystemExit("fedface bench server --secure: --devices must be >= 3 and 0 <= --drop < 1/3 (the threshold is 2n/3 + 1)")
         secure = run_secure_bench(args.devices, args.concurrency, args.backbone, args.drop)
         print(json.dumps(secure) if args.json else describe_secure(secure))
-        return 0 if secure["secure"]["round_status"] == "completed" and secure["secure"]["lost"] == 0 else 1
+        return 0 if secure["secure"]["round_status"] == RoundStatus.COMPLETED and secure["secure"]["lost"] == 0 else 1
     result = run_server_bench(args.devices, args.concurrency, args.backbone, args.workers, args.db)
     print(json.dumps(result) if args.json else describe(result))
     # Non-zero when the round itself broke (rejected uploads, no aggregation); missed goals are results, not errors.

@@ -11,7 +11,7 @@ import argparse
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from device_sdk.errors import StateError
 
@@ -63,7 +63,7 @@ def _count(text: str) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     # A parent that already shows defaults (the `fedface` parser) passes its formatter down; a plain one gets ours.
-    shown = {"formatter_class": HelpFormatter} if parser.formatter_class is argparse.HelpFormatter else {}
+    shown: dict[str, Any] = {"formatter_class": HelpFormatter} if parser.formatter_class is argparse.HelpFormatter else {}
     for name, help_text in ACTIONS.items():
         sub = actions.add_parser(name, help=help_text, description=help_text, **shown)
         sub.add_argument("--server", metavar="URL", default=os.environ.get("FEDFACE_SERVER", DEFAULT_SERVER),

@@ -175,7 +175,8 @@ def _pca_embedder(root: Path, folds: tuple[int, ...]):  # type: ignore[no-untype
 
 
 def _label(spec: str) -> str:
-    return {"random": "untrained", "lbp": "LBP (classical)", "pca": "PCA (classical)"}.get(spec, spec if spec in ("default", "dlib-resnet", "mobile") else Path(spec).stem)
+    named = spec if spec in ("default", "dlib-resnet", "mobile") else Path(spec).stem
+    return {"random": "untrained", "lbp": "LBP (classical)", "pca": "PCA (classical)"}.get(spec, named)
 
 
 def _slug(label: str) -> str:
@@ -222,8 +223,8 @@ def _print_folder(report, spec: str) -> None:  # type: ignore[no-untyped-def]
     if counts:
         print(f"skipped: {sum(counts.values())} file(s): " + ", ".join(f"{n} {REASONS[r]}" for r, n in counts.items()))
         for reason in counts:
-            names = [s.path for s in report.skipped if s.reason == reason]
-            print(f"  {REASONS[reason]}: {', '.join(names[:5])}" + (f" ... (+{len(names) - 5}, see --json)" if len(names) > 5 else ""))
+            files = [s.path for s in report.skipped if s.reason == reason]
+            print(f"  {REASONS[reason]}: {', '.join(files[:5])}" + (f" ... (+{len(files) - 5}, see --json)" if len(files) > 5 else ""))
     else:
         print("skipped: none")
     print(f"pairs: {report.genuine_pairs:,} genuine, {report.impostor_pairs:,} impostor")

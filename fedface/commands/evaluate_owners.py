@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
     from facecore.data.split import SplitConfig, build_split
     from facecore.errors import FaceCoreError
     from facecore.eval.folder import embed_with_progress
-    from facecore.eval.owners import OwnerFaces, holdout_split, owner_verification
+    from facecore.eval.owners import OwnerFaces, owner_verification
     from facecore.models.checkpoint import load_backbone
     from facecore.paths import data_root
     from simulator.cross_device.population import load_population
@@ -40,8 +40,8 @@ def run(args: argparse.Namespace) -> int:
         raise FaceCoreError(f"model {args.model} publishes no verification threshold: pass --threshold")
     root = data_root(args.data)
     manifest = build_split(root, SplitConfig(seed=args.seed))
-    population = load_population(manifest, root, requested=10**6, seed=args.seed, geometry=geometry_of(model))
-    owners = [OwnerFaces(d.identity, *holdout_split(d.faces, args.holdout, args.seed, d.index)) for d in population.devices]
+    population = load_population(manifest, root, requested=10**6, seed=args.seed, geometry=geometry_of(model), holdout=args.holdout)
+    owners = [OwnerFaces(d.identity, d.faces, d.held_out) for d in population.devices if d.held_out is not None]
     report = owner_verification(lambda faces: embed_with_progress(model, faces, progress=False), owners, float(threshold))
     if args.json:
         print(json.dumps({"model": args.model, "holdout": args.holdout, "seed": args.seed, **report.to_dict()}))

@@ -66,10 +66,10 @@ def run(args: argparse.Namespace) -> int:
 
     from facecore.align.pipeline import FaceAligner
     from facecore.data.faces import load_labelled_faces
-    from facecore.models.registry import backbone_geometry
     from facecore.data.split import SplitConfig, SplitManifest, build_split
     from facecore.eval.plots import save_line_plot
     from facecore.models.checkpoint import load_backbone
+    from facecore.models.registry import backbone_geometry
     from facecore.paths import data_root
     from pretrain.config import PretrainConfig
     from pretrain.evaluation import check_disjoint_from_evaluation, lfw_monitor

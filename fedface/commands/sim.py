@@ -32,6 +32,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cd.add_argument("--local-lr", type=float, default=0.01, metavar="RATE", help="the devices' learning rate")
     cd.add_argument("--margin", type=float, default=0.9, help="margin m of the positive-only FedFace loss")
     cd.add_argument("--trainable-blocks", type=int, default=None, help="frozen-prefix option: train only the last K blocks + head")
+    cd.add_argument("--owner-holdout", type=float, default=None, metavar="FRACTION",
+                    help="hold out this share of each device's photos from training and verify its owner on them (fedface eval owners)")
+    # None: facecore.losses.SpreadoutConfig's (the paper's) value; not imported here, it loads torch.
+    cd.add_argument("--spreadout-nu", type=float, default=None, help="spreadout: class embeddings are pushed below this cosine (paper: 0.3)")
+    cd.add_argument("--spreadout-lr", type=float, default=None, help="spreadout: the server's SGD learning rate on the embeddings (paper: 0.01)")
+    cd.add_argument("--spreadout-steps", type=int, default=None, help="spreadout: SGD steps per round (paper: 10)")
     cd.add_argument("--dp-epsilon", type=float, default=None,
                     help="DP-FedAvg on the backbone: noise calibrated so the whole run spends this epsilon (inf: clipping only)")
     cd.add_argument("--dp-clip", type=float, default=1.0, help="DP-FedAvg: L2 bound on each device's delta")
@@ -128,6 +134,7 @@ def _cross_device(args: argparse.Namespace) -> int:
     from device_sdk.training import LocalTrainingConfig
     from facecore.data.lfw import parse_folds
     from facecore.data.split import SplitManifest
+    from facecore.losses import SpreadoutConfig
     from facecore.paths import data_root
     from simulator.cross_device.config import CrossDeviceConfig
     from simulator.cross_device.run import run_cross_device
@@ -138,11 +145,13 @@ def _cross_device(args: argparse.Namespace) -> int:
         spreadout=args.spreadout, seed=args.seed, model=args.model, eval_every=args.eval_every,
         eval_folds=parse_folds(args.folds), target_accuracy=args.target, local=local,
         dp_epsilon=args.dp_epsilon, dp_clip=args.dp_clip, dp_delta=args.dp_delta, template_noise_cos=args.template_noise_cos, workers=args.workers,
-        backend=args.backend, ray_address=args.ray_address,
+        backend=args.backend, ray_address=args.ray_address, owner_holdout=args.owner_holdout,
+        server_spreadout=SpreadoutConfig(**{k: v for k, v in (("nu", args.spreadout_nu), ("steps", args.spreadout_steps),
+                                                               ("lr", args.spreadout_lr)) if v is not None}),
     )
     out = Path(args.out)
     manifest = SplitManifest.load(args.split) if args.split else None
     report = run_cross_device(config, data_root(args.data), out, manifest, resume=not args.fresh)
-    summary = {k: report[k] for k in ("method", "devices", "rounds", "accuracy", "tar_at_far", "rounds_to_target", "seconds_per_round")}
+    summary = {k: report[k] for k in ("method", "devices", "rounds", "accuracy", "tar_at_far", "rounds_to_target", "seconds_per_round", "owners")}
     print(json.dumps(summary) if args.json else "\n".join(f"{k:>18}: {v}" for k, v in summary.items()))
     return 0

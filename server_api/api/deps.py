@@ -9,8 +9,9 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
+from facecore.federation.protocol import body_sha256
 from server_api.core.limits import RequestLimits
-from server_api.core.security import body_digest, check_admin_token
+from server_api.core.security import check_admin_token
 from server_api.errors import AuthenticationFailed
 from server_api.models import Device
 from server_api.services.auth import SignedRequest, authenticate_device
@@ -71,7 +72,7 @@ async def current_device(request: Request, ctx: CtxDep, session: SessionDep, lim
     address = client_address(request)
     limits.addresses.check(address)
     body = await request.body()  # bounded by the size-limit middleware
-    signed = SignedRequest(request.headers, request.method, signed_path(request), body_digest(body))
+    signed = SignedRequest(request.headers, request.method, signed_path(request), body_sha256(body))
     try:
         device = await run_in_threadpool(authenticate_device, session, signed, ctx.settings.signature_window_s)
     except AuthenticationFailed:

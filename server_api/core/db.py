@@ -40,8 +40,7 @@ def make_engine(url: str) -> Engine:
 
 def _private_sqlite_file(url: str) -> None:
     database = make_url(url).database
-    in_memory = not database or database == ":memory:" or database.startswith("file:")
-    if in_memory or not os.path.isdir(os.path.dirname(database) or "."):
+    if not database or database == ":memory:" or database.startswith("file:") or not os.path.isdir(os.path.dirname(database) or "."):
         return  # in memory, a URI, or a folder that is not there (SQLite names that problem itself)
     os.close(os.open(database, os.O_RDWR | os.O_CREAT, 0o600))
     for path in (database, database + "-wal", database + "-shm"):

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from facecore.federation.protocol import ErrorCode
 from server_api.core.config import Settings
 from server_api.errors import RateLimited, Unavailable
 
@@ -78,7 +79,7 @@ class BodySizeLimitMiddleware:
 
 
 async def _reject(send: Send, limit: int) -> None:
-    body = json.dumps({"detail": f"request body exceeds {limit} bytes"}).encode()
+    body = json.dumps({"detail": f"request body exceeds {limit} bytes", "code": ErrorCode.PAYLOAD_TOO_LARGE}).encode()
     # Connection: close, because the rest of the body was never read.
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), (b"connection", b"close")]
     await send({"type": "http.response.start", "status": 413, "headers": headers})

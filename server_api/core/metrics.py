@@ -12,6 +12,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from facecore.federation.status import ParticipationStatus, RoundStatus
+
 
 class Metrics:
     def __init__(self, db_counts: Callable[[], tuple[dict[str, int], dict[str, int]]]) -> None:
@@ -33,10 +35,10 @@ class _DatabaseCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         rounds, participants = self._db_counts()
         by_status = GaugeMetricFamily("fedface_rounds", "Rounds by status", labels=["status"])
-        for status in ("open", "aggregating", "completed", "failed"):
+        for status in (RoundStatus.OPEN, RoundStatus.AGGREGATING, RoundStatus.COMPLETED, RoundStatus.FAILED):
             by_status.add_metric([status], rounds.get(status, 0))
         yield by_status
         active = GaugeMetricFamily("fedface_round_participants", "Devices in the active round by state", labels=["state"])
-        for state in ("checked_in", "selected", "uploaded"):
+        for state in ("checked_in", ParticipationStatus.SELECTED, ParticipationStatus.UPLOADED):
             active.add_metric([state], participants.get(state, 0))
         yield active

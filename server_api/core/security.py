@@ -1,20 +1,14 @@
 """Request signing (Ed25519), admin token check and template encryption (AES-GCM).
 
-Device request signature
-------------------------
-Headers: ``X-Device-Id`` (absent when registering), ``X-Timestamp`` (unix seconds),
-``X-Nonce`` (16-64 url-safe chars, never reused), ``X-Signature`` (base64 Ed25519
-signature). The signed message is the UTF-8 of::
-
-    FEDFACE-V1\\n<device id or "register">\\n<METHOD>\\n<path[?query]>\\n<timestamp>\\n<nonce>\\n<sha256(body) hex>
-
-so method, path, query (e.g. ``?dtype=fp16``), time, nonce and body are all bound.
+Device request signature: headers and signed message are the wire protocol
+(:mod:`facecore.federation.protocol`); this module checks them: the timestamp within the
+window, the nonce's form (16-64 url-safe chars; never reused is the caller's check), the
+base64 Ed25519 signature.
 """
 from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import hmac
 import os
 import re
@@ -25,13 +19,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from server_api.errors import AuthenticationFailed, InvalidInput
 
-SIGNATURE_SCHEME = "FEDFACE-V1"
-REGISTER_SUBJECT = "register"
 NONCE_PATTERN = re.compile(r"^[A-Za-z0-9_-]{16,64}$")
-
-
-def canonical_message(subject: str, method: str, path: str, timestamp: str, nonce: str, body_sha256: str) -> bytes:
-    return "\n".join((SIGNATURE_SCHEME, subject, method.upper(), path, timestamp, nonce, body_sha256)).encode()
 
 
 def parse_public_key(text: str) -> bytes:
@@ -75,10 +63,6 @@ def check_admin_token(presented: str | None, expected: str) -> None:
     # compare_digest over bytes keeps the comparison time independent of where they differ.
     if not presented or not hmac.compare_digest(presented.encode(), expected.encode()):
         raise AuthenticationFailed("missing or wrong admin token")
-
-
-def body_digest(body: bytes) -> str:
-    return hashlib.sha256(body).hexdigest()
 
 
 class TemplateCipher:

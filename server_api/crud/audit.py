@@ -6,7 +6,7 @@ from typing import Any
 from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
-from server_api.models import AuditEvent
+from server_api.models import AuditEvent, table_of
 
 
 def record(session: Session, actor: str, action: str, round_id: int | None = None, device_id: str | None = None, **details: Any) -> None:
@@ -17,4 +17,4 @@ def record(session: Session, actor: str, action: str, round_id: int | None = Non
 def record_now(session: Session, actor: str, action: str, round_id: int | None = None, device_id: str | None = None, **details: Any) -> None:
     """:func:`record` as one INSERT executed now: for hot paths that write no ORM objects, so
     committing needs no unit-of-work flush."""
-    session.execute(insert(AuditEvent.__table__).values(actor=actor, action=action, round_id=round_id, device_id=device_id, details=details))
+    session.execute(insert(table_of(AuditEvent)).values(actor=actor, action=action, round_id=round_id, device_id=device_id, details=details))

@@ -3,14 +3,15 @@ from __future__ import annotations
 
 import secrets
 from datetime import datetime, timedelta
+from typing import Any, cast
 
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import CursorResult, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from server_api.crud import audit
 from server_api.errors import AuthenticationFailed, Conflict
-from server_api.models import Device, Enrollment, EnrollmentToken, Nonce, Update, utcnow
+from server_api.models import Device, Enrollment, EnrollmentToken, Nonce, Update, table_of, utcnow
 
 
 def get_device(session: Session, device_id: str) -> Device | None:
@@ -37,7 +38,7 @@ def consume_nonce(session: Session, subject: str, nonce: str, commit: bool = Tru
     """Record a used nonce; a replay violates the unique key when the INSERT runs. ``commit=False``
     leaves it in the caller's transaction, whose commit makes it final."""
     try:
-        session.execute(insert(Nonce.__table__).values(subject=subject, nonce=nonce))
+        session.execute(insert(table_of(Nonce)).values(subject=subject, nonce=nonce))
         if commit:
             session.commit()
     except IntegrityError:
@@ -47,7 +48,7 @@ def consume_nonce(session: Session, subject: str, nonce: str, commit: bool = Tru
 
 def prune_nonces(session: Session, older_than: datetime) -> int:
     # Safe: a request that old is rejected by its timestamp before its nonce is looked at.
-    count = session.execute(delete(Nonce).where(Nonce.created_at < older_than)).rowcount
+    count = cast(CursorResult[Any], session.execute(delete(Nonce).where(Nonce.created_at < older_than))).rowcount
     session.commit()
     return count or 0
 
@@ -107,7 +108,7 @@ def remove_device(session: Session, device: Device) -> bool:
     (as ``removed``) so past rounds keep their participants, but its public key is replaced by random
     bytes nobody holds the private key of, so no request of that device authenticates again.
     Returns whether a template was deleted."""
-    had_template = bool(session.execute(delete(Enrollment).where(Enrollment.device_id == device.id)).rowcount)
+    had_template = bool(cast(CursorResult[Any], session.execute(delete(Enrollment).where(Enrollment.device_id == device.id))).rowcount)
     session.execute(update(Update).where(Update.device_id == device.id).values(embedding_ciphertext=None))
     device.public_key = secrets.token_bytes(32)
     device.status = "removed"
@@ -129,12 +130,12 @@ def add_enrollment_tokens(session: Session, token_hashes: list[str], expires_at:
 def claim_enrollment_token(session: Session, token_sha256: str, now: datetime) -> bool:
     """Mark an unused, unexpired token used, in the caller's transaction (committed with the device
     it registers, so a failed registration leaves it unused); False if there is no such token."""
-    claimed = session.execute(
+    claimed = cast(CursorResult[Any], session.execute(
         update(EnrollmentToken)
         .where(EnrollmentToken.token_sha256 == token_sha256, EnrollmentToken.used_at.is_(None))
         .where(EnrollmentToken.expires_at > now)
         .values(used_at=now)
-    ).rowcount
+    )).rowcount
     return claimed == 1
 
 
@@ -145,7 +146,7 @@ def prune_never_enrolled(session: Session, registered_before: datetime) -> int:
         Device.status == "active", Device.created_at < registered_before,
         ~select(Enrollment.device_id).where(Enrollment.device_id == Device.id).exists(),
     )
-    pruned = session.execute(delete(Device).where(Device.id.in_(stale))).rowcount or 0
+    pruned = cast(CursorResult[Any], session.execute(delete(Device).where(Device.id.in_(stale)))).rowcount or 0
     audit.record(session, "admin", "devices.pruned", count=pruned, registered_before=registered_before.isoformat())
     session.commit()
     return pruned

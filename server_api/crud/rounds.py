@@ -9,33 +9,35 @@ assumes. q and the enrolled count are stored on the round when selection runs.
 
 Every transition happens with the round row locked (:func:`lock_round`), so two
 workers, the scheduler and the upload that reaches the target can all try the same
-transition and exactly one of them makes it.
+transition and exactly one of them makes it. When a round is due for aggregation is decided
+by services.aggregation.claim_for_aggregation (secure aggregation's steps included), which
+holds the lock and calls the writes here; crud never imports services.
 """
 from __future__ import annotations
 
 import os
 import random
+from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Literal
+from typing import Any
 
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from facecore.federation.status import CHOSEN_STATUSES, ParticipationStatus, RoundStatus
 from server_api.core.db import lock_round
 from server_api.crud import audit
-from server_api.crud.versions import get_by_hash, new_version_row
-from server_api.errors import Conflict, NotFound, StaleRound
+from server_api.crud.versions import VersionFiles, get_by_hash, new_version_row
+from server_api.errors import Conflict, DeviceNotEnrolled, NotFound, StaleRound
 from server_api.models import Device, Enrollment, ModelVersion, Participation, Round, Update
 from server_api.schemas import RoundCreate, RoundPublic
-from server_api.services import secure_aggregation
 from server_api.strategies.dp_fedavg import poisson_selected, sample_rate_for
 
-if TYPE_CHECKING:
-    from server_api.services.model_store import VersionBlobs
-
 _rng = random.SystemRandom()
-ClaimOutcome = Literal["claimed", "unmasking", "failed", "not_due", "busy", "closed"]
+# (session, the locked round, now) -> whether its secure-aggregation members are fixed, so a late
+# candidate is not selected; False for a plain round (services.secure_aggregation.members_fixed).
+MembersFixed = Callable[[Session, Round, datetime], bool]
 
 
 def get_round(session: Session, round_id: int) -> Round | None:
@@ -55,7 +57,7 @@ def list_rounds(session: Session, limit: int) -> list[Round]:
 
 
 def completed_rounds(session: Session) -> list[Round]:
-    return list(session.execute(select(Round).where(Round.status == "completed").order_by(Round.id)).scalars())
+    return list(session.execute(select(Round).where(Round.status == RoundStatus.COMPLETED).order_by(Round.id)).scalars())
 
 
 def participation_counts(session: Session, round_id: int) -> dict[str, int]:
@@ -71,7 +73,7 @@ def open_round(session: Session, config: RoundCreate, base: ModelVersion, now: d
         session.rollback()
         raise Conflict(f"round {current.id} is still {current.status}; wait for it to finish")
     round_ = Round(
-        status="open", active_slot=1, config=config.model_dump(mode="json"), strategy=config.strategy,
+        status=RoundStatus.OPEN, active_slot=1, config=config.model_dump(mode="json"), strategy=config.strategy,
         target_participants=config.target_participants, min_participants=config.min_participants,
         base_version_id=base.id, selection_at=now + timedelta(seconds=config.selection_window_s),
         deadline_at=now + timedelta(seconds=config.deadline_s),
@@ -87,40 +89,39 @@ def open_round(session: Session, config: RoundCreate, base: ModelVersion, now: d
     return round_
 
 
-def checkin(session: Session, device: Device, now: datetime) -> tuple[Round, Participation]:
+def checkin(session: Session, device: Device, now: datetime, members_fixed: MembersFixed) -> tuple[Round, Participation]:
     active = active_round(session)
     if active is None:
         session.rollback()
         raise StaleRound(None, None)
     round_ = lock_round(session, active.id)
-    if round_.status != "open" or now >= round_.deadline_at:
+    if round_.status != RoundStatus.OPEN or now >= round_.deadline_at:
         session.rollback()
-        raise StaleRound(round_.id, round_.id, "deadline passed" if round_.status == "open" else round_.status)
+        raise StaleRound(round_.id, round_.id, "deadline passed" if round_.status == RoundStatus.OPEN else round_.status)
     if session.get(Enrollment, device.id) is None:
         session.rollback()
-        raise Conflict(f"device {device.id} is not enrolled; enroll a class embedding before checking in")
+        raise DeviceNotEnrolled(f"device {device.id} is not enrolled; enroll a class embedding before checking in")
     part = session.execute(
         select(Participation).where(Participation.round_id == round_.id, Participation.device_id == device.id)
     ).scalar_one_or_none()
     if part is None:
-        part = Participation(round_id=round_.id, device_id=device.id, status="candidate")
+        part = Participation(round_id=round_.id, device_id=device.id, status=ParticipationStatus.CANDIDATE)
         session.add(part)
         session.flush()
     if now >= round_.selection_at:
         if not round_.selection_done:
             _select(session, round_)
-        elif part.status == "candidate" and secure_aggregation.settings_of(round_) is not None \
-                and secure_aggregation.view(session, round_.id, now).adverts_closed:
-            part.status = "not_selected"  # the members are fixed: keys are being agreed among them
-        elif part.status == "candidate" and round_.sample_rate is not None:
-            part.status = "selected" if _in_sample(round_, device.id) else "not_selected"
-            if part.status == "selected":
+        elif part.status == ParticipationStatus.CANDIDATE and members_fixed(session, round_, now):
+            part.status = ParticipationStatus.NOT_SELECTED  # the members are fixed: keys are being agreed among them
+        elif part.status == ParticipationStatus.CANDIDATE and round_.sample_rate is not None:
+            part.status = ParticipationStatus.SELECTED if _in_sample(round_, device.id) else ParticipationStatus.NOT_SELECTED
+            if part.status == ParticipationStatus.SELECTED:
                 session.get(Device, device.id).last_selected_round = round_.id  # type: ignore[union-attr]
-        elif part.status == "candidate":
+        elif part.status == ParticipationStatus.CANDIDATE:
             # After the window, free slots go to whoever comes first.
             taken = _taken(session, round_.id)
-            part.status = "selected" if taken < round_.target_participants else "not_selected"
-            if part.status == "selected":
+            part.status = ParticipationStatus.SELECTED if taken < round_.target_participants else ParticipationStatus.NOT_SELECTED
+            if part.status == ParticipationStatus.SELECTED:
                 session.get(Device, device.id).last_selected_round = round_.id  # type: ignore[union-attr]
     session.commit()
     return round_, part
@@ -128,7 +129,7 @@ def checkin(session: Session, device: Device, now: datetime) -> tuple[Round, Par
 
 def run_selection_if_due(session: Session, round_id: int, now: datetime) -> bool:
     round_ = lock_round(session, round_id)
-    if round_ is None or round_.status != "open" or round_.selection_done or now < round_.selection_at:
+    if round_ is None or round_.status != RoundStatus.OPEN or round_.selection_done or now < round_.selection_at:
         session.rollback()
         return False
     _select(session, round_)
@@ -138,7 +139,7 @@ def run_selection_if_due(session: Session, round_id: int, now: datetime) -> bool
 
 def _taken(session: Session, round_id: int) -> int:
     counts = participation_counts(session, round_id)
-    return counts.get("selected", 0) + counts.get("uploaded", 0)
+    return sum(counts.get(status, 0) for status in CHOSEN_STATUSES)
 
 
 def _select(session: Session, round_: Round) -> None:
@@ -147,7 +148,7 @@ def _select(session: Session, round_: Round) -> None:
     exactly the candidates in the round's Poisson sample."""
     rows = session.execute(
         select(Participation, Device).join(Device, Device.id == Participation.device_id)
-        .where(Participation.round_id == round_.id, Participation.status == "candidate")
+        .where(Participation.round_id == round_.id, Participation.status == ParticipationStatus.CANDIDATE)
     ).all()
     if _uses_dp(round_):
         round_.population = enrolled_count(session)
@@ -160,7 +161,7 @@ def _select(session: Session, round_: Round) -> None:
         chosen = ordered[:max(free, 0)]
     chosen_ids = {device.id for _, device in chosen}
     for part, device in rows:
-        part.status = "selected" if device.id in chosen_ids else "not_selected"
+        part.status = ParticipationStatus.SELECTED if device.id in chosen_ids else ParticipationStatus.NOT_SELECTED
         if device.id in chosen_ids:
             device.last_selected_round = round_.id
     round_.selection_done = True
@@ -191,7 +192,7 @@ def close_now(session: Session, round_id: int, now: datetime) -> Round:
     if round_ is None:
         session.rollback()
         raise NotFound(f"round {round_id} does not exist")
-    if round_.status != "open":
+    if round_.status != RoundStatus.OPEN:
         session.rollback()
         raise Conflict(f"round {round_id} is {round_.status}, only an open round can be closed")
     round_.deadline_at = min(round_.deadline_at, now)
@@ -200,90 +201,52 @@ def close_now(session: Session, round_id: int, now: datetime) -> Round:
     return round_
 
 
-def claim_for_aggregation(session: Session, round_id: int, now: datetime, lease_s: float) -> ClaimOutcome:
-    """Move a due round to ``aggregating`` (or fail it), or retake one whose lease ran out.
-
-    Freezing the round here is what makes aggregation inputs stable: uploads check
-    ``status == open`` under the same lock."""
-    round_ = lock_round(session, round_id)
-    if round_ is None or round_.status in ("completed", "failed"):
-        session.rollback()
-        return "closed"
-    if round_.status == "aggregating":
-        if round_.lease_until is not None and now < round_.lease_until:
-            session.rollback()
-            return "busy"
-        round_.lease_until = now + timedelta(seconds=lease_s)
-        audit.record(session, "server", "round.aggregation_resumed", round_id=round_id)
-        session.commit()
-        return "claimed"
-    counts = participation_counts(session, round_id)
-    uploaded = counts.get("uploaded", 0)
-    if secure_aggregation.settings_of(round_) is not None:
-        return _secure_transition(session, round_, uploaded, now, lease_s)
-    deadline_passed = now >= round_.deadline_at
-    # A Poisson sample can exceed the target: wait for every selected device before closing early.
-    everyone_in = uploaded >= round_.target_participants and counts.get("selected", 0) == 0
-    if everyone_in or (deadline_passed and uploaded >= round_.min_participants):
-        return _start_aggregating(session, round_, uploaded, now, lease_s)
-    if deadline_passed:
-        selected = counts.get("selected", 0) + uploaded
-        return _fail(session, round_, now, (
-            f"deadline passed with {uploaded} update(s), {round_.min_participants} required "
-            f"({selected} selected, {sum(counts.values())} checked in)"
-        ))
-    session.rollback()
-    return "not_due"
+def resume_aggregation(session: Session, round_: Round, now: datetime, lease_s: float) -> None:
+    """Retake a round stuck in ``aggregating`` whose lease ran out (the caller holds its lock)."""
+    round_.lease_until = now + timedelta(seconds=lease_s)
+    audit.record(session, "server", "round.aggregation_resumed", round_id=round_.id)
+    session.commit()
 
 
-def _start_aggregating(session: Session, round_: Round, uploaded: int, now: datetime, lease_s: float) -> ClaimOutcome:
-    round_.status = "aggregating"
+def start_aggregating(session: Session, round_: Round, uploaded: int, now: datetime, lease_s: float) -> None:
+    round_.status = RoundStatus.AGGREGATING
     round_.lease_until = now + timedelta(seconds=lease_s)
     audit.record(session, "server", "round.aggregating", round_id=round_.id, updates=uploaded)
     session.commit()
-    return "claimed"
 
 
-def _fail(session: Session, round_: Round, now: datetime, reason: str) -> ClaimOutcome:
-    round_.status, round_.active_slot, round_.closed_at = "failed", None, now
+def start_unmasking(session: Session, round_: Round, uploaded: int, unmask_deadline: datetime) -> None:
+    round_.status, round_.unmask_deadline_at = RoundStatus.UNMASKING, unmask_deadline
+    audit.record(session, "server", "round.unmasking", round_id=round_.id, updates=uploaded)
+    session.commit()
+
+
+def fail_round(session: Session, round_: Round, now: datetime, reason: str) -> None:
+    round_.status, round_.active_slot, round_.closed_at = RoundStatus.FAILED, None, now
     round_.failure_reason = reason[:500]
     session.execute(update(Update).where(Update.round_id == round_.id).values(embedding_ciphertext=None))
     audit.record(session, "server", "round.failed", round_id=round_.id, reason=round_.failure_reason)
     session.commit()
-    return "failed"
-
-
-def _secure_transition(session: Session, round_: Round, uploaded: int, now: datetime, lease_s: float) -> ClaimOutcome:
-    step, reason = secure_aggregation.next_transition(session, round_, uploaded, now)
-    if step == "aggregating":
-        return _start_aggregating(session, round_, uploaded, now, lease_s)
-    if step == "failed":
-        return _fail(session, round_, now, reason or "secure aggregation failed")
-    if step == "unmasking":
-        round_.status, round_.unmask_deadline_at = "unmasking", secure_aggregation.unmask_deadline(round_, now)
-        audit.record(session, "server", "round.unmasking", round_id=round_.id, updates=uploaded)
-        session.commit()
-        return "unmasking"
-    session.rollback()
-    return "not_due"
 
 
 def fail_aggregation(session: Session, round_id: int, now: datetime, reason: str) -> bool:
     """End a claimed round whose inputs cannot be aggregated (secure aggregation could not unmask)."""
     round_ = lock_round(session, round_id)
-    if round_ is None or round_.status != "aggregating":
+    if round_ is None or round_.status != RoundStatus.AGGREGATING:
         session.rollback()
         return False
-    _fail(session, round_, now, reason)
+    fail_round(session, round_, now, reason)
     return True
 
 
-def finalize(session: Session, round_id: int, blobs: VersionBlobs, embeddings: dict[str, tuple[bytes, datetime]], summary: dict, now: datetime) -> bool:
+def finalize(
+    session: Session, round_id: int, blobs: VersionFiles, embeddings: dict[str, tuple[bytes, datetime]], summary: dict[str, Any], now: datetime,
+) -> bool:
     """Commit a computed aggregation: version row, new embeddings and the round's end, in
     one transaction. ``embeddings`` maps device id -> (ciphertext, enrollment.updated_at
     seen when W was built); a template changed since (unenrolled, re-enrolled) is left alone."""
     round_ = lock_round(session, round_id)
-    if round_ is None or round_.status != "aggregating":
+    if round_ is None or round_.status != RoundStatus.AGGREGATING:
         session.rollback()
         return False
     version = get_by_hash(session, blobs.version_hash)
@@ -297,7 +260,7 @@ def finalize(session: Session, round_id: int, blobs: VersionBlobs, embeddings: d
             enrollment.ciphertext, enrollment.round_id, enrollment.updated_at = ciphertext, round_id, now
     # The uploaded templates were only needed to build W: do not keep extra copies.
     session.execute(update(Update).where(Update.round_id == round_id).values(embedding_ciphertext=None))
-    round_.status, round_.active_slot, round_.closed_at = "completed", None, now
+    round_.status, round_.active_slot, round_.closed_at = RoundStatus.COMPLETED, None, now
     round_.result_version_id, round_.lease_until, round_.summary = version.id, None, summary
     audit.record(session, "server", "round.completed", round_id=round_id, version=version.version_hash, **summary)
     session.commit()
@@ -314,6 +277,6 @@ def to_public(session: Session, round_: Round) -> RoundPublic:
         created_at=round_.created_at, selection_at=round_.selection_at, deadline_at=round_.deadline_at,
         closed_at=round_.closed_at, failure_reason=round_.failure_reason,
         base_version=base.version_hash if base else "", result_version=result.version_hash if result else None,
-        n_checked_in=sum(counts.values()), n_selected=counts.get("selected", 0) + counts.get("uploaded", 0),
-        n_uploaded=counts.get("uploaded", 0), config=round_.config, summary=round_.summary,
+        n_checked_in=sum(counts.values()), n_selected=sum(counts.get(status, 0) for status in CHOSEN_STATUSES),
+        n_uploaded=counts.get(ParticipationStatus.UPLOADED, 0), config=round_.config, summary=round_.summary,
     )

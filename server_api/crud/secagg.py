@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
+from facecore.federation.status import CHOSEN_STATUSES
 from server_api.models import Participation, SecAggMember, SecAggShare
 
 
@@ -27,7 +28,7 @@ def member(session: Session, round_id: int, device_id: str) -> SecAggMember | No
 def selected_count(session: Session, round_id: int) -> int:
     return session.scalar(
         select(func.count()).select_from(Participation)
-        .where(Participation.round_id == round_id, Participation.status.in_(("selected", "uploaded")))
+        .where(Participation.round_id == round_id, Participation.status.in_(CHOSEN_STATUSES))
     ) or 0
 
 

@@ -3,15 +3,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import CursorResult, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from facecore.federation.status import ACTIVE_ROUND_STATUSES, CHOSEN_STATUSES, ParticipationStatus, RoundStatus
 from server_api.crud import audit
-from server_api.errors import Conflict, Forbidden, StaleRound
-from server_api.models import Device, Enrollment, IdempotencyRecord, Participation, Round, Update
+from server_api.errors import Conflict, DeviceNotEnrolled, Forbidden, StaleRound
+from server_api.models import Device, Enrollment, IdempotencyRecord, Participation, Round, Update, table_of
 
 
 class Replay(NamedTuple):
@@ -51,7 +52,7 @@ def check_can_upload(session: Session, round_: Round, device_id: str, now: datet
 def _refuse_closed(session: Session, round_id: int, state: tuple[str, datetime] | None, now: datetime) -> None:
     from server_api.crud.rounds import active_round
 
-    if state is None or state[0] != "open" or now >= state[1]:
+    if state is None or state[0] != RoundStatus.OPEN or now >= state[1]:
         active = active_round(session)
         raise StaleRound(round_id, active.id if active else None, active.status if active else None)
 
@@ -64,13 +65,13 @@ def _participation_problem(session: Session, round_id: int, device_id: str) -> E
         .outerjoin(Enrollment, Enrollment.device_id == Device.id).where(Device.id == device_id)
     ).one_or_none()
     status, enrolled = row if row is not None else (None, None)
-    if status not in ("selected", "uploaded"):
+    if status not in CHOSEN_STATUSES:
         return Forbidden(f"device {device_id} was not selected for round {round_id}")
-    if status == "uploaded":
+    if status == ParticipationStatus.UPLOADED:
         return Conflict(f"device {device_id} already uploaded an update for round {round_id}")
     if enrolled is None:
         # An unenrolled device's new embedding would be a template we promised to delete.
-        return Conflict(f"device {device_id} is not enrolled")
+        return DeviceNotEnrolled(f"device {device_id} is not enrolled")
     return None
 
 
@@ -93,12 +94,14 @@ def record_update(
             select(Round.status, Round.deadline_at, Round.target_participants).where(Round.id == round_id).with_for_update()
         ).one_or_none()
         _refuse_closed(session, round_id, None if state is None else (state.status, state.deadline_at), now)
+        assert state is not None  # _refuse_closed raised for a round that is not there
         enrolled = select(Enrollment.device_id).where(Enrollment.device_id == device_id).exists()
-        marked = session.execute(
-            update(Participation.__table__)
-            .where(Participation.round_id == round_id, Participation.device_id == device_id, Participation.status == "selected", enrolled)
-            .values(status="uploaded")
-        ).rowcount
+        marked = cast(CursorResult[Any], session.execute(
+            update(table_of(Participation))
+            .where(Participation.round_id == round_id, Participation.device_id == device_id,
+                   Participation.status == ParticipationStatus.SELECTED, enrolled)
+            .values(status=ParticipationStatus.UPLOADED)
+        )).rowcount
         if marked != 1:
             replay = get_idempotency(session, device_id, idempotency_key)  # the same request, sent twice at once
             if replay is not None and replay.request_sha256 == request_sha256:
@@ -108,16 +111,20 @@ def record_update(
     except Exception:
         session.rollback()
         raise
-    update_id = session.execute(insert(Update.__table__).values(
+    inserted = cast(CursorResult[Any], session.execute(insert(table_of(Update)).values(
         round_id=round_id, device_id=device_id, blob_sha256=blob_sha256, size_bytes=size_bytes,
         n_samples=n_samples, metrics=metrics, embedding_ciphertext=embedding_ciphertext, created_at=now,
-    )).inserted_primary_key[0]
+    )))
+    primary_key = inserted.inserted_primary_key
+    assert primary_key is not None  # a one-row INSERT has its primary key
+    update_id = primary_key[0]
     body = response(update_id)
-    session.execute(insert(IdempotencyRecord.__table__).values(
+    session.execute(insert(table_of(IdempotencyRecord)).values(
         device_id=device_id, key=idempotency_key, request_sha256=request_sha256, status_code=201, response=body, created_at=now,
     ))
     uploaded = session.scalar(
-        select(func.count()).select_from(Participation).where(Participation.round_id == round_id, Participation.status == "uploaded")
+        select(func.count()).select_from(Participation)
+        .where(Participation.round_id == round_id, Participation.status == ParticipationStatus.UPLOADED)
     )
     due = (uploaded or 0) >= (target if target is not None else state.target_participants)
     audit.record_now(session, f"device:{device_id}", "update.accepted", round_id=round_id, device_id=device_id, n_samples=n_samples, bytes=size_bytes)
@@ -142,5 +149,5 @@ def round_blob_digests(session: Session, round_id: int) -> list[str]:
 
 def open_round_blob_digests(session: Session) -> list[str]:
     """Digests still needed: uploads to rounds that have not ended (a shared blob is kept)."""
-    pending = select(Round.id).where(Round.status.in_(("open", "unmasking", "aggregating")))
+    pending = select(Round.id).where(Round.status.in_(ACTIVE_ROUND_STATUSES))
     return list(session.execute(select(Update.blob_sha256).where(Update.round_id.in_(pending))).scalars())

@@ -1,7 +1,7 @@
 """Model version rows: written only after their blobs exist (see services.model_store)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -9,6 +9,23 @@ from sqlalchemy.orm import Session
 from server_api.core.db import startup_lock
 from server_api.crud import audit
 from server_api.models import ModelVersion
+
+
+class VersionFiles(Protocol):
+    """What a version row records about its blobs (services.model_store.VersionBlobs)."""
+
+    @property
+    def version_hash(self) -> str: ...
+    @property
+    def fp16_blob(self) -> str: ...
+    @property
+    def onnx_blob(self) -> str | None: ...
+    @property
+    def backbone(self) -> str: ...
+    @property
+    def embedding_dim(self) -> int: ...
+    @property
+    def spec(self) -> dict[str, Any]: ...
 
 
 def current_version(session: Session) -> ModelVersion | None:
@@ -29,7 +46,7 @@ def list_versions(session: Session, limit: int) -> list[ModelVersion]:
     return list(session.execute(select(ModelVersion).order_by(ModelVersion.id.desc()).limit(limit)).scalars())
 
 
-def new_version_row(blobs: Any, round_id: int | None) -> ModelVersion:
+def new_version_row(blobs: VersionFiles, round_id: int | None) -> ModelVersion:
     return ModelVersion(
         version_hash=blobs.version_hash, backbone=blobs.backbone, embedding_dim=blobs.embedding_dim,
         spec=blobs.spec, fp16_blob=blobs.fp16_blob, onnx_blob=blobs.onnx_blob, round_id=round_id,
@@ -37,7 +54,7 @@ def new_version_row(blobs: Any, round_id: int | None) -> ModelVersion:
     )
 
 
-def create_bootstrap_version(session: Session, blobs: Any, source: str) -> ModelVersion:
+def create_bootstrap_version(session: Session, blobs: VersionFiles, source: str) -> ModelVersion:
     """The first version, unless another worker created one first (checked under the startup lock)."""
     startup_lock(session)
     if session.execute(select(func.count()).select_from(ModelVersion)).scalar_one():

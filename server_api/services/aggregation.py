@@ -14,30 +14,33 @@ import math
 import time
 from collections.abc import Iterator
 from datetime import datetime
-from typing import NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
+from facecore.federation.protocol import BACKBONE_PREFIX, MASKED_KEY
+from facecore.federation.status import FINAL_ROUND_STATUSES, ParticipationStatus, RoundStatus
 from facecore.losses import SpreadoutConfig
-from server_api.core.db import session_scope
-from server_api.core.logging import get_logger
-from server_api.crud import rounds as round_crud
-from server_api.crud import updates as update_crud
-from server_api.crud import versions as version_crud
-from server_api.models import Device, Enrollment, utcnow
-from server_api.services.context import ServerContext
-from server_api.services.model_store import build_model, load_weights, store_model
-from server_api.crud import secagg as secagg_crud
-from server_api.services import secure_aggregation
-from server_api.services.validation import BACKBONE_PREFIX, MASKED_KEY
 from facecore.secagg import SecAggAborted
 from facecore.tensorfile import iter_tensors, read_header, read_tensor
+from server_api.core.db import lock_round, session_scope
+from server_api.core.logging import get_logger
+from server_api.crud import rounds as round_crud
+from server_api.crud import secagg as secagg_crud
+from server_api.crud import updates as update_crud
+from server_api.crud import versions as version_crud
+from server_api.models import Device, Enrollment, Round, utcnow
+from server_api.services import secure_aggregation
+from server_api.services.context import ServerContext
+from server_api.services.model_store import build_model, load_weights, store_model
 from server_api.strategies import STRATEGIES, ClientUpdate, FedFace, Strategy, backbone_aggregator
 from server_api.strategies.dp_fedavg import epsilon_of_history
 from server_api.strategies.secure_fedavg import MASKED, SecureFedAvg, UnmaskMaterial
 
 log = get_logger("aggregation")
+ClaimOutcome = Literal["claimed", "unmasking", "failed", "not_due", "busy", "closed"]
 
 
 class UpdateRef(NamedTuple):
@@ -57,9 +60,9 @@ class EnrolledRef(NamedTuple):
 def try_aggregate(ctx: ServerContext, round_id: int) -> str:
     """Aggregate or fail the round if it is due; returns what happened (for logs and tests)."""
     with session_scope(ctx.sessions) as session:
-        outcome = round_crud.claim_for_aggregation(session, round_id, utcnow(), ctx.settings.aggregation_lease_s)
+        outcome = claim_for_aggregation(session, round_id, utcnow(), ctx.settings.aggregation_lease_s)
     if outcome == "failed":
-        ctx.metrics.rounds_finished.labels("failed").inc()
+        ctx.metrics.rounds_finished.labels(RoundStatus.FAILED).inc()
         log.warning("round failed", extra={"fields": {"round_id": round_id}})
         _drop_update_blobs(ctx, round_id)
     if outcome != "claimed":
@@ -70,18 +73,69 @@ def try_aggregate(ctx: ServerContext, round_id: int) -> str:
     except SecAggAborted as error:
         with session_scope(ctx.sessions) as session:
             round_crud.fail_aggregation(session, round_id, utcnow(), f"secure aggregation aborted: {error}")
-        ctx.metrics.rounds_finished.labels("failed").inc()
+        ctx.metrics.rounds_finished.labels(RoundStatus.FAILED).inc()
         log.warning("round failed", extra={"fields": {"round_id": round_id, "reason": str(error)}})
         _drop_update_blobs(ctx, round_id)
         return "failed"
     if done:
         ctx.metrics.aggregation_seconds.observe(time.perf_counter() - started)
-        ctx.metrics.rounds_finished.labels("completed").inc()
+        ctx.metrics.rounds_finished.labels(RoundStatus.COMPLETED).inc()
         _drop_update_blobs(ctx, round_id)
     return "completed" if done else "lost"
 
 
-def strategy_for(name: str, config: dict) -> Strategy:
+def claim_for_aggregation(session: Session, round_id: int, now: datetime, lease_s: float) -> ClaimOutcome:
+    """Move a due round to ``aggregating`` (or fail it), or retake one whose lease ran out.
+
+    Freezing the round here is what makes aggregation inputs stable: uploads check
+    ``status == open`` under the same lock."""
+    round_ = lock_round(session, round_id)
+    if round_ is None or round_.status in FINAL_ROUND_STATUSES:
+        session.rollback()
+        return "closed"
+    if round_.status == RoundStatus.AGGREGATING:
+        if round_.lease_until is not None and now < round_.lease_until:
+            session.rollback()
+            return "busy"
+        round_crud.resume_aggregation(session, round_, now, lease_s)
+        return "claimed"
+    counts = round_crud.participation_counts(session, round_id)
+    uploaded = counts.get(ParticipationStatus.UPLOADED, 0)
+    if secure_aggregation.settings_of(round_) is not None:
+        return _secure_transition(session, round_, uploaded, now, lease_s)
+    deadline_passed = now >= round_.deadline_at
+    # A Poisson sample can exceed the target: wait for every selected device before closing early.
+    everyone_in = uploaded >= round_.target_participants and counts.get(ParticipationStatus.SELECTED, 0) == 0
+    if everyone_in or (deadline_passed and uploaded >= round_.min_participants):
+        round_crud.start_aggregating(session, round_, uploaded, now, lease_s)
+        return "claimed"
+    if deadline_passed:
+        selected = counts.get(ParticipationStatus.SELECTED, 0) + uploaded
+        round_crud.fail_round(session, round_, now, (
+            f"deadline passed with {uploaded} update(s), {round_.min_participants} required "
+            f"({selected} selected, {sum(counts.values())} checked in)"
+        ))
+        return "failed"
+    session.rollback()
+    return "not_due"
+
+
+def _secure_transition(session: Session, round_: Round, uploaded: int, now: datetime, lease_s: float) -> ClaimOutcome:
+    step, reason = secure_aggregation.next_transition(session, round_, uploaded, now)
+    if step == RoundStatus.AGGREGATING:
+        round_crud.start_aggregating(session, round_, uploaded, now, lease_s)
+        return "claimed"
+    if step == RoundStatus.FAILED:
+        round_crud.fail_round(session, round_, now, reason or "secure aggregation failed")
+        return "failed"
+    if step == RoundStatus.UNMASKING:
+        round_crud.start_unmasking(session, round_, uploaded, secure_aggregation.unmask_deadline(round_, now))
+        return "unmasking"
+    session.rollback()
+    return "not_due"
+
+
+def strategy_for(name: str, config: dict[str, Any]) -> Strategy:
     """The round's strategy object, built from its stored config."""
     # Rounds stored before robust aggregation existed have no "aggregation" entry: FedAvg.
     settings = dict(config.get("aggregation") or {"method": "fedavg"})
@@ -153,7 +207,7 @@ def _compute_and_finalize(ctx: ServerContext, round_id: int) -> bool:
     return done
 
 
-def _secure_strategy(name: str, config: dict, inputs: secure_aggregation.UnmaskInputs) -> Strategy:
+def _secure_strategy(name: str, config: dict[str, Any], inputs: secure_aggregation.UnmaskInputs) -> Strategy:
     material = UnmaskMaterial(inputs.adverts, inputs.key_sharers, inputs.answers, inputs.threshold, inputs.scale)
     backbone = SecureFedAvg(material)
     return FedFace(SpreadoutConfig(**config["spreadout"]), backbone=backbone) if name == "fedface" else backbone
@@ -173,7 +227,7 @@ def _drop_update_blobs(ctx: ServerContext, round_id: int) -> None:
         ctx.store.delete(digest)
 
 
-def _privacy(ctx: ServerContext, round_id: int, settings: dict, sample_rate: float, population: int | None, expected: int) -> dict:
+def _privacy(ctx: ServerContext, round_id: int, settings: dict[str, Any], sample_rate: float, population: int | None, expected: int) -> dict[str, Any]:
     """This round's DP-FedAvg parameters and ε over every completed DP round so far, this one
     included, composed by RDP at this round's δ. The sample rate is the one the round's Poisson
     selection used (target / enrolled devices at selection), and the mean's denominator is the
@@ -215,7 +269,7 @@ def _stream_masked(ctx: ServerContext, updates: list[UpdateRef], index_of: dict[
 
 
 def _new_embeddings(
-    ctx: ServerContext, strategy: Strategy, config: dict, updates: list[UpdateRef], enrolled: list[EnrolledRef], dim: int
+    ctx: ServerContext, strategy: Strategy, config: dict[str, Any], updates: list[UpdateRef], enrolled: list[EnrolledRef], dim: int
 ) -> dict[str, tuple[bytes, datetime]]:
     """W = every enrolled identity's embedding (this round's upload if it sent one), through the strategy."""
     if not enrolled:

@@ -1,4 +1,4 @@
-"""Who is calling: Ed25519-signed device requests (see core.security for the scheme)."""
+"""Who is calling: Ed25519-signed device requests (the scheme: facecore.federation.protocol)."""
 from __future__ import annotations
 
 import hashlib
@@ -9,19 +9,29 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
-from server_api.core.security import (
-    REGISTER_SUBJECT, canonical_message, check_nonce_format, check_timestamp, verify_signature,
+from facecore.federation.protocol import (
+    CONTENT_SHA256_HEADER,
+    DEVICE_ID_HEADER,
+    NONCE_HEADER,
+    REGISTER_SUBJECT,
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    signing_message,
 )
+from server_api.core.security import check_nonce_format, check_timestamp, verify_signature
 from server_api.crud import devices as device_crud
 from server_api.errors import AuthenticationFailed
 from server_api.models import Device
 
-BODY_SHA256_HEADER = "x-content-sha256"
+# Lowercase, as ASGI delivers them: a plain mapping from a test works like Starlette's case-blind Headers.
+_DEVICE_ID, _TIMESTAMP, _NONCE, _SIGNATURE, _CONTENT_SHA256 = (
+    h.lower() for h in (DEVICE_ID_HEADER, TIMESTAMP_HEADER, NONCE_HEADER, SIGNATURE_HEADER, CONTENT_SHA256_HEADER)
+)
 _HEX_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def _signed_headers(headers: Mapping[str, str], window_s: int) -> tuple[str, str, str]:
-    timestamp, nonce, signature = headers.get("x-timestamp"), headers.get("x-nonce"), headers.get("x-signature")
+    timestamp, nonce, signature = headers.get(_TIMESTAMP), headers.get(_NONCE), headers.get(_SIGNATURE)
     if not (timestamp and nonce and signature):
         raise AuthenticationFailed("signed request needs X-Timestamp, X-Nonce and X-Signature headers")
     check_timestamp(timestamp, time.time(), window_s)
@@ -42,14 +52,14 @@ class SignedRequest:
 def authenticate_device(session: Session, request: SignedRequest, window_s: int, *, commit: bool = True) -> Device:
     """The signing device, its nonce used up. ``commit=False`` leaves the nonce in the open
     transaction for a caller that commits it together with its own reads (one transaction, not two)."""
-    device_id = request.headers.get("x-device-id")
+    device_id = request.headers.get(_DEVICE_ID)
     if not device_id:
         raise AuthenticationFailed("missing X-Device-Id header")
     timestamp, nonce, signature = _signed_headers(request.headers, window_s)
     device = device_crud.get_device(session, device_id[:64])
     if device is None:
         raise AuthenticationFailed("unknown device")
-    message = canonical_message(device.id, request.method, request.path, timestamp, nonce, request.body_sha256)
+    message = signing_message(device.id, request.method, request.path, timestamp, nonce, request.body_sha256)
     verify_signature(device.public_key, signature, message)
     # Only after the signature: a forged request must not burn a real device's nonce.
     device_crud.consume_nonce(session, device.id, nonce, commit=commit)
@@ -61,13 +71,13 @@ def verify_registration(
 ) -> None:
     """Proof of possession: the registration request is signed by the key it registers."""
     timestamp, nonce, signature = _signed_headers(headers, window_s)
-    verify_signature(public_key, signature, canonical_message(REGISTER_SUBJECT, method, path, timestamp, nonce, body_sha256))
+    verify_signature(public_key, signature, signing_message(REGISTER_SUBJECT, method, path, timestamp, nonce, body_sha256))
     device_crud.consume_nonce(session, "key:" + hashlib.sha256(public_key).hexdigest()[:56], nonce)
 
 
 def precheck_device_headers(headers: Mapping[str, str], window_s: int) -> None:
     """Cheap checks before a large body is read: headers present, clock within the window."""
-    if not headers.get("x-device-id"):
+    if not headers.get(_DEVICE_ID):
         raise AuthenticationFailed("missing X-Device-Id header")
     _signed_headers(headers, window_s)
 
@@ -77,7 +87,7 @@ def signed_upload(headers: Mapping[str, str], method: str, path: str, window_s: 
     device declares in ``X-Content-SHA256``, so the signature can be checked first and the body
     compared with it as it arrives."""
     precheck_device_headers(headers, window_s)
-    declared = headers.get(BODY_SHA256_HEADER, "")
+    declared = headers.get(_CONTENT_SHA256, "")
     if not _HEX_SHA256.match(declared):
         raise AuthenticationFailed("an upload needs X-Content-SHA256: the lowercase hex sha256 of its body, as signed")
     return SignedRequest(headers, method, path, declared)

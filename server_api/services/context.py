@@ -9,6 +9,7 @@ import torch
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from facecore.federation.status import CHOSEN_STATUSES, ParticipationStatus
 from facecore.models.checkpoint import load_backbone
 from server_api.core.config import Secrets, Settings
 from server_api.core.db import make_engine, make_session_factory, run_migrations, session_scope
@@ -82,7 +83,8 @@ class ServerContext:
             if versions.current_version(session) is not None:
                 return
         model = load_backbone(self.settings.model, backbone=self.settings.random_backbone)
-        blobs = store_model(self.store, model, self.settings.export_onnx, meta={"source": self.settings.model, "verification": getattr(model, "meta", {}).get("verification")})
+        meta = {"source": self.settings.model, "verification": getattr(model, "meta", {}).get("verification")}
+        blobs = store_model(self.store, model, self.settings.export_onnx, meta=meta)
         with session_scope(self.sessions) as session:
             version = versions.create_bootstrap_version(session, blobs, self.settings.model)
         log.info("model ready", extra={"fields": {"version": version.version_hash, "backbone": version.backbone}})
@@ -105,8 +107,8 @@ def _db_counts(sessions: sessionmaker[Session]) -> tuple[dict[str, int], dict[st
             ).all())
             parts = {
                 "checked_in": sum(by_status.values()),
-                "selected": by_status.get("selected", 0) + by_status.get("uploaded", 0),
-                "uploaded": by_status.get("uploaded", 0),
+                ParticipationStatus.SELECTED: sum(by_status.get(status, 0) for status in CHOSEN_STATUSES),
+                ParticipationStatus.UPLOADED: by_status.get(ParticipationStatus.UPLOADED, 0),
             }
         session.rollback()
         return rounds, parts

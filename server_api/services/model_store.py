@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -16,6 +16,7 @@ import torch
 from facecore.errors import CheckpointError
 from facecore.models import get_backbone
 from facecore.models.checkpoint import FORMAT, save_backbone
+from facecore.models.registry import embedding_dim_of
 from server_api.storage.blobs import BlobStore, LocalBlobStore
 
 
@@ -51,7 +52,8 @@ def store_model(store: LocalBlobStore, model: torch.nn.Module, export_onnx: bool
         with store.temp_file() as temp:
             export_fp32(model, temp)
             onnx_blob = store.put_file(temp)
-    return VersionBlobs(version_hash, fp16_blob, onnx_blob, model.name, int(model.embedding_dim), spec_of(model), meta.get("verification"))
+    name = cast(str, model.name)  # every backbone names itself (facecore.models.registry)
+    return VersionBlobs(version_hash, fp16_blob, onnx_blob, name, int(embedding_dim_of(model)), spec_of(model), meta.get("verification"))
 
 
 def load_weights(store: BlobStore, version_hash: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:

@@ -3,25 +3,27 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
+from facecore.federation.status import ParticipationStatus
 from server_api.crud import rounds as round_crud
 from server_api.crud import versions as version_crud
 from server_api.models import Device, utcnow
 from server_api.schemas import CheckinPublic
-from server_api.services.aggregation import strategy_for
 from server_api.services import secure_aggregation
+from server_api.services.aggregation import strategy_for
 from server_api.services.context import ServerContext
 
 
 def checkin(ctx: ServerContext, session: Session, device: Device) -> CheckinPublic:
     now = utcnow()
-    round_, part = round_crud.checkin(session, device, now)
+    round_, part = round_crud.checkin(session, device, now, secure_aggregation.members_fixed)
     base = version_crud.get(session, round_.base_version_id)
     assert base is not None
     # The strategy decides what each client trains with (today the same config for everyone).
     strategy = strategy_for(round_.strategy, round_.config)
     instructions = strategy.configure_train(round_.id, [device.id], round_.config["local"])[device.id]
-    status = "waiting" if part.status == "candidate" else part.status
-    retry = max(0.0, (round_.selection_at - now).total_seconds()) if status == "waiting" else None
+    waiting = part.status == ParticipationStatus.CANDIDATE
+    status = ParticipationStatus.WAITING if waiting else part.status
+    retry = max(0.0, (round_.selection_at - now).total_seconds()) if waiting else None
     return CheckinPublic(
         round_id=round_.id, status=status, retry_after_s=retry, deadline_at=round_.deadline_at,  # type: ignore[arg-type]
         base_version=base.version_hash, backbone_url=f"/v1/models/{base.version_hash}/backbone",

@@ -7,6 +7,7 @@ import time
 
 import anyio
 
+from facecore.federation.status import RoundStatus
 from server_api.core.db import session_scope
 from server_api.core.logging import get_logger
 from server_api.crud import devices as device_crud
@@ -29,7 +30,7 @@ def tick(ctx: ServerContext) -> str | None:
         active = round_crud.active_round(session)
         if active is None:
             return None
-        round_id, needs_selection = active.id, active.status == "open" and not active.selection_done and now >= active.selection_at
+        round_id, needs_selection = active.id, active.status == RoundStatus.OPEN and not active.selection_done and now >= active.selection_at
         session.rollback()
     if needs_selection:
         with session_scope(ctx.sessions) as session:

@@ -25,11 +25,12 @@ from __future__ import annotations
 import base64
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from facecore.federation.status import CHOSEN_STATUSES, RoundStatus
 from facecore.secagg import SHARE_CIPHERTEXT_BYTES, Advert, is_valid_public_key, mask_bound, threshold_for
 from server_api.core.db import lock_round
 from server_api.crud import audit
@@ -37,10 +38,16 @@ from server_api.crud import secagg as secagg_crud
 from server_api.errors import Conflict, Forbidden, InvalidInput, NotFound
 from server_api.models import Device, Participation, Round, SecAggMember, Update, utcnow
 from server_api.schemas import (
-    SecAggAdvertCreate, SecAggMemberPublic, SecAggSharesCreate, SecAggStatePublic, SecAggUnmaskCreate, SecureAggregationSettings,
+    SecAggAdvertCreate,
+    SecAggMemberPublic,
+    SecAggSharesCreate,
+    SecAggStatePublic,
+    SecAggUnmaskCreate,
+    SecureAggregationSettings,
 )
 
-STATUS_PHASE = {"unmasking": "unmask", "aggregating": "aggregating", "completed": "completed", "failed": "failed"}
+STATUS_PHASE: dict[str, str] = {RoundStatus.UNMASKING: "unmask", RoundStatus.AGGREGATING: "aggregating", RoundStatus.COMPLETED: "completed",
+                RoundStatus.FAILED: "failed"}
 
 
 def settings_of(round_: Round) -> SecureAggregationSettings | None:
@@ -78,7 +85,7 @@ class RoundView:
 
     @property
     def phase(self) -> str:
-        if self.round_.status != "open":
+        if self.round_.status != RoundStatus.OPEN:
             return STATUS_PHASE[self.round_.status]
         if not self.adverts_closed:
             return "advertise"
@@ -109,7 +116,7 @@ def view(session: Session, round_id: int, now: datetime, locked: bool = False) -
 
 def _selected(session: Session, round_id: int, device: Device) -> None:
     status = session.scalar(select(Participation.status).where(Participation.round_id == round_id, Participation.device_id == device.id))
-    if status not in ("selected", "uploaded"):
+    if status not in CHOSEN_STATUSES:
         raise Forbidden(f"device {device.id} was not selected for round {round_id}")
 
 
@@ -199,7 +206,8 @@ def share_keys(session: Session, round_id: int, device: Device, body: SecAggShar
         expected = {m.index for m in v.members if m.index != me.index}
         given = {int(k) for k in body.shares}
         if given != expected:
-            raise InvalidInput(f"shares must go to exactly the other {len(expected)} member(s); missing {sorted(expected - given)[:5]}, unknown {sorted(given - expected)[:5]}")
+            raise InvalidInput(f"shares must go to exactly the other {len(expected)} member(s); "
+                               f"missing {sorted(expected - given)[:5]}, unknown {sorted(given - expected)[:5]}")
         ciphertexts = {int(k): _decode(value, f"share for {k}") for k, value in body.shares.items()}
         if any(len(blob) != SHARE_CIPHERTEXT_BYTES for blob in ciphertexts.values()):
             raise InvalidInput(f"each share ciphertext must be {SHARE_CIPHERTEXT_BYTES} bytes")
@@ -237,34 +245,40 @@ def answer_unmask(session: Session, round_id: int, device: Device, body: SecAggU
     return state_for(session, round_id, device), answered >= len(survived)
 
 
-# ---- the round's transitions (called by crud.rounds.claim_for_aggregation, lock held) -----------
-def next_transition(session: Session, round_: Round, n_uploaded: int, now: datetime) -> tuple[str, str | None]:
-    """("unmasking" | "aggregating" | "failed" | "not_due", failure reason)."""
+# ---- the round's transitions (called by aggregation.claim_for_aggregation and crud.rounds.checkin, lock held)
+def next_transition(session: Session, round_: Round, n_uploaded: int, now: datetime) -> tuple[RoundStatus | Literal["not_due"], str | None]:
+    """(the status the round moves to, or "not_due"; failure reason)."""
     v = view(session, round_.id, now)  # the caller holds the round's lock; this is the same row
     t = v.threshold
     need = max(round_.min_participants, t)
-    if round_.status == "open":
+    if round_.status == RoundStatus.OPEN:
         sharers = len(v.key_sharers)
         if v.adverts_closed and len(v.members) < t:
-            return "failed", f"only {len(v.members)} device(s) advertised keys, threshold {t}: the round cannot hide one update"
+            return RoundStatus.FAILED, f"only {len(v.members)} device(s) advertised keys, threshold {t}: the round cannot hide one update"
         if v.shares_closed and sharers < need:
-            return "failed", f"only {sharers} device(s) shared keys, {need} required (threshold {t}, minimum {round_.min_participants})"
+            return RoundStatus.FAILED, f"only {sharers} device(s) shared keys, {need} required (threshold {t}, minimum {round_.min_participants})"
         if v.shares_closed and n_uploaded >= sharers:
-            return "unmasking", None
+            return RoundStatus.UNMASKING, None
         if now >= round_.deadline_at:
             if n_uploaded >= need:
-                return "unmasking", None
-            return "failed", (f"deadline passed with {n_uploaded} masked update(s), {need} required "
+                return RoundStatus.UNMASKING, None
+            return RoundStatus.FAILED, (f"deadline passed with {n_uploaded} masked update(s), {need} required "
                               f"({len(v.members)} advertised keys, {sharers} shared them, threshold {t})")
         return "not_due", None
     answered = sum(1 for m in v.members if m.unmask_answer is not None)
     if n_uploaded < need:  # only reachable through a bug: never unmask fewer than t updates
-        return "failed", f"{n_uploaded} masked update(s) to unmask, {need} required"
+        return RoundStatus.FAILED, f"{n_uploaded} masked update(s) to unmask, {need} required"
     if answered >= n_uploaded or (round_.unmask_deadline_at is not None and now >= round_.unmask_deadline_at and answered >= t):
-        return "aggregating", None
+        return RoundStatus.AGGREGATING, None
     if round_.unmask_deadline_at is not None and now >= round_.unmask_deadline_at:
-        return "failed", f"secure aggregation aborted: {answered} unmasking answer(s), threshold {t}"
+        return RoundStatus.FAILED, f"secure aggregation aborted: {answered} unmasking answer(s), threshold {t}"
     return "not_due", None
+
+
+def members_fixed(session: Session, round_: Round, now: datetime) -> bool:
+    """Whether a secure round's members are fixed (its adverts are closed: keys are being agreed
+    among them), so a late candidate is not selected. False for a round without secure aggregation."""
+    return settings_of(round_) is not None and view(session, round_.id, now).adverts_closed
 
 
 def unmask_deadline(round_: Round, now: datetime) -> datetime:

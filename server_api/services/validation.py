@@ -1,28 +1,28 @@
 """Checks on untrusted payloads: uploaded update files and enrolled embeddings.
 
-An update file (tensor file, see storage.tensorfile) holds ``backbone.<name>`` for
+An update file (tensor file, see facecore.tensorfile) holds ``backbone.<name>`` for
 every entry of the model's state_dict, as the delta trained - base, plus
 ``class_embedding`` (D,), and ``__metadata__["fedface"]``: a JSON
-:class:`~server_api.schemas.UpdateMeta`. Tensors are read one at a time.
+:class:`~server_api.schemas.UpdateMeta` (the key names: facecore.federation.protocol).
+Tensors are read one at a time.
 """
 from __future__ import annotations
 
+import io
 import math
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import numpy as np
 from pydantic import ValidationError
 
+from facecore.federation.protocol import BACKBONE_PREFIX, EMBEDDING_KEY, MASKED_KEY, METADATA_KEY
+from facecore.tensorfile import DTYPES, TensorFileError, TensorFileHeader, read_header, read_tensor
 from server_api.errors import Conflict, InvalidInput
 from server_api.schemas import UpdateMeta
-from facecore.tensorfile import DTYPES, TensorFileError, TensorFileHeader, read_header, read_tensor
 
-EMBEDDING_KEY = "class_embedding"
-MASKED_KEY = "secagg.masked"
-BACKBONE_PREFIX = "backbone."
 UNIT_NORM_TOLERANCE = 1e-3
 # Uploaded embeddings come back un-normalised from spreadout; only absurd scales are refused.
 EMBEDDING_NORM_RANGE = (1e-3, 1e3)
@@ -131,7 +131,8 @@ class _Scratch(threading.local):
         if len(self.raw) < size:
             self.raw = bytearray(size)
         view = memoryview(self.raw)[:size]
-        if handle.readinto(view) != size:
+        # typing.BinaryIO declares no readinto; the handles are files opened "rb" (and BytesIO in tests): BufferedIOBase
+        if cast(io.BufferedIOBase, handle).readinto(view) != size:
             raise InvalidInput("update is truncated")
         return view
 
@@ -201,10 +202,10 @@ def _refuse_non_finite(values: np.ndarray, begin: int, names: list[str], header:
 
 
 def _parse_meta(header: TensorFileHeader) -> UpdateMeta:
-    if set(header.metadata) != {"fedface"}:
-        raise InvalidInput('update __metadata__ must hold exactly one entry, "fedface"')
+    if set(header.metadata) != {METADATA_KEY}:
+        raise InvalidInput(f'update __metadata__ must hold exactly one entry, "{METADATA_KEY}"')
     try:
-        return UpdateMeta.model_validate_json(header.metadata["fedface"])
+        return UpdateMeta.model_validate_json(header.metadata[METADATA_KEY])
     except ValidationError as error:
         first = error.errors()[0]
         # A metric's name is the client's, of any length: the error quotes at most 80 characters of it.

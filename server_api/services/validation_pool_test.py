@@ -71,7 +71,7 @@ def test_a_killed_worker_is_replaced(pool: ValidationPool, tmp_path: Path) -> No
     while victim in pool.pids() and time.monotonic() < deadline:
         time.sleep(0.05)
     # Execute: a request may meet the dead worker (503, nothing accepted); the next one is served
-    answers = []
+    answers: list[float | str] = []
     for _ in range(2):
         try:
             answers.append(pool.check(path, path.stat().st_size, EXPECTED).delta_norm)

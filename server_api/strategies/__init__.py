@@ -14,8 +14,8 @@ from server_api.strategies.coordinate import CoordinateMedian, TrimmedMean
 from server_api.strategies.dp_fedavg import DPFedAvg
 from server_api.strategies.fedavg import FedAvg, RunningWeightedSum
 from server_api.strategies.fedface import FedFace
-from server_api.strategies.norm_bounded import NormBoundedFedAvg
 from server_api.strategies.fedval import FederatedValidation, FVConfig, FVStep
+from server_api.strategies.norm_bounded import NormBoundedFedAvg
 from server_api.strategies.pfm import PFM, PFMResult, WeightedFedAvg
 
 STRATEGIES: dict[str, type[Strategy]] = {"fedavg": FedAvg, "fedface": FedFace}

@@ -29,8 +29,8 @@ def stack_deltas(base: Mapping[str, np.ndarray], results: Iterable[ClientUpdate]
                 raise ValueError(f"{key}: shape {np.shape(value)} differs from the base's {np.shape(base[key])}")
             columns[key].append(np.asarray(value, dtype=np.float32))
         n_samples += update.n_samples
-        for name, value in update.metrics.items():
-            metric_sums[name] = metric_sums.get(name, 0.0) + float(value)
+        for name, metric in update.metrics.items():
+            metric_sums[name] = metric_sums.get(name, 0.0) + float(metric)
             metric_counts[name] = metric_counts.get(name, 0) + 1
     if n_samples == 0:
         raise ValueError("no updates to aggregate")

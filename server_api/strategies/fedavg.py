@@ -41,8 +41,8 @@ class RunningWeightedSum:
                 if np.shape(value) != self._sums[key].shape:
                     raise ValueError(f"{key}: shape {np.shape(value)} differs from {self._sums[key].shape}")
                 self._sums[key] += np.asarray(value, dtype=np.float64) * weight
-        for key, value in (metrics or {}).items():
-            self._metric_sums[key] = self._metric_sums.get(key, 0.0) + float(value) * weight
+        for key, metric in (metrics or {}).items():
+            self._metric_sums[key] = self._metric_sums.get(key, 0.0) + float(metric) * weight
             self._metric_weights[key] = self._metric_weights.get(key, 0.0) + weight
         self.total_weight += weight
         self.count += 1

@@ -5,7 +5,12 @@ import numpy as np
 import pytest
 
 from server_api.strategies.fedval import (
-    FederatedValidation, FVConfig, MovingNorm, candidate_weightings, local_norm, mix,
+    FederatedValidation,
+    FVConfig,
+    MovingNorm,
+    candidate_weightings,
+    local_norm,
+    mix,
 )
 
 
@@ -51,6 +56,7 @@ def test_local_and_moving_norm_follow_the_equations() -> None:
     np.testing.assert_allclose(local_norm(S, 1e-3), S / np.sqrt(S.var(axis=1, keepdims=True) + 1e-3))
     norm = MovingNorm(gamma=0.01, eps=1e-3)
     norm(S)  # the first search initialises mu and nu
+    assert norm.mu is not None and norm.nu is not None
     mu, nu = norm.mu.copy(), norm.nu.copy()
     S2 = S[:, ::-1] + 0.05
     out = norm(S2)
@@ -69,7 +75,7 @@ def test_mix_is_the_weighted_sum_of_backbones() -> None:
 def test_bad_configs_and_scores_are_refused() -> None:
     for bad in ({"candidates": 1}, {"phi": 0.0}, {"norm": "global"}, {"gamma": 0.0}, {"eps": 0.0}):
         with pytest.raises(ValueError):
-            FVConfig(**bad)  # type: ignore[arg-type]
+            FVConfig(**bad)
     fv = FederatedValidation(2)
     with pytest.raises(ValueError):
         fv.apply(fv.propose(), np.array([[0.1, float("nan"), 0.2]]))

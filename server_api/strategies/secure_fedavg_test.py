@@ -12,7 +12,10 @@ SCALE = 2.0**14
 
 
 def _base(rng: np.random.Generator) -> dict[str, np.ndarray]:
-    return {"conv.weight": rng.standard_normal((4, 3)).astype(np.float32), "bn.steps": np.array(7, np.int64), "fc.bias": rng.standard_normal(5).astype(np.float32)}
+    return {
+        "conv.weight": rng.standard_normal((4, 3)).astype(np.float32), "bn.steps": np.array(7, np.int64),
+        "fc.bias": rng.standard_normal(5).astype(np.float32),
+    }
 
 
 def test_secure_fedavg_matches_fedavg_of_the_survivors() -> None:
@@ -21,7 +24,10 @@ def test_secure_fedavg_matches_fedavg_of_the_survivors() -> None:
     base = _base(rng)
     clients = {i: SecAggClient(i, 3) for i in range(1, 6)}
     adverts = key_in_process(clients)
-    deltas = {u: {k: (rng.standard_normal(np.shape(v)) * 0.01).astype(np.float32) if v.dtype.kind == "f" else np.array(2, np.int64) for k, v in base.items()} for u in clients}
+    deltas = {
+        u: {k: (rng.standard_normal(np.shape(v)) * 0.01).astype(np.float32) if v.dtype.kind == "f" else np.array(2, np.int64) for k, v in base.items()}
+        for u in clients
+    }
     samples = {u: 3 * u for u in clients}
     senders = [1, 2, 3, 4]
     bound = mask_bound(len(clients), SCALE)

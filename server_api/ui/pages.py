@@ -7,6 +7,7 @@ from datetime import datetime
 from html import escape
 from typing import Any
 
+from facecore.federation.status import RoundStatus
 from server_api.ui.plot import participation_svg
 from server_api.ui.view import OperatorView, RoundRow, VersionRow
 
@@ -69,7 +70,7 @@ def _version_row(v: VersionRow, current: bool) -> str:
 
 
 def operator_page(view: OperatorView) -> str:
-    failed = sum(r.status == "failed" for r in view.rounds)
+    failed = sum(r.status == RoundStatus.FAILED for r in view.rounds)
     active = next((r for r in view.rounds if r.active), None)
     devices = view.devices
     facts = [

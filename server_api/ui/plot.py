@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from html import escape
 
+from facecore.federation.status import RoundStatus
 from server_api.ui.view import RoundRow
 
 WIDTH, HEIGHT = 760, 260
@@ -77,7 +78,7 @@ def participation_svg(rounds: Sequence[RoundRow]) -> str:
             f'<rect class="selected" x="{x - bar / 2:.1f}" y="{y_devices(r.n_selected):.1f}" width="{bar:.1f}" '
             f'height="{TOP + plot_h - y_devices(r.n_selected):.1f}"/>'
         )
-        kind = "failed" if r.status == "failed" else "uploaded"
+        kind = "failed" if r.status == RoundStatus.FAILED else "uploaded"  # CSS classes
         parts.append(
             f'<rect class="{kind}" x="{x - bar / 2:.1f}" y="{y_devices(r.n_uploaded):.1f}" width="{bar:.1f}" '
             f'height="{TOP + plot_h - y_devices(r.n_uploaded):.1f}"/></g>'

@@ -9,12 +9,11 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from facecore.federation.status import ACTIVE_ROUND_STATUSES
 from server_api.crud import devices as device_crud
 from server_api.crud import rounds as round_crud
 from server_api.crud import versions as version_crud
 from server_api.models import ModelVersion, Round
-
-ACTIVE = ("open", "unmasking", "aggregating")
 
 
 @dataclass(frozen=True)
@@ -39,7 +38,7 @@ class RoundRow:
 
     @property
     def active(self) -> bool:
-        return self.status in ACTIVE
+        return self.status in ACTIVE_ROUND_STATUSES
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,8 @@ class CrossDeviceConfig:
     eval_every: int = 5
     eval_folds: tuple[int, ...] = (6, 7, 8, 9, 10)
     target_accuracy: float | None = None  # for rounds_to_target
+    # Share of each device's photos it never trains on; its owner is verified on them (None: train on all).
+    owner_holdout: float | None = None
     # Client: SGD lr 0.01, momentum 0.9, positive margin 0.9 (paper / official code).
     local: LocalTrainingConfig = field(default_factory=lambda: LocalTrainingConfig(epochs=1, lr=0.01, momentum=0.9, margin=0.9, batch=32))
     # Server: 10 spreadout SGD steps, lr 0.01, momentum 0.9, nu 0.3.
@@ -47,7 +49,9 @@ class CrossDeviceConfig:
             message for message, bad in (
                 ("devices must be >= 2", self.devices < 2), ("rounds must be >= 0", self.rounds < 0),
                 ("per_round must be >= 1", self.per_round < 1), (f"method must be one of {METHODS}", self.method not in METHODS),
-                ("init must be mean or random", self.init not in ("mean", "random")), ("eval_every must be >= 1", self.eval_every < 1),
+                ("init must be mean or random", self.init not in ("mean", "random")),
+                ("owner_holdout must be in (0, 1)", self.owner_holdout is not None and not 0 < self.owner_holdout < 1),
+                ("eval_every must be >= 1", self.eval_every < 1),
                 ("dp_epsilon must be > 0", self.dp_epsilon is not None and not self.dp_epsilon > 0),
                 ("dp_clip must be > 0", not self.dp_clip > 0), ("dp_delta must be in (0, 1)", not 0 < self.dp_delta < 1),
                 ("template_noise_cos must be in (0, 1]", self.template_noise_cos is not None and not 0 < self.template_noise_cos <= 1),

@@ -23,6 +23,7 @@ from device_sdk.template_noise import noisy_template
 from device_sdk.training import PrefixCache, Workspace, mean_feature_embedding, prefix_cache, train_local, trainable_keys
 from facecore.models.checkpoint import atomic_torch_save
 from facecore.models.preprocess import embed_faces
+from facecore.models.registry import embedding_dim_of
 from server_api.strategies import ClientUpdate, FedAvg, FedFace, Strategy
 from server_api.strategies.dp_fedavg import DPFedAvg, dp_epsilon, noise_for_epsilon
 from simulator.cross_device.config import EXECUTION_FIELDS, CrossDeviceConfig
@@ -95,7 +96,7 @@ class CrossDeviceSimulation:
     def initial_embeddings(self) -> np.ndarray:
         if self.config.init == "random":
             rng = np.random.default_rng(self.config.seed)
-            W = rng.standard_normal((len(self.population.devices), self.model.embedding_dim)).astype(np.float32)
+            W = rng.standard_normal((len(self.population.devices), embedding_dim_of(self.model))).astype(np.float32)
             return W / np.linalg.norm(W, axis=1, keepdims=True)
         # FedFace's init: each device enrolls with the mean feature of its own photos
         return np.stack([self._shared(mean_feature_embedding(embed_faces(self.model, d.faces)), 0, d.index) for d in self.population.devices])
@@ -156,7 +157,8 @@ class CrossDeviceSimulation:
             cache = None
             if self.config.local.trainable_blocks is not None:
                 cache = self.caches.get(index) or self.caches.setdefault(index, prefix_cache(self.model, device.faces, self.config.local.trainable_blocks))
-            update = train_local(self.model, state.W[index], device.faces, self.config.local, seed=self._seed(round_number, index), cache=cache, workspace=self.workspace)
+            update = train_local(self.model, state.W[index], device.faces, self.config.local, seed=self._seed(round_number, index), cache=cache,
+                                 workspace=self.workspace)
             keys = list(update.state_dict)
             delta = dict(zip(keys, (d.numpy() for d in torch._foreach_sub(list(update.state_dict.values()), [base[k] for k in keys])), strict=True))
             yield self._received(round_number, index, delta, update.embedding.numpy(), update.n_samples, update.loss_before, update.loss_after, state, losses)

@@ -1,4 +1,8 @@
-"""Simulated devices: one real identity each, all of its aligned photos."""
+"""Simulated devices: one real identity each, its aligned photos.
+
+With an owner holdout, each device trains and enrolls on `faces` only; `held_out` are the photos
+its owner is verified on afterwards (facecore.eval.owners.holdout_split decides which, so the
+training runs and `fedface eval owners` hold out the same photos)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,6 +14,7 @@ from facecore.align.geometry import ARCFACE_112, FaceGeometry
 from facecore.align.pipeline import FaceAligner
 from facecore.data.faces import load_labelled_faces
 from facecore.data.split import SplitManifest
+from facecore.eval.owners import holdout_split
 
 
 @dataclass(frozen=True)
@@ -17,6 +22,7 @@ class SimDevice:
     index: int
     identity: str
     faces: np.ndarray  # (n,size,size,3) uint8, in the crop of the model being trained
+    held_out: np.ndarray | None = None  # never trained on: the owner-verification photos
 
 
 @dataclass(frozen=True)
@@ -36,6 +42,7 @@ class Population:
 
 def load_population(
     manifest: SplitManifest, root: Path, requested: int, seed: int = 0, min_faces: int = 2, geometry: FaceGeometry = ARCFACE_112,
+    holdout: float | None = None,
 ) -> Population:
     data = load_labelled_faces(manifest.images("devices", root), FaceAligner(geometry=geometry), desc="aligning device faces")
     devices = []
@@ -46,6 +53,8 @@ def load_population(
     if len(devices) > requested:
         keep = sorted(np.random.default_rng(seed).choice(len(devices), requested, replace=False))
         devices = [devices[i] for i in keep]
-    return Population(
-        tuple(SimDevice(i, identity, faces) for i, (identity, faces) in enumerate(devices)), requested, len(data.excluded)
-    )
+    if holdout is None:
+        chosen = tuple(SimDevice(i, identity, faces) for i, (identity, faces) in enumerate(devices))
+    else:
+        chosen = tuple(SimDevice(i, identity, *holdout_split(faces, holdout, seed, i)) for i, (identity, faces) in enumerate(devices))
+    return Population(chosen, requested, len(data.excluded))

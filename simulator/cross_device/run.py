@@ -6,57 +6,53 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-from facecore.align.geometry import ARCFACE_112, FaceGeometry, geometry_of
-from facecore.align.pipeline import FaceAligner
+from facecore.align.geometry import geometry_of
 from facecore.data.split import SplitConfig, SplitManifest, build_split
-from facecore.eval.lfw import evaluate, load_lfw_faces
 from facecore.eval.plots import save_line_plot
-from facecore.models.checkpoint import load_backbone
+from facecore.models.checkpoint import load_backbone, save_backbone
 from facecore.models.preprocess import embed_faces
 from simulator.cross_device.config import CrossDeviceConfig
 from simulator.cross_device.engine import CrossDeviceSimulation, Evaluator
+from simulator.cross_device.evaluation import EVALUATED, evaluators
 from simulator.cross_device.markdown import label, write_markdown
 from simulator.cross_device.population import load_population
 
 
-def lfw_evaluator(root: Path, folds: tuple[int, ...], geometry: FaceGeometry = ARCFACE_112) -> Evaluator:
-    data = load_lfw_faces(root / "lfw", folds, aligner=FaceAligner(geometry=geometry))
-
-    def score(model: torch.nn.Module) -> dict[str, Any]:
-        report = evaluate(data, lambda faces: embed_faces(model, faces)).report
-        return {"accuracy": report.accuracy, "accuracy_std": report.accuracy_std, "auc": report.auc, "tar_at_far": report.tar_at_far}
-
-    return score
-
-
 def run_cross_device(config: CrossDeviceConfig, root: Path, out: Path, manifest: SplitManifest | None = None, resume: bool = True) -> dict[str, Any]:
-    manifest = manifest or build_split(root, SplitConfig(seed=0, eval_folds=config.eval_folds))
+    # The split always keeps folds 6-10 out: tuning on folds 1-5 must not put test-fold people on devices.
+    manifest = manifest or build_split(root, SplitConfig(seed=0))
     model = load_backbone(config.model)
-    population = load_population(manifest, root, config.devices, config.seed, geometry=geometry_of(model))
+    population = load_population(manifest, root, config.devices, config.seed, geometry=geometry_of(model), holdout=config.owner_holdout)
     if population.notice():
         print(population.notice())
-    evaluator = lfw_evaluator(root, config.eval_folds, geometry_of(model))
+    evaluator, owners = evaluators(root, config.eval_folds, model, population)
     started = time.perf_counter()
     if config.method == "central":
-        history = _central(config, population, model, evaluator, out)
+        history, trained = _central(config, population, model, evaluator, out)
     else:
-        history = CrossDeviceSimulation(config, population, model, out, evaluator).run(resume=resume).history
+        simulation = CrossDeviceSimulation(config, population, model, out, evaluator)
+        history = simulation.run(resume=resume).history
+        trained = simulation.model
+    # A federated version keeps its ancestor's threshold, as the server publishes it.
+    save_backbone(trained, out / "model.pt", meta={k: v for k, v in (getattr(model, "meta", None) or {}).items() if k == "verification"})
+    if owners is not None:  # the owners' figures of the start and of the end: they cost as much as an LFW evaluation
+        history[0] |= owners(model)
+        history[-1] |= owners(trained)
     report = summarize(config, population, history, time.perf_counter() - started, manifest)
     (out / "report.json").write_text(json.dumps(report, indent=1))
     write_markdown([report], out, write_plots([report], out))
     return report
 
 
-def _central(config: CrossDeviceConfig, population, model, evaluator: Evaluator, out: Path) -> list[dict[str, Any]]:  # type: ignore[no-untyped-def]
+def _central(config: CrossDeviceConfig, population, model, evaluator: Evaluator, out: Path) -> tuple[list[dict[str, Any]], torch.nn.Module]:  # type: ignore[no-untyped-def]
     """The non-private upper bound: pool every device's photos and fine-tune centrally (pretrain's fine-tune mode).
 
     Like FedFace, the classifier starts from each identity's mean feature and trains at the devices'
     learning rate: a random head at 10x that rate first wrecked the backbone (LFW 85.3 -> 68.5% after
     one epoch, seed 0), which measured the recovery, not an upper bound."""
-    import numpy as np
-
     from device_sdk.training import mean_feature_embedding
     from facecore.data.faces import LabelledFaces
     from pretrain.config import PretrainConfig
@@ -72,8 +68,8 @@ def _central(config: CrossDeviceConfig, population, model, evaluator: Evaluator,
     trainer = Pretrainer(pre, data, out / "central", evaluate=evaluator, init_state=model.state_dict(), init_head=head)
     for record in trainer.fit().history:
         history.append({"round": record["epoch"], "train_loss": record["loss"], "seconds": record["seconds"],
-                        **{k: v for k, v in record.items() if k in ("accuracy", "accuracy_std", "auc", "tar_at_far")}})
-    return history
+                        **{k: v for k, v in record.items() if k in EVALUATED}})
+    return history, trainer.model
 
 
 def summarize(config: CrossDeviceConfig, population, history: list[dict[str, Any]], seconds: float, manifest: SplitManifest) -> dict[str, Any]:  # type: ignore[no-untyped-def]
@@ -87,6 +83,9 @@ def summarize(config: CrossDeviceConfig, population, history: list[dict[str, Any
         "init": config.init, "devices": len(population.devices), "rounds": history[-1]["round"],
         "per_round": config.per_round, "accuracy": final["accuracy"], "accuracy_std": final.get("accuracy_std"),
         "tar_at_far": final["tar_at_far"], "initial_accuracy": evaluated[0]["accuracy"], "initial_tar_at_far": evaluated[0]["tar_at_far"],
+        "tar_at_far_per_fold": final.get("tar_at_far_per_fold"), "initial_tar_at_far_per_fold": evaluated[0].get("tar_at_far_per_fold"),
+        "owners": final.get("owners"), "initial_owners": evaluated[0].get("owners"),
+        "owners_recalibrated": final.get("owners_recalibrated"), "initial_owners_recalibrated": evaluated[0].get("owners_recalibrated"),
         "rounds_to_target": reached, "target_accuracy": target,
         "seconds_per_round": sum(trained) / len(trained) if trained else 0.0, "wall_seconds": seconds,
         "device_images": int(sum(len(d.faces) for d in population.devices)), "split_sizes": manifest.sizes(),

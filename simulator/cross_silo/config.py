@@ -57,7 +57,8 @@ class CrossSiloConfig:
                 (f"backbone must be one of {BACKBONES}", self.backbone not in BACKBONES),
                 ("device must be cpu or cuda", self.device not in ("cpu", "cuda")),
                 (f"fv_mode must be one of {FV_MODES}", self.fv_mode not in FV_MODES), ("fv_every must be >= 1", self.fv_every < 1),
-                ("eval_folds must be LFW folds 6-10 (folds 1-5 feed trainers and validators)", any(f < 6 or f > 10 for f in self.eval_folds) or len(self.eval_folds) < 2),
+                ("eval_folds must be LFW folds 6-10 (folds 1-5 feed trainers and validators)",
+                 any(f < 6 or f > 10 for f in self.eval_folds) or len(self.eval_folds) < 2),
             ) if bad
         ]
         if problems:

@@ -101,7 +101,9 @@ def _entry(rank: int, world: int, port: int, config: CrossSiloConfig, spec: Data
         dist.destroy_process_group()
 
 
-def _server(config: CrossSiloConfig, spec: DataSpec, template: torch.nn.Module, flat: Flat, groups: tuple[Any, Any], n_validators: int, result: Path, weights_out: str) -> None:
+def _server(
+    config: CrossSiloConfig, spec: DataSpec, template: torch.nn.Module, flat: Flat, groups: tuple[Any, Any], n_validators: int, result: Path, weights_out: str,
+) -> None:
     (train, validate), parties, K = groups, config.n_parties, config.K
     start = {k: v.numpy().copy() for k, v in template.state_dict().items()}
     param_keys = [n for n, _ in template.named_parameters()]

@@ -12,11 +12,13 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
+from facecore.models.registry import embedding_dim_of
 from server_api.strategies.base import ClientUpdate, Weights
 from server_api.strategies.fedval import FederatedValidation
 from server_api.strategies.pfm import PFM, PFMResult, WeightedFedAvg
@@ -80,13 +82,17 @@ class FVServer:
         try:
             while True:
                 with self._lock:
-                    self._lock.wait_for(lambda: self._stop or self._generation > searched)
+                    self._lock.wait_for(partial(self._woken, searched))
                     if self._stop:
                         return
                     searched = self._generation
                 self.search_once()
         except BaseException as error:  # surfaced by stop(): a dead FV thread must not pass silently
             self.error = error
+
+    def _woken(self, searched: int) -> bool:
+        """Stopped, or backbones newer than generation ``searched`` published (call with the lock held)."""
+        return self._stop or self._generation > searched
 
     def stop(self) -> None:
         with self._lock:
@@ -108,7 +114,7 @@ def _ema(values: Sequence[float], factor: float = 0.9) -> float:
 def make_trainer(config: CrossSiloConfig, silo: SiloData, index: int, template: torch.nn.Module) -> SiloTrainer:
     """Trainer ``index``: the shared initial backbone, its own seeded head and batch order (same in every mode)."""
     backbone = place(copy.deepcopy(template), config.device)
-    head = place(build_head(config.loss, backbone.embedding_dim, silo.classes, config.seed + 1 + index), config.device)
+    head = place(build_head(config.loss, embedding_dim_of(backbone), silo.classes, config.seed + 1 + index), config.device)
     stream = BatchStream(silo, config.batch, seed=config.seed * 1_000_003 + index, flip=config.flip, device=config.device)
     return SiloTrainer(silo.name, backbone, head, stream, beta=config.beta, use_pfm=config.uses_pfm, device=config.device)
 
@@ -116,7 +122,9 @@ def make_trainer(config: CrossSiloConfig, silo: SiloData, index: int, template: 
 TrainAll = Callable[[Weights, "Weights | None", float], list[LocalResult]]
 
 
-def federated_loop(config: CrossSiloConfig, names: Sequence[str], global_w: Weights, param_keys: Sequence[str], train_all: TrainAll, fv: FVServer | None) -> dict[str, Any]:
+def federated_loop(
+    config: CrossSiloConfig, names: Sequence[str], global_w: Weights, param_keys: Sequence[str], train_all: TrainAll, fv: FVServer | None,
+) -> dict[str, Any]:
     """The server's rounds (Alg. 1 lines 2-18) over any transport: ``train_all`` runs every trainer's K steps."""
     c = config
     strategy: WeightedFedAvg = PFM(c.lr_at, c.beta, momentum_keys=param_keys) if c.uses_pfm else WeightedFedAvg()
@@ -162,7 +170,8 @@ class CrossSiloSimulation:
         self.final_weights: Weights | None = None
         self.template = build_backbone(config.backbone, config.embedding_dim, config.seed)
         size = input_size(self.template)
-        for part in [*self.silos, *self.validators, *([evaluation] if evaluation else [])]:
+        parts: list[SiloData | PairSet] = [*self.silos, *self.validators, *([evaluation] if evaluation else [])]
+        for part in parts:
             if part.faces.shape[1] != size:
                 raise ValueError(f"{part.name}: faces are {part.faces.shape[1]}px, {config.backbone} wants {size}px")
         if len(self.silos) != config.n_parties or (config.uses_fv and len(self.validators) != config.validators):
@@ -209,7 +218,7 @@ class CrossSiloSimulation:
         c = self.config
         backbone = place(copy.deepcopy(self.template), c.device)
         offsets = np.cumsum([0] + [s.classes for s in self.silos])[:-1].tolist()
-        head = place(build_head(c.loss, backbone.embedding_dim, sum(s.classes for s in self.silos), c.seed + 1), c.device)
+        head = place(build_head(c.loss, embedding_dim_of(backbone), sum(s.classes for s in self.silos), c.seed + 1), c.device)
         streams = [BatchStream(s, c.batch, seed=c.seed * 1_000_003 + i, flip=c.flip, device=c.device) for i, s in enumerate(self.silos)]
         central = CentralTrainer(backbone, head, streams, offsets, beta=c.beta, device=c.device)
         names = [s.name for s in self.silos]

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from facecore.models.registry import embedding_dim_of
 from facecore.paths import data_root
 from simulator.cross_silo.config import CrossSiloConfig
 from simulator.cross_silo.data import RealData
@@ -51,7 +52,7 @@ def step_overhead(silo: Any, template: torch.nn.Module, batch: int, repeats: int
 
     def trainer(use_pfm: bool) -> SiloTrainer:
         torch.manual_seed(seed)
-        head = make_margin_head("arcface", template.embedding_dim, silo.classes)
+        head = make_margin_head("arcface", embedding_dim_of(template), silo.classes)
         return SiloTrainer(silo.name, copy.deepcopy(template), head, BatchStream(silo, batch, seed), use_pfm=use_pfm)
 
     pfm, fedavg = trainer(True), trainer(False)
@@ -65,7 +66,11 @@ def update_overhead(backbone: str, repeats: int) -> dict[str, Any]:
     from facecore.losses import make_margin_head
 
     model = build_backbone(backbone)
-    trainers = {m: SiloTrainer(m, copy.deepcopy(model), make_margin_head("arcface", model.embedding_dim, 8), lambda: None, use_pfm=m == "pfm") for m in ("fedavg", "pfm")}  # type: ignore[arg-type,return-value]
+    head_dim = embedding_dim_of(model)
+    trainers = {
+        m: SiloTrainer(m, copy.deepcopy(model), make_margin_head("arcface", head_dim, 8), lambda: None, use_pfm=m == "pfm")  # type: ignore[arg-type,return-value]
+        for m in ("fedavg", "pfm")
+    }
     grads = [torch.randn_like(p) for p in model.parameters()]
     head_grads = [torch.randn_like(p) for p in trainers["pfm"].head_params]
     term = [torch.randn_like(p) for p in model.parameters()]

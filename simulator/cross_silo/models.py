@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import TypeVar
 
 import torch
 from torch import Tensor, nn
 
 import facecore.models  # noqa: F401  (registers the registry's backbones)
-from facecore.losses import make_margin_head
+from facecore.losses import MarginHead, make_margin_head
 from facecore.models.registry import get_backbone
 
 TINY_INPUT = 32
@@ -50,7 +51,7 @@ def build_backbone(name: str, embedding_dim: int | None = None, seed: int = 0) -
         return get_backbone(name, embedding_dim)
 
 
-def build_head(loss: str, embedding_dim: int, classes: int, seed: int) -> nn.Module:
+def build_head(loss: str, embedding_dim: int, classes: int, seed: int) -> MarginHead:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return make_margin_head(loss, embedding_dim, classes)
@@ -60,10 +61,13 @@ def input_size(backbone: nn.Module) -> int:
     return int(getattr(backbone, "input_size", 112))
 
 
-def place(module: nn.Module, device: str) -> nn.Module:
+M = TypeVar("M", bound=nn.Module)
+
+
+def place(module: M, device: str) -> M:
     """On CUDA, channels_last: convolutions then run in NHWC, the layout tensor cores want."""
     if device == "cuda":
-        return module.to(device=device, memory_format=torch.channels_last)
+        return module.to(device=device, memory_format=torch.channels_last)  # type: ignore[call-overload]  # documented; Module.to's overloads omit it
     return module.to(device)
 
 

@@ -63,7 +63,9 @@ class SiloPlan:
                 for role, group in (("trainer", self.trainers), ("validator", self.validators)) for p in group]
 
 
-def plan_silos(manifest: SplitManifest, lfw_pairs: Sequence[LFWPair], trainers: int = 3, parties: int | None = None, validators: int = 2, seed: int = 0) -> SiloPlan:
+def plan_silos(
+    manifest: SplitManifest, lfw_pairs: Sequence[LFWPair], trainers: int = 3, parties: int | None = None, validators: int = 2, seed: int = 0,
+) -> SiloPlan:
     """Assign identities (see the module docstring); photo counts are the manifest's."""
     parties = parties or trainers
     if not 1 <= trainers <= len(SILOS) or parties % trainers or not 0 <= validators <= len(VALIDATORS):
@@ -109,7 +111,9 @@ def pairs_in_folds(labels: np.ndarray, folds: int, per_fold: int, seed: int) -> 
     """
     rng = np.random.default_rng(seed)
     identities = rng.permutation(np.unique(labels))
-    index, same, fold_of = [], [], []
+    index: list[tuple[int, int]] = []
+    same: list[bool] = []
+    fold_of: list[int] = []
     for fold, members in enumerate(np.array_split(identities, folds), start=1):
         rows = {int(m): np.flatnonzero(labels == m) for m in members}
         draws = -(-2 * per_fold // max(1, len(rows)))  # enough candidates to fill the fold after de-duplication

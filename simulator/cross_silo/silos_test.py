@@ -9,7 +9,7 @@ import pytest
 from facecore.data.lfw import LFWPair
 from facecore.data.records import FaceImage
 from facecore.data.split import SplitConfig, SplitManifest
-from simulator.cross_silo.silos import plan_silos, pairs_in_folds
+from simulator.cross_silo.silos import pairs_in_folds, plan_silos
 
 
 def photos(identity: str, n: int) -> tuple[str, ...]:

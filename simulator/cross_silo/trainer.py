@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from facecore.losses import MarginHead
 from facecore.models.preprocess import faces_to_tensor
 from simulator.cross_silo.models import backbone_autocast
 
@@ -88,11 +89,13 @@ class LocalResult:
 class SiloTrainer:
     """One trainer: its backbone copy, its private classifier and both momentum states."""
 
-    def __init__(self, name: str, backbone: nn.Module, head: nn.Module, batches: Batches, *, beta: float = 0.9, use_pfm: bool = True, device: str = "cpu") -> None:
+    def __init__(
+        self, name: str, backbone: nn.Module, head: nn.Module, batches: Batches, *, beta: float = 0.9, use_pfm: bool = True, device: str = "cpu",
+    ) -> None:
         self.name, self.backbone, self.head, self.batches = name, backbone, head, batches
         self.beta, self.use_pfm, self.device = beta, use_pfm, device
-        self.params = dict(backbone.named_parameters())
-        self.head_params = list(head.parameters())
+        self.params: dict[str, Tensor] = dict(backbone.named_parameters())
+        self.head_params: list[Tensor] = list(head.parameters())
         self.head_momentum = [torch.zeros_like(p) for p in self.head_params]  # M_w, private
         self.local_momentum = None if use_pfm else {n: torch.zeros_like(p) for n, p in self.params.items()}
         self.steps = 0
@@ -162,7 +165,9 @@ class CentralTrainer:
     other silo's identities, so its loss is not the federated one (the paper's Table 1 shows it).
     """
 
-    def __init__(self, backbone: nn.Module, head: nn.Module, streams: Sequence[Batches], class_offsets: Sequence[int], *, beta: float = 0.9, device: str = "cpu") -> None:
+    def __init__(
+        self, backbone: nn.Module, head: MarginHead, streams: Sequence[Batches], class_offsets: Sequence[int], *, beta: float = 0.9, device: str = "cpu",
+    ) -> None:
         self.backbone, self.head, self.streams, self.offsets, self.device = backbone, head, list(streams), list(class_offsets), device
         self.optimizer = torch.optim.SGD(list(backbone.parameters()) + list(head.parameters()), lr=0.1, momentum=beta)
 

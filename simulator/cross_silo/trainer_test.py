@@ -106,12 +106,13 @@ def test_momentum_is_the_scaled_global_step_and_is_applied_as_beta_m_over_k() ->
         x, y = data[0][K + k]
         loss = shadow_head(shadow_backbone(x), y)
         names = [name for name, _ in shadow_backbone.named_parameters()]
-        params = [p for _, p in shadow_backbone.named_parameters()]
-        grads = torch.autograd.grad(loss, params + list(shadow_head.parameters()))
+        params: list[torch.Tensor] = [p for _, p in shadow_backbone.named_parameters()]
+        head_params: list[torch.Tensor] = list(shadow_head.parameters())
+        grads = torch.autograd.grad(loss, params + head_params)
         with torch.no_grad():
             for name, p, g in zip(names, params, grads):
                 p -= LR * (g + BETA * torch.from_numpy(first.momentum[name]) / K)
-            for p, h, m in zip(shadow_head.parameters(), grads[len(params):], head_m):
+            for p, h, m in zip(head_params, grads[len(params):], head_m):
                 m.mul_(BETA).add_(h)
                 p -= LR * m
     for key, value in numpy_state(shadow_backbone).items():

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from facecore.fusion import LambdaFusion
 from server_api.strategies import ClientUpdate, FedAvg
 from simulator.fusion.engine import Federation, LocalTraining, generator, train_local
 from simulator.fusion.model import FusedCNN, trainable_state
@@ -53,8 +54,9 @@ def test_fusion_with_identical_frozen_extractors_equals_fedavg_on_the_head(kind:
         model = FusedCNN(SHAPE, 4, fusion, seed=3, dtype=torch.float64)
         model.extractor.requires_grad_(False)
         if fusion != "none":
+            assert isinstance(model.fusion, LambdaFusion)
             with torch.no_grad():
-                model.fusion.lam.fill_(lam)  # type: ignore[union-attr]
+                model.fusion.lam.fill_(lam)
         return Federation(model, _nodes(4, dtype=torch.float64), per_round=3, local=LocalTraining(2, 8, 0.1, 0.5), seed=1)
 
     fused, plain = federation(kind), federation("none")
@@ -65,7 +67,8 @@ def test_fusion_with_identical_frozen_extractors_equals_fedavg_on_the_head(kind:
     # Assert: bit-identical classifiers, λ untouched (its gradient Σ dF·(E_g − E_l) is exactly 0)
     for key, value in plain.model.classifier.state_dict().items():
         assert torch.equal(fused.model.classifier.state_dict()[key], value), key
-    assert torch.all(fused.model.fusion.lam == lam)  # type: ignore[union-attr]
+    assert isinstance(fused.model.fusion, LambdaFusion)
+    assert torch.all(fused.model.fusion.lam == lam)
 
 
 def test_bytes_per_round_counts_trainable_parameters_both_ways_for_each_selected_node() -> None:

@@ -1,7 +1,8 @@
 """The FEDFUSION.md grid: every fusion kind on every partition, one seed, then plots and tables.
 
 Run under `nice -n 19 .venv/bin/python -m simulator.fusion.experiments`; sized to finish in about
-15 minutes on two busy cores (two processes, e.g. `--fusions none multi` and `--fusions conv single`). Finished reports are skipped, so an interrupted grid resumes.
+15 minutes on two busy cores (two processes, e.g. `--fusions none multi` and `--fusions conv single`). Finished reports are
+skipped, so an interrupted grid resumes.
 """
 from __future__ import annotations
 

@@ -25,6 +25,7 @@ import torch
 from tqdm import tqdm
 
 from device_sdk.personal import PersonalConfig, train_personal_verifier
+from device_sdk.personal_calibration import calibrate
 from device_sdk.training import LocalTrainingConfig, mean_feature_embedding, prefix_cache, split_backbone
 from facecore.align.geometry import ARCFACE_112, FaceGeometry
 from facecore.align.pipeline import FaceAligner
@@ -118,6 +119,14 @@ def pooled_scores(templates: np.ndarray, held_embeddings: list[np.ndarray]) -> t
     return np.concatenate(genuine), np.concatenate(impostor)
 
 
+def accept_rates(genuine: np.ndarray, impostor: np.ndarray, threshold: float | np.ndarray,
+                 impostor_threshold: float | np.ndarray | None = None) -> dict[str, float]:
+    """What the owners get at a fixed threshold (verify accepts score >= threshold): one for all, or
+    each pair judged at its template's own (genuine and impostor thresholds per score)."""
+    impostor_threshold = threshold if impostor_threshold is None else impostor_threshold
+    return {"genuine_accept": float(np.mean(genuine >= threshold)), "impostor_accept": float(np.mean(impostor >= impostor_threshold))}
+
+
 def _summary(genuine: np.ndarray, impostor: np.ndarray, seconds: float, extra: dict[str, Any]) -> dict[str, Any]:
     scores = np.concatenate([genuine, impostor])
     labels = np.concatenate([np.ones(len(genuine)), np.zeros(len(impostor))])
@@ -129,8 +138,12 @@ def _summary(genuine: np.ndarray, impostor: np.ndarray, seconds: float, extra: d
 
 
 def run_face_fusion(config: FaceFusionConfig, devices: list[DeviceFaces], model: torch.nn.Module, out: Path,
-                    log: Callable[[str], None] = print, cohort: np.ndarray | None = None) -> dict[str, Any]:
-    """Score the global model and each fused verifier; write face_fusion.json and roc.png under `out`."""
+                    log: Callable[[str], None] = print, cohort: np.ndarray | None = None, threshold: float | None = None,
+                    calibration: np.ndarray | None = None) -> dict[str, Any]:
+    """Score the global model and each fused verifier; write face_fusion.json and roc.png under `out`.
+    `threshold`: the global model's published one, where the global method's accept rates are read.
+    `calibration`: public faces (not the cohort) that set each verifier's own threshold at
+    PersonalConfig.calibration_far, as the SDK does; its accept rates are read there."""
     if len(devices) < 2:
         raise FusionInputError(f"need at least 2 devices, got {len(devices)}")
     model = model.float().eval()
@@ -145,12 +158,14 @@ def run_face_fusion(config: FaceFusionConfig, devices: list[DeviceFaces], model:
     split_global = list(torch.nn.functional.normalize(held_global, dim=1).split(sizes))
     templates = np.stack([mean_feature_embedding(global_suffix(c.plain).detach()) for c in enroll])
     genuine, impostor = pooled_scores(templates, [e.numpy() for e in split_global])
-    methods: dict[str, dict[str, Any]] = {"global": _summary(genuine, impostor, time.perf_counter() - started, {})}
+    calibration_acts = _activations(prefix, calibration) if calibration is not None and len(calibration) else None
+    at_threshold = {} if threshold is None else {"at_threshold": {"threshold": threshold, **accept_rates(genuine, impostor, threshold)}}
+    methods: dict[str, dict[str, Any]] = {"global": _summary(genuine, impostor, time.perf_counter() - started, at_threshold)}
     curves = {"global": _curve(genuine, impostor)}
     log(f"global: TAR@FAR {methods['global']['tar_at_far']}")
     for fusion in config.fusions:
         started = time.perf_counter()
-        genuine_parts, impostor_parts, summaries, losses = [], [], [], []
+        genuine_parts, impostor_parts, summaries, losses, own_thresholds = [], [], [], [], []
         for i, device in enumerate(tqdm(devices, desc=f"personalising ({fusion})", leave=False)):
             verifier, report = train_personal_verifier(model, device.enroll, config.personal(fusion), seed=config.seed + i, cache=enroll[i], cohort=cohort_acts)
             scores = (verifier.embed_prefix(held_acts, held_global) @ verifier.template).numpy()
@@ -158,22 +173,33 @@ def run_face_fusion(config: FaceFusionConfig, devices: list[DeviceFaces], model:
             owner[sum(sizes[:i]) : sum(sizes[: i + 1])] = True
             genuine_parts.append(scores[owner])
             impostor_parts.append(scores[~owner])
+            if calibration_acts is not None:
+                public = (verifier.embed_prefix(calibration_acts) @ verifier.template).numpy()
+                enrolled = verifier.enrollment_scores if verifier.enrollment_scores is not None else np.zeros(0)  # set by training
+                own = calibrate(enrolled, public, verifier.config.calibration_far)
+                own_thresholds.append(np.inf if own is None else own.threshold)  # no threshold: the verifier accepts nobody
             summaries.append(report.fusion_summary)
             losses.append((report.loss_before, report.loss_after))
         genuine, impostor = np.concatenate(genuine_parts), np.concatenate(impostor_parts)
-        extra = {"loss_before": float(np.mean([a for a, _ in losses])), "loss_after": float(np.mean([b for _, b in losses])),
+        extra: dict[str, Any] = {"loss_before": float(np.mean([a for a, _ in losses])), "loss_after": float(np.mean([b for _, b in losses])),
                  "fusion": {k: float(np.mean([s[k] for s in summaries])) for k in (summaries[0] if summaries else {})}}
+        if calibration_acts is not None:
+            genuine_at = np.repeat(own_thresholds, [len(g) for g in genuine_parts])
+            impostor_at = np.repeat(own_thresholds, [len(m) for m in impostor_parts])
+            extra["at_own_threshold"] = {"far": config.personal(fusion).calibration_far, "public_faces": len(calibration_acts),
+                                         "median_threshold": float(np.median(own_thresholds)),
+                                         **accept_rates(genuine, impostor, genuine_at, impostor_at)}
         methods[fusion] = _summary(genuine, impostor, time.perf_counter() - started, extra)
         curves[f"fused: {fusion}" if fusion != "none" else "local only (none)"] = _curve(genuine, impostor)
         log(f"{fusion}: TAR@FAR {methods[fusion]['tar_at_far']}, loss {extra['loss_before']:.4f} -> {extra['loss_after']:.4f}")
     out.mkdir(parents=True, exist_ok=True)
     plot = save_roc_plot(out / "owner_vs_others_roc.png", curves, f"Owner vs others, {len(devices)} devices")
-    report = {
+    result = {
         "config": asdict(config), "devices": len(devices), "enroll_photos": int(sum(len(d.enroll) for d in devices)),
         "held_out_photos": int(sum(sizes)), "cohort_faces": 0 if cohort is None else len(cohort), "methods": methods, "plot": str(plot),
     }
-    (out / "face_fusion.json").write_text(json.dumps(report, indent=1))
-    return report
+    (out / "face_fusion.json").write_text(json.dumps(result, indent=1))
+    return result
 
 
 def _curve(genuine: np.ndarray, impostor: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -182,11 +208,14 @@ def _curve(genuine: np.ndarray, impostor: np.ndarray) -> tuple[np.ndarray, np.nd
 
 
 def markdown_table(report: dict[str, Any]) -> str:
-    rows = ["| method | TAR@FAR=1e-2 | TAR@FAR=1e-3 | TAR@FAR=1e-4 | AUC | mean genuine cos | mean impostor cos | fusion use |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    rows = ["| method | TAR@FAR=1e-2 | TAR@FAR=1e-3 | TAR@FAR=1e-4 | AUC | mean genuine cos | mean impostor cos | fusion use "
+            "| genuine / impostor accept % at its threshold |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
     for name, m in report["methods"].items():
         tar = m["tar_at_far"]
         use = ", ".join(f"{k} {v:.3f}" for k, v in m.get("fusion", {}).items())
+        at = m.get("at_threshold") or m.get("at_own_threshold")
+        accepts = "" if at is None else f"{100 * at['genuine_accept']:.2f} / {100 * at['impostor_accept']:.3f}"
         rows.append(f"| {name} | {100 * tar['1e-2']:.2f} | {100 * tar['1e-3']:.2f} | {100 * tar['1e-4']:.2f} | {m['auc']:.4f} | "
-                    f"{m['genuine_mean']:.3f} | {m['impostor_mean']:.3f} | {use} |")
+                    f"{m['genuine_mean']:.3f} | {m['impostor_mean']:.3f} | {use} | {accepts} |")
     return "\n".join(rows)

@@ -75,7 +75,8 @@ def test_local_training_keeps_lambda_in_bounds_at_a_violent_learning_rate(kind: 
     data = (torch.randn(64, 1, 16, 16, generator=g), torch.randint(0, 3, (64,), generator=g))
     # Execute
     train_local(model, data, LocalTraining(epochs=2, batch=8, lr=20.0, momentum=0.9), generator(0, 1, 0))
-    lam = model.fusion.lam.detach()  # type: ignore[union-attr]
+    assert isinstance(model.fusion, LambdaFusion)
+    lam = model.fusion.lam.detach()
     # Assert: inside [0, 1], and the optimiser did push it to a bound
     assert torch.all((lam >= 0) & (lam <= 1))
     assert bool(((lam == 0) | (lam == 1)).any())
@@ -86,8 +87,9 @@ def test_lambda_one_is_exactly_the_global_extractor_path(kind: str) -> None:
     # Prepare: a local extractor far from the global one
     model = FusedCNN((3, 20, 20), 5, kind, seed=2).eval()
     assert model.global_extractor is not None
+    assert isinstance(model.fusion, LambdaFusion)
     with torch.no_grad():
-        model.fusion.lam.fill_(1.0)  # type: ignore[union-attr]
+        model.fusion.lam.fill_(1.0)
         for p in model.extractor.parameters():
             p.add_(torch.randn_like(p))
     x = torch.randn(7, 3, 20, 20, generator=torch.Generator().manual_seed(3))

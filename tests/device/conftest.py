@@ -9,9 +9,8 @@ import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-from server_process import ServerProcess  # noqa: E402
-
 from facecore.data.split import SplitConfig, build_split  # noqa: E402
+from server_process import ServerProcess  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import open_round, round_status
 from PIL import Image
-from server_process import ServerProcess
 
+from conftest import open_round, round_status
 from device_sdk.device import FaceDevice
 from fedface.cli import build_parser, main
 from fedface.commands import device as device_command
+from server_process import ServerProcess
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import open_round, round_status
 from PIL import Image
 
+from conftest import open_round, round_status
 from device_sdk.device import FaceDevice
 from device_sdk.errors import AuthError, NoFaceFound, NotEnrolled, RoundClosed, ServerUnavailable
 from device_sdk.personal import PersonalConfig
@@ -38,7 +38,7 @@ def fleet(server, owners: list[list[Path]], tmp_path_factory: pytest.TempPathFac
 
 
 def test_register_enroll_and_two_rounds(server, fleet: list[FaceDevice]) -> None:  # type: ignore[no-untyped-def]
-    for round_number in range(2):
+    for _ in range(2):
         # Prepare: the dlib ResNet's owner faces sit at cosine 0.96-0.99 to their template, so the
         # protocol's default margin (0.9) leaves nothing to train; 0.995 gives every face a loss.
         opened = open_round(server, target=len(fleet), minimum=len(fleet), local={"margin": 0.995})

@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
-from server_process import ServerProcess, free_port
 
 from device_sdk.device import FaceDevice
 from device_sdk.errors import NotRegistered
@@ -19,6 +18,7 @@ from device_sdk.personal import PersonalConfig
 from device_sdk.training import LocalTrainingConfig
 from export.mtcnn_onnx import export_mtcnn_onnx
 from fedface.commands import device_verify
+from server_process import ServerProcess, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 # The command's own add_arguments/run under a parser with the options `fedface device` adds; at the

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from server_api.core.config import Settings
 from server_api.launcher import scratch_database
 

@@ -1,16 +1,15 @@
 """A minimal device client for the server tests: plain httpx + cryptography signing.
 
-It implements the wire protocol from its documentation (server_api/README.md) rather
-than importing server internals, so a protocol change breaks these tests.
+It speaks the wire protocol through facecore.federation.protocol, the one definition the server
+and the device SDK share, never through server internals; protocol_test pins that definition
+byte for byte, so a protocol change still breaks a test.
 """
 from __future__ import annotations
 
 import base64
-import hashlib
 import io
 import json
 import secrets
-import time
 from typing import Any
 
 import httpx
@@ -20,17 +19,22 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from facecore import tensorfile
+from facecore.federation.protocol import (
+    BACKBONE_PREFIX,
+    DEVICE_ID_HEADER,
+    EMBEDDING_KEY,
+    METADATA_KEY,
+    REGISTER_SUBJECT,
+    body_sha256,
+    signature_headers,
+)
 
 EMBEDDING_DIM = 128
 
 
 def sign(key: Ed25519PrivateKey, subject: str, method: str, path: str, body: bytes, timestamp: int | None = None, nonce: str | None = None) -> dict[str, str]:
-    timestamp = int(time.time()) if timestamp is None else timestamp
-    nonce = nonce or secrets.token_urlsafe(18)
-    message = "\n".join(("FEDFACE-V1", subject, method.upper(), path, str(timestamp), nonce, hashlib.sha256(body).hexdigest()))
-    signature = base64.b64encode(key.sign(message.encode())).decode()
-    body_sha256 = hashlib.sha256(body).hexdigest()  # X-Content-SHA256: uploads are authenticated before their body
-    return {"X-Timestamp": str(timestamp), "X-Nonce": nonce, "X-Signature": signature, "X-Content-SHA256": body_sha256}
+    """Signature headers without the device id: a test may sign for one subject and claim another."""
+    return signature_headers(key, subject, method, path, body_sha256(body), timestamp, nonce)
 
 
 def unit_vector(rng: np.random.Generator, dim: int = EMBEDDING_DIM) -> np.ndarray:
@@ -49,14 +53,14 @@ class Device:
         if not isinstance(body, bytes):
             body = json.dumps(body).encode()
             headers = {"Content-Type": "application/json", **(headers or {})}
-        subject = sign_args.pop("subject", self.id or "register")
+        subject = sign_args.pop("subject", self.id or REGISTER_SUBJECT)
         signed = sign(self.key, subject, method, path, body, **sign_args)
-        if self.id and subject != "register":
-            signed["X-Device-Id"] = self.id
+        if self.id and subject != REGISTER_SUBJECT:
+            signed[DEVICE_ID_HEADER] = self.id
         return self.http.request(method, path, content=body, headers={**signed, **(headers or {})})
 
     def register(self) -> httpx.Response:
-        response = self.request("POST", "/v1/devices", {"public_key": self.public_key}, subject="register")
+        response = self.request("POST", "/v1/devices", {"public_key": self.public_key}, subject=REGISTER_SUBJECT)
         if response.status_code in (200, 201):
             self.id = response.json()["device_id"]
         return response
@@ -94,6 +98,6 @@ def make_delta(base: dict[str, np.ndarray], rng: np.random.Generator, scale: flo
 def update_file(
     delta: dict[str, np.ndarray], embedding: np.ndarray, base_version: str, n_samples: int, metrics: dict | None = None, **meta_extra: Any
 ) -> bytes:
-    tensors = {f"backbone.{k}": v for k, v in delta.items()} | {"class_embedding": np.asarray(embedding, dtype=np.float32)}
+    tensors = {BACKBONE_PREFIX + k: v for k, v in delta.items()} | {EMBEDDING_KEY: np.asarray(embedding, dtype=np.float32)}
     meta = {"base_version": base_version, "n_samples": n_samples, "metrics": metrics or {"loss": 0.5}} | meta_extra
-    return tensorfile.dumps(tensors, {"fedface": json.dumps(meta)})
+    return tensorfile.dumps(tensors, {METADATA_KEY: json.dumps(meta)})

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+
 from server_process import ServerProcess
 from server_testkit import Device, sign, unit_vector
 
@@ -33,7 +34,8 @@ def test_replay_skew_foreign_template_and_oversized_bodies_are_refused(tmp_path:
                 for _ in range(3):
                     yield b"[" + b"0," * 20_000
 
-            chunked = http.put(path, content=stream(), headers={"X-Device-Id": alice.id, "Content-Type": "application/json", **sign(alice.key, alice.id, "PUT", path, b"")})
+            headers = {"X-Device-Id": alice.id, "Content-Type": "application/json", **sign(alice.key, alice.id, "PUT", path, b"")}
+            chunked = http.put(path, content=stream(), headers=headers)
             # Assert
             assert first.status_code == 200
             assert replayed.status_code == 401 and "nonce" in replayed.json()["detail"]

@@ -15,10 +15,10 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from server_process import REPO, ServerProcess, free_port
-from server_testkit import Device, unit_vector
 
 from fedface import cli
+from server_process import REPO, ServerProcess, free_port
+from server_testkit import Device, unit_vector
 
 
 def _one_error_line(capsys: pytest.CaptureFixture[str], command: str) -> str:

@@ -7,8 +7,9 @@ import numpy as np
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from server_helpers import enrolled_devices
+from facecore.federation.protocol import ErrorCode
 from server_api.models import AuditEvent, Enrollment
+from server_helpers import enrolled_devices
 from server_testkit import EMBEDDING_DIM, Device, sign, unit_vector
 
 
@@ -124,3 +125,5 @@ def test_oversized_and_chunked_bodies_are_413(client: TestClient, rng: np.random
     # Assert
     assert declared.status_code == 413
     assert chunked_json.status_code == 413
+    # refused by the middleware before the app, and while the app read the body: both name the code
+    assert declared.json()["code"] == chunked_json.json()["code"] == ErrorCode.PAYLOAD_TOO_LARGE

@@ -2,12 +2,16 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from fastapi.testclient import TestClient
 
+from device_sdk.device import FaceDevice
+from device_sdk.errors import NotEnrolled, RoundClosed
+from facecore.federation.protocol import ErrorCode
 from facecore.losses import spreadout_optimize
 from server_helpers import enrolled_devices, open_round, shift_round, tick
 from server_testkit import load_backbone_bytes, make_delta, unit_vector, update_file
@@ -140,6 +144,32 @@ def test_checkin_needs_open_round_and_enrollment(client: TestClient, admin: dict
     # Assert
     assert no_round.status_code == 409 and "no round is open" in no_round.json()["detail"]
     assert not_enrolled.status_code == 409 and "not enrolled" in not_enrolled.json()["detail"]
+    # the machine-readable reason a device branches on, beside the unchanged text
+    assert no_round.json()["code"] == ErrorCode.STALE_ROUND and not_enrolled.json()["code"] == ErrorCode.NOT_ENROLLED
+
+
+def test_the_device_sdk_reads_check_in_refusals_by_code(
+    client: TestClient, admin: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Prepare: an SDK device that believes it is enrolled, which the app (in-process) never enrolled
+    monkeypatch.delenv("FEDFACE_DEVICE_KEY", raising=False)
+    device = FaceDevice("http://testserver", tmp_path / "device", retries=0)
+    device.transport.http = client
+    device.register()
+    device.state.save_faces(np.zeros((3, 8, 8, 3), np.uint8))
+    device.state.update_info(enrolled=True)
+    asked: list[str] = []  # what the device asked; the operator's calls share this client
+    client.event_hooks["request"].append(
+        lambda request: None if "/admin/" in request.url.path else asked.append(f"{request.method} {request.url.path}")
+    )
+    # Execute / Assert: no round, then a round this device cannot join
+    with pytest.raises(RoundClosed, match="no round is open"):
+        device.train_round(wait=0)
+    open_round(client, admin)
+    with pytest.raises(NotEnrolled, match="holds no enrollment"):
+        device.train_round(wait=0)
+    # Assert: the codes decided; an old server's fallback (asking for the template) never ran
+    assert asked == ["POST /v1/rounds/current/checkin"] * 2
 
 
 def test_admin_auth_and_round_config_validation(client: TestClient, admin: dict) -> None:
@@ -156,10 +186,13 @@ def test_admin_auth_and_round_config_validation(client: TestClient, admin: dict)
     second = client.post(url, json={}, headers=admin)
     # Assert
     assert no_token.status_code == 401 and bad_token.status_code == 401
+    assert no_token.json() == {"detail": "missing or wrong admin token", "code": ErrorCode.AUTHENTICATION_FAILED}
     assert [r.status_code for r in (unknown, nested_unknown, inverted, out_of_bounds)] == [422] * 4
+    assert {r.json()["code"] for r in (unknown, nested_unknown, inverted, out_of_bounds)} == {ErrorCode.INVALID_INPUT}
     assert first.status_code == 201 and first.json()["config"]["spreadout"] == {"nu": 0.3, "steps": 10, "lr": 0.01, "momentum": 0.9}
     assert first.json()["config"]["local"]["margin"] == 0.9
     assert second.status_code == 409 and f"round {first.json()['id']} is still open" in second.json()["detail"]
+    assert second.json()["code"] == ErrorCode.CONFLICT
 
 
 def test_round_with_median_aggregation_ignores_one_wild_update(client: TestClient, admin: dict, rng: np.random.Generator) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+
 from server_process import ServerProcess
 
 EXAMPLES_PER_OPERATION = 30

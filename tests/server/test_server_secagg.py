@@ -169,7 +169,8 @@ def test_out_of_step_requests_are_refused(client: TestClient, admin: dict, rng: 
     assert outsider.device.request("GET", outsider.url).status_code == 403
     for member in members[:3]:
         member.advertise()
-    assert members[0].device.request("POST", f"{members[0].url}/advert", {"c_public": _b64(bytes(range(32))), "s_public": _b64(bytes(range(1, 33)))}).status_code == 409
+    again = {"c_public": _b64(bytes(range(32))), "s_public": _b64(bytes(range(1, 33)))}
+    assert members[0].device.request("POST", f"{members[0].url}/advert", again).status_code == 409
     assert members[0].device.upload(round_["id"], plain).status_code == 409  # keys not shared yet
     assert members[0].state()["phase"] == "advertise"
     shift_round(client, round_["id"], selection_at=31)  # the advertise step times out without device 4

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import torch
 
+from facecore import tensorfile
 from facecore.losses import spreadout_loss, spreadout_optimize
 from server_api.core.config import Settings, resolve_secrets
 from server_api.errors import ConfigError
-from facecore import tensorfile
 from server_api.strategies import ClientUpdate, FedAvg, FedFace, RunningWeightedSum
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+
 from headless_chromium import CHROMIUM, Browser, Page
 from server_process import ServerProcess
 from server_testkit import Device, load_backbone_bytes, make_delta, unit_vector, update_file
@@ -153,7 +154,7 @@ def test_operator_page_takes_a_bearer_token_and_refuses_a_wrong_one(server: Serv
         right = http.get("/ui", headers={"Authorization": f"Bearer {server.admin_token()}"})
     # Assert
     assert anonymous.status_code == 303 and anonymous.headers["location"] == "/ui/login"
-    assert wrong.status_code == 401 and wrong.json() == {"detail": "missing or wrong admin token"}
+    assert wrong.status_code == 401 and wrong.json() == {"detail": "missing or wrong admin token", "code": "authentication_failed"}
     assert right.status_code == 200 and "<svg" not in right.text and "No round yet" in right.text
     assert (
         "default-src 'none'" in right.headers["content-security-policy"]

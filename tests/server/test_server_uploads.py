@@ -9,10 +9,10 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
+from facecore import tensorfile
 from server_api.crud import updates as update_crud
 from server_api.errors import Conflict
 from server_api.models import IdempotencyRecord, Update, utcnow
-from facecore import tensorfile
 from server_helpers import enrolled_devices, open_round
 from server_testkit import load_backbone_bytes, make_delta, sign, unit_vector, update_file
 

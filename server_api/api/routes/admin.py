@@ -1,7 +1,7 @@
 """Operator endpoints (Bearer admin token)."""
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query
 
@@ -14,7 +14,7 @@ from server_api.schemas import DeviceAdminPublic, DeviceRemovedPublic, ErrorPubl
 from server_api.services import device_admin
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
-_errors = {code: {"model": ErrorPublic} for code in (401, 404, 409, 422)}
+_errors: dict[int | str, dict[str, Any]] = {code: {"model": ErrorPublic} for code in (401, 404, 409, 422)}
 
 
 @router.post("/rounds", status_code=201, response_model=RoundPublic, responses=_errors)

@@ -2,22 +2,28 @@
 registration controls: enrollment tokens and pruning devices that never enrolled."""
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
+from facecore.federation.protocol import body_sha256
 from server_api.api.deps import AdminDep, CtxDep, CurrentDevice, LimitsDep, SessionDep, client_address, signed_path
-from server_api.core.security import body_digest
 from server_api.schemas import (
-    DeviceCreate, DevicePublic, DevicesPrunedPublic, EmbeddingPublic, EnrollmentCreate, EnrollmentTokensCreate,
-    EnrollmentTokensPublic, ErrorPublic,
+    DeviceCreate,
+    DevicePublic,
+    DevicesPrunedPublic,
+    EmbeddingPublic,
+    EnrollmentCreate,
+    EnrollmentTokensCreate,
+    EnrollmentTokensPublic,
+    ErrorPublic,
 )
 from server_api.services import devices as service
 
 router = APIRouter(prefix="/v1/devices", tags=["devices"])
 admin_router = APIRouter(prefix="/v1/admin", tags=["admin"])
-_errors = {code: {"model": ErrorPublic} for code in (401, 403, 422, 429)}
+_errors: dict[int | str, dict[str, Any]] = {code: {"model": ErrorPublic} for code in (401, 403, 422, 429)}
 
 
 @router.post("", status_code=201, response_model=DevicePublic, responses={200: {"model": DevicePublic}, **_errors})
@@ -29,7 +35,7 @@ async def register_device(
     tokens needs ``enrollment_token``, issued by its operator. Each attempt counts against the
     caller's address (429 with Retry-After past FEDFACE_ADDRESS_BURST)."""
     limits.addresses.charge(client_address(request))
-    digest = body_digest(await request.body())
+    digest = body_sha256(await request.body())
     device, created = await run_in_threadpool(
         service.register, ctx, session, body.public_key, request.headers, request.method, signed_path(request), digest,
         body.enrollment_token,

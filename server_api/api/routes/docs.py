@@ -21,7 +21,14 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
-from server_api.core.security import SIGNATURE_SCHEME
+from facecore.federation.protocol import (
+    DEVICE_ID_HEADER,
+    NONCE_HEADER,
+    REGISTER_SUBJECT,
+    SIGNATURE_HEADER,
+    SIGNATURE_SCHEME,
+    TIMESTAMP_HEADER,
+)
 
 ASSETS_URL = "/docs/assets"
 ASSETS_DIR = Path(fastapi_offline.__file__).parent / "static"
@@ -31,37 +38,39 @@ REGISTRATION = ("/v1/devices", "post")
 _SIGNED = (
     "the base64 Ed25519 signature, by the device's key, of the UTF-8 text "
     f"`{SIGNATURE_SCHEME}\\n<device id>\\n<METHOD>\\n"
-    "<path[?query]>\\n<X-Timestamp>\\n<X-Nonce>\\n<hex sha256 of the body>` (device id `register` when registering)"
+    f"<path[?query]>\\n<{TIMESTAMP_HEADER}>\\n<{NONCE_HEADER}>\\n<hex sha256 of the body>` "
+    f"(device id `{REGISTER_SUBJECT}` when registering)"
 )
 SECURITY_SCHEMES: dict[str, dict[str, Any]] = {
     "DeviceId": {
         "type": "apiKey",
         "in": "header",
-        "name": "X-Device-Id",
+        "name": DEVICE_ID_HEADER,
         "description": "the id registration returned",
     },
     "Timestamp": {
         "type": "apiKey",
         "in": "header",
-        "name": "X-Timestamp",
+        "name": TIMESTAMP_HEADER,
         "description": "unix seconds, within 300 s of the server's clock",
     },
     "Nonce": {
         "type": "apiKey",
         "in": "header",
-        "name": "X-Nonce",
+        "name": NONCE_HEADER,
         "description": "16-64 url-safe characters, never used before by this device",
     },
-    "Signature": {"type": "apiKey", "in": "header", "name": "X-Signature", "description": _SIGNED},
+    "Signature": {"type": "apiKey", "in": "header", "name": SIGNATURE_HEADER, "description": _SIGNED},
     "AdminToken": {
         "type": "http",
         "scheme": "bearer",
         "description": "the operator's token: FEDFACE_ADMIN_TOKEN, or `<data dir>/admin_token` of a --dev server",
     },
 }
-DEVICE = [{"DeviceId": [], "Timestamp": [], "Nonce": [], "Signature": []}]
-REGISTERING_KEY = [{"Timestamp": [], "Nonce": [], "Signature": []}]
-ADMIN = [{"AdminToken": []}]
+SecurityRequirements = list[dict[str, list[str]]]  # OpenAPI: scheme name -> scopes (none here)
+DEVICE: SecurityRequirements = [{"DeviceId": [], "Timestamp": [], "Nonce": [], "Signature": []}]
+REGISTERING_KEY: SecurityRequirements = [{"Timestamp": [], "Nonce": [], "Signature": []}]
+ADMIN: SecurityRequirements = [{"AdminToken": []}]
 DESCRIPTION = """Cross-device FedFace rounds: signed devices, FedAvg + spreadout aggregation.
 
 **Devices** sign every request with their Ed25519 key: headers `X-Device-Id`, `X-Timestamp`, `X-Nonce` and
@@ -73,7 +82,7 @@ signature before it reads the body. The device SDK (`device_sdk`) does all of th
 """
 
 
-def security_for(path: str, method: str) -> list[dict[str, list[str]]] | None:
+def security_for(path: str, method: str) -> SecurityRequirements | None:
     if path.startswith(ADMIN_PREFIX):
         return ADMIN
     if (path, method) == REGISTRATION:

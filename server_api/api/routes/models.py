@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Response
 from fastapi.responses import StreamingResponse
 
+from facecore.federation.protocol import CONTENT_SHA256_HEADER
 from facecore.models.registry import backbone_geometry
 from server_api.api.deps import CtxDep, CurrentDevice, SessionDep
 from server_api.crud import versions as version_crud
@@ -16,7 +17,7 @@ from server_api.schemas import ErrorPublic, FaceGeometryPublic, ModelVersionPubl
 from server_api.storage.blobs import CHUNK
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
-_errors = {401: {"model": ErrorPublic}, 404: {"model": ErrorPublic}}
+_errors: dict[int | str, dict[str, Any]] = {401: {"model": ErrorPublic}, 404: {"model": ErrorPublic}}
 # Version URLs never change content, so clients and proxies may cache them forever.
 IMMUTABLE = "private, max-age=31536000, immutable"
 
@@ -44,7 +45,7 @@ def current_model(device: CurrentDevice, session: SessionDep) -> ModelVersionPub
 def _serve(ctx: CtxDep, blob: str, etag: str, if_none_match: str | None, media_type: str, filename: str) -> Response:
     quoted = f'"{etag}"'
     # Blobs are named by their sha256: devices check each download (and their cached copy) against it.
-    headers = {"ETag": quoted, "Cache-Control": IMMUTABLE, "X-Content-SHA256": blob}
+    headers = {"ETag": quoted, "Cache-Control": IMMUTABLE, CONTENT_SHA256_HEADER: blob}
     if if_none_match and (if_none_match.strip() == "*" or quoted in [t.strip().removeprefix("W/") for t in if_none_match.split(",")]):
         return Response(status_code=304, headers=headers)
     handle = ctx.store.open(blob)

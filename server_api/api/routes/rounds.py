@@ -4,12 +4,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from pathlib import Path
+from typing import Any
 
 from fastapi import APIRouter, BackgroundTasks, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
+from facecore.federation.protocol import CONTENT_SHA256_HEADER
 from server_api.api.deps import CtxDep, CurrentDevice, LimitsDep, RoundIdPath, SessionDep, client_address, signed_path
 from server_api.core.logging import get_logger
 from server_api.errors import AuthenticationFailed, RequestTimeout
@@ -21,7 +23,7 @@ from server_api.services.uploads import begin_upload, finish_upload
 
 log = get_logger("uploads")
 router = APIRouter(prefix="/v1/rounds", tags=["rounds"])
-_errors = {code: {"model": ErrorPublic} for code in (401, 403, 404, 408, 409, 413, 422, 429, 503)}
+_errors: dict[int | str, dict[str, Any]] = {code: {"model": ErrorPublic} for code in (401, 403, 404, 408, 409, 413, 422, 429, 503)}
 UPLOAD_PATH = r"^/v1/rounds/[^/]+/updates$"
 
 
@@ -34,7 +36,7 @@ def checkin(device: CurrentDevice, ctx: CtxDep, session: SessionDep) -> CheckinP
 
 _BINARY = {"type": "string", "format": "binary"}
 _UPLOAD_HEADERS = [
-    {"name": "X-Content-SHA256", "in": "header", "required": True, "description": "hex sha256 of the body, as signed",
+    {"name": CONTENT_SHA256_HEADER, "in": "header", "required": True, "description": "hex sha256 of the body, as signed",
      "schema": {"type": "string", "pattern": "^[0-9a-f]{64}$"}},
     {"name": "Idempotency-Key", "in": "header", "required": True, "description": "a resend returns the first answer",
      "schema": {"type": "string", "pattern": "^[A-Za-z0-9_.:-]{8,128}$"}},

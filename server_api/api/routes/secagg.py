@@ -2,6 +2,8 @@
 See server_api/services/secure_aggregation.py for the steps and their deadlines."""
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, BackgroundTasks
 
 from server_api.api.deps import CtxDep, CurrentDevice, RoundIdPath, SessionDep
@@ -10,7 +12,7 @@ from server_api.services import secure_aggregation as service
 from server_api.services.aggregation import try_aggregate
 
 router = APIRouter(prefix="/v1/rounds/{round_id}/secagg", tags=["secure aggregation"])
-_errors = {code: {"model": ErrorPublic} for code in (401, 403, 404, 409, 422)}
+_errors: dict[int | str, dict[str, Any]] = {code: {"model": ErrorPublic} for code in (401, 403, 404, 409, 422)}
 
 
 @router.get("", response_model=SecAggStatePublic, responses=_errors)

@@ -1,0 +1,118 @@
+"""What a cross-device run is scored on: LFW verification, and what the phones' owners get.
+
+Invariants:
+- Accuracy claims use LFW folds 6-10, whose people are on no device. On tuning folds (1-5) the
+  devices' people are left out, since they train.
+- Every TAR@FAR also comes per people fold: a gain counts only beyond the fold-to-fold spread.
+- Owners are verified on held-out photos no device trained on, at the published threshold (which a
+  federated version inherits) and at one recalibrated for the model being scored, on LFW folds 1-5
+  less the devices' people, as a publisher who recalibrates would set it. Never on folds 6-10.
+- The same weights under the same setting score the same, so results are remembered in the cache.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from facecore.align.geometry import FaceGeometry, geometry_of
+from facecore.align.pipeline import FaceAligner
+from facecore.eval.calibration import CALIBRATION_FOLDS
+from facecore.eval.lfw import TEST_FOLDS, evaluate, load_lfw_faces
+from facecore.eval.metrics import all_pairs_scores, threshold_at_far
+from facecore.eval.owners import OwnerFaces, owner_verification
+from facecore.models.preprocess import embed_faces
+from facecore.paths import cache_root
+from simulator.cross_device.engine import Evaluator
+from simulator.cross_device.population import Population, SimDevice
+
+EVALUATED = ("accuracy", "accuracy_std", "auc", "tar_at_far", "tar_at_far_per_fold", "owners", "owners_recalibrated")
+# Bump when what an evaluation computes changes: a remembered result would be stale.
+EVALUATION_VERSION = 2
+
+
+def published_threshold(model: torch.nn.Module) -> float | None:
+    threshold = ((getattr(model, "meta", None) or {}).get("verification") or {}).get("threshold")
+    return None if threshold is None else float(threshold)
+
+
+def lfw_evaluator(root: Path, folds: tuple[int, ...], geometry: FaceGeometry, devices: Sequence[SimDevice] = ()) -> Evaluator:
+    """LFW accuracy and TAR@FAR on `folds`, with each fold's own TAR; on tuning folds, less the
+    people of `devices`."""
+    data = load_lfw_faces(root / "lfw", folds, aligner=FaceAligner(geometry=geometry))
+    if not TEST_FOLDS & set(folds):
+        data = data.without({d.identity for d in devices})
+
+    def score(model: torch.nn.Module) -> dict[str, Any]:
+        report = evaluate(data, lambda faces: embed_faces(model, faces)).report
+        return {"accuracy": report.accuracy, "accuracy_std": report.accuracy_std, "auc": report.auc, "tar_at_far": report.tar_at_far,
+                "tar_at_far_per_fold": report.extra.get("per_fold_tar_at_far")}
+
+    return score
+
+
+def owner_evaluator(root: Path, geometry: FaceGeometry, devices: Sequence[SimDevice], threshold: float | None, far: float) -> Evaluator:
+    """Each owner's held-out photos against every template (facecore.eval.owners), at `threshold`
+    and at the threshold recalibrated at `far` on LFW folds 1-5 less the devices' people."""
+    owners = [OwnerFaces(d.identity, d.faces, d.held_out) for d in devices if d.held_out is not None]
+    calibration = load_lfw_faces(root / "lfw", CALIBRATION_FOLDS, aligner=FaceAligner(geometry=geometry)).without({d.identity for d in devices})
+
+    def score(model: torch.nn.Module) -> dict[str, Any]:
+        def embed(faces: np.ndarray) -> np.ndarray:
+            return embed_faces(model, faces)
+
+        _, impostor = all_pairs_scores(embed(calibration.faces), calibration.identities)
+        scores = {"owners_recalibrated": owner_verification(embed, owners, float(threshold_at_far(impostor, far))).to_dict()}
+        if threshold is not None:
+            scores["owners"] = owner_verification(embed, owners, threshold).to_dict()
+        return scores
+
+    return score
+
+
+def remembered(evaluator: Evaluator, setting: dict[str, Any], devices: Sequence[SimDevice] = ()) -> Evaluator:
+    """`evaluator`, its results kept in the cache keyed by the weights, the devices' photos and
+    `setting`: every arm of a comparison starts from the same model, and one evaluation of the
+    dlib ResNet takes minutes on 2 cores."""
+    folder = cache_root() / "evaluations"
+    inputs = hashlib.sha256(json.dumps({**setting, "version": EVALUATION_VERSION}, sort_keys=True).encode())
+    for device in devices:
+        inputs.update(device.identity.encode())
+        for photos in (device.faces, device.held_out):
+            inputs.update(b"-" if photos is None else np.ascontiguousarray(photos).tobytes())
+
+    def score(model: torch.nn.Module) -> dict[str, Any]:
+        digest = inputs.copy()
+        for key, value in model.state_dict().items():
+            digest.update(key.encode())
+            digest.update(value.detach().cpu().contiguous().numpy().tobytes())
+        path = folder / f"{digest.hexdigest()}.json"
+        if path.is_file():
+            return json.loads(path.read_text())
+        result = evaluator(model)
+        folder.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".tmp")
+        partial.write_text(json.dumps(result))
+        partial.replace(path)
+        return result
+
+    return score
+
+
+def evaluators(root: Path, folds: tuple[int, ...], model: torch.nn.Module, population: Population) -> tuple[Evaluator, Evaluator | None]:
+    """(LFW, owners) for a run starting from `model`; owners is None without held-out photos."""
+    geometry = geometry_of(model)
+    verification = (getattr(model, "meta", None) or {}).get("verification") or {}
+    far, threshold = float(verification.get("far", 1e-3)), published_threshold(model)
+    setting = {"data": str(root), "geometry": repr(geometry)}
+    lfw = remembered(lfw_evaluator(root, folds, geometry, population.devices), {**setting, "kind": "lfw", "folds": folds}, population.devices)
+    if not any(d.held_out is not None for d in population.devices):
+        return lfw, None
+    owners = remembered(owner_evaluator(root, geometry, population.devices, threshold, far),
+                        {**setting, "kind": "owners", "threshold": threshold, "far": far}, population.devices)
+    return lfw, owners
