@@ -85,8 +85,8 @@ def test_a_dp_run_uses_the_server_dp_fedavg_spends_its_epsilon_and_resumes_exact
     # Execute
     straight = CrossDeviceSimulation(config, _population(), model, tmp_path / "straight")
     state = straight.run(resume=False)
-    config = _config(method="fedface", dp_epsilon=5.0, dp_clip=0.5, dp_delta=1e-3, rounds=1)
-    CrossDeviceSimulation(config, _population(), model, tmp_path / "stopped").run(resume=False)
+    one_round = _config(method="fedface", dp_epsilon=5.0, dp_clip=0.5, dp_delta=1e-3, rounds=1)
+    CrossDeviceSimulation(one_round, _population(), model, tmp_path / "stopped").run(resume=False)
     # Assert: noise calibrated to the whole run's budget (2 rounds at q = 2/4), reported per round
     assert straight.dp is not None and straight.dp.noise_multiplier > 0
     records = [h for h in state.history if h["round"] > 0]
