@@ -57,6 +57,11 @@ def holdout_split(faces: np.ndarray, holdout_fraction: float, seed: int, index: 
 def owner_verification(embed: Any, owners: Sequence[OwnerFaces], threshold: float) -> OwnerReport:
     """Score every owner's held-out photos against every template (module docstring).
     `embed`: (N, S, S, 3) uint8 faces -> (N, D) embeddings."""
+    return owner_verifications(embed, owners, (threshold,))[0]
+
+
+def owner_verifications(embed: Any, owners: Sequence[OwnerFaces], thresholds: Sequence[float]) -> list[OwnerReport]:
+    """`owner_verification` at each of `thresholds`, embedding every photo once."""
     if len(owners) < 2:
         raise FaceCoreError(f"owner verification needs at least 2 identities, got {len(owners)}")
     templates = []
@@ -69,11 +74,14 @@ def owner_verification(embed: Any, owners: Sequence[OwnerFaces], threshold: floa
     held_all /= np.linalg.norm(held_all, axis=1, keepdims=True)
     scores = held_all @ np.stack(templates).T  # (held-out photos, templates)
     own = held_identity[:, None] == np.arange(len(owners))[None, :]
-    accepted = scores >= threshold
-    per_owner = np.array([accepted[held_identity == i, i].mean() for i in range(len(owners))])
+    return [_report(scores >= threshold, own, held_identity, threshold) for threshold in thresholds]
+
+
+def _report(accepted: np.ndarray, own: np.ndarray, held_identity: np.ndarray, threshold: float) -> OwnerReport:
+    per_owner = np.array([accepted[held_identity == i, i].mean() for i in range(own.shape[1])])
     per_template_impostor = (accepted & ~own).sum(axis=0) / (~own).sum(axis=0)
     return OwnerReport(
-        threshold=float(threshold), identities=len(owners), genuine_pairs=int(own.sum()), impostor_pairs=int((~own).sum()),
+        threshold=float(threshold), identities=own.shape[1], genuine_pairs=int(own.sum()), impostor_pairs=int((~own).sum()),
         genuine_accept=float(accepted[own].mean()), impostor_accept=float(accepted[~own].mean()),
         owners_all_accepted=float((per_owner == 1.0).mean()), worst_owner_accept=float(per_owner.min()),
         impostor_accept_worst_template=float(per_template_impostor.max()),

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from facecore.errors import FaceCoreError
-from facecore.eval.owners import OwnerFaces, holdout_split, owner_verification
+from facecore.eval.owners import OwnerFaces, holdout_split, owner_verification, owner_verifications
 
 
 def _embed(faces: np.ndarray) -> np.ndarray:
@@ -57,3 +57,21 @@ def test_a_look_alike_is_counted_against_the_template_it_passes() -> None:
     # Assert: 1's two photos pass 0's template and 0's pass 1's: 4 of the 12 impostor pairs; 2 of 4 against each of those templates
     assert report.genuine_accept == 1.0
     assert report.impostor_accept == pytest.approx(4 / 12) and report.impostor_accept_worst_template == pytest.approx(2 / 4)
+
+
+def test_several_thresholds_embed_each_photo_once_and_match_one_threshold_at_a_time() -> None:
+    # Prepare: the look-alike owners, an embedder that counts the photos it sees
+    rng = np.random.default_rng(1)
+    directions: list[list[float]] = [[1, 0, 0], [1, 0.2, 0], [0, 0, 1]]
+    owners = [OwnerFaces(str(i), _faces(d, 4, rng, 0.5), _faces(d, 2, rng, 0.5)) for i, d in enumerate(directions)]
+    seen: list[int] = []
+
+    def counting(faces: np.ndarray) -> np.ndarray:
+        seen.append(len(faces))
+        return _embed(faces)
+
+    # Execute
+    reports = owner_verifications(counting, owners, (0.95, 0.5))
+    # Assert: 18 photos embedded once, and each report is what one threshold alone gives
+    assert sum(seen) == 18
+    assert reports == [owner_verification(_embed, owners, 0.95), owner_verification(_embed, owners, 0.5)]

@@ -88,6 +88,11 @@ def load_backbone(spec: str | Path, backbone: str = "mobilefacenet", seed: int =
     return _load_file(Path(spec))
 
 
+def verification_of(model: torch.nn.Module) -> dict[str, Any]:
+    """The model's published verification figures ({"threshold", "far", "calibration"}), or {}."""
+    return dict((getattr(model, "meta", None) or {}).get("verification") or {})
+
+
 def _with_figures(model: torch.nn.Module, name: str) -> torch.nn.Module:
     figures = json.loads(FIGURES[name].read_text()) if FIGURES[name].is_file() else {}
     model.meta = {**getattr(model, "meta", {}), "verification": figures.get("verification")}  # type: ignore[assignment]  # Module types unknown attributes as Tensor | Module; meta is a dict

@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     from facecore.errors import FaceCoreError
     from facecore.eval.folder import embed_with_progress
     from facecore.eval.owners import OwnerFaces, owner_verification
-    from facecore.models.checkpoint import load_backbone
+    from facecore.models.checkpoint import load_backbone, verification_of
     from facecore.paths import data_root
     from simulator.cross_device.population import load_population
 
@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     model = load_backbone(args.model)
     threshold = args.threshold
     if threshold is None:
-        threshold = ((getattr(model, "meta", {}) or {}).get("verification") or {}).get("threshold")
+        threshold = verification_of(model).get("threshold")
     if threshold is None:
         raise FaceCoreError(f"model {args.model} publishes no verification threshold: pass --threshold")
     root = data_root(args.data)

@@ -51,7 +51,7 @@ def _measure(args: argparse.Namespace) -> int:
 def _list() -> int:
     from facecore.align.geometry import geometry_of
     from facecore.errors import FaceCoreError
-    from facecore.models.checkpoint import load_backbone, model_source
+    from facecore.models.checkpoint import load_backbone, model_source, verification_of
 
     print(f"{'name':<12} {'backbone':<14} {'crop':<28} {'threshold':>9}  weights")
     for name in ("default", "mobile"):
@@ -60,7 +60,7 @@ def _list() -> int:
         except FaceCoreError as error:
             print(f"{name:<12} {'-':<14} {'-':<28} {'-':>9}  not available: {error}")
             continue
-        verification = (getattr(model, "meta", {}) or {}).get("verification") or {}
+        verification = verification_of(model)
         threshold = f"{verification['threshold']:.4f}" if "threshold" in verification else "-"
         print(f"{name:<12} {model.name:<14} {geometry_of(model).key:<28} {threshold:>9}  {model_source(name)}")
     return 0

@@ -25,7 +25,8 @@ from facecore.align.pipeline import FaceAligner
 from facecore.eval.calibration import CALIBRATION_FOLDS
 from facecore.eval.lfw import TEST_FOLDS, evaluate, load_lfw_faces
 from facecore.eval.metrics import all_pairs_scores, threshold_at_far
-from facecore.eval.owners import OwnerFaces, owner_verification
+from facecore.eval.owners import OwnerFaces, owner_verifications
+from facecore.models.checkpoint import verification_of
 from facecore.models.preprocess import embed_faces
 from facecore.paths import cache_root
 from simulator.cross_device.engine import Evaluator
@@ -37,7 +38,7 @@ EVALUATION_VERSION = 2
 
 
 def published_threshold(model: torch.nn.Module) -> float | None:
-    threshold = ((getattr(model, "meta", None) or {}).get("verification") or {}).get("threshold")
+    threshold = verification_of(model).get("threshold")
     return None if threshold is None else float(threshold)
 
 
@@ -67,24 +68,30 @@ def owner_evaluator(root: Path, geometry: FaceGeometry, devices: Sequence[SimDev
             return embed_faces(model, faces)
 
         _, impostor = all_pairs_scores(embed(calibration.faces), calibration.identities)
-        scores = {"owners_recalibrated": owner_verification(embed, owners, float(threshold_at_far(impostor, far))).to_dict()}
-        if threshold is not None:
-            scores["owners"] = owner_verification(embed, owners, threshold).to_dict()
-        return scores
+        recalibrated = float(threshold_at_far(impostor, far))
+        reports = owner_verifications(embed, owners, [recalibrated] if threshold is None else [recalibrated, threshold])
+        return {"owners_recalibrated": reports[0].to_dict(), **({"owners": reports[1].to_dict()} if threshold is not None else {})}
 
     return score
 
 
-def remembered(evaluator: Evaluator, setting: dict[str, Any], devices: Sequence[SimDevice] = ()) -> Evaluator:
-    """`evaluator`, its results kept in the cache keyed by the weights, the devices' photos and
-    `setting`: every arm of a comparison starts from the same model, and one evaluation of the
-    dlib ResNet takes minutes on 2 cores."""
+def devices_digest(devices: Sequence[SimDevice]) -> str:
+    """The sha256 of the devices' identities and photos, enrolled and held out."""
+    digest = hashlib.sha256()
+    for device in devices:
+        digest.update(device.identity.encode())
+        for photos in (device.faces, device.held_out):
+            digest.update(b"-" if photos is None else np.ascontiguousarray(photos).tobytes())
+    return digest.hexdigest()
+
+
+def remembered(evaluator: Evaluator, setting: dict[str, Any]) -> Evaluator:
+    """`evaluator`, its results kept in the cache keyed by the weights and `setting` (which names
+    everything else the result depends on, the devices' photos by `devices_digest`): every arm of a
+    comparison starts from the same model, and one evaluation of the dlib ResNet takes minutes on
+    2 cores."""
     folder = cache_root() / "evaluations"
     inputs = hashlib.sha256(json.dumps({**setting, "version": EVALUATION_VERSION}, sort_keys=True).encode())
-    for device in devices:
-        inputs.update(device.identity.encode())
-        for photos in (device.faces, device.held_out):
-            inputs.update(b"-" if photos is None else np.ascontiguousarray(photos).tobytes())
 
     def score(model: torch.nn.Module) -> dict[str, Any]:
         digest = inputs.copy()
@@ -107,12 +114,12 @@ def remembered(evaluator: Evaluator, setting: dict[str, Any], devices: Sequence[
 def evaluators(root: Path, folds: tuple[int, ...], model: torch.nn.Module, population: Population) -> tuple[Evaluator, Evaluator | None]:
     """(LFW, owners) for a run starting from `model`; owners is None without held-out photos."""
     geometry = geometry_of(model)
-    verification = (getattr(model, "meta", None) or {}).get("verification") or {}
+    verification = verification_of(model)
     far, threshold = float(verification.get("far", 1e-3)), published_threshold(model)
-    setting = {"data": str(root), "geometry": repr(geometry)}
-    lfw = remembered(lfw_evaluator(root, folds, geometry, population.devices), {**setting, "kind": "lfw", "folds": folds}, population.devices)
+    setting = {"data": str(root), "geometry": repr(geometry), "devices": devices_digest(population.devices)}
+    lfw = remembered(lfw_evaluator(root, folds, geometry, population.devices), {**setting, "kind": "lfw", "folds": folds})
     if not any(d.held_out is not None for d in population.devices):
         return lfw, None
     owners = remembered(owner_evaluator(root, geometry, population.devices, threshold, far),
-                        {**setting, "kind": "owners", "threshold": threshold, "far": far}, population.devices)
+                        {**setting, "kind": "owners", "threshold": threshold, "far": far})
     return lfw, owners

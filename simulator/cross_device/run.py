@@ -12,7 +12,7 @@ import torch
 from facecore.align.geometry import geometry_of
 from facecore.data.split import SplitConfig, SplitManifest, build_split
 from facecore.eval.plots import save_line_plot
-from facecore.models.checkpoint import load_backbone, save_backbone
+from facecore.models.checkpoint import load_backbone, save_backbone, verification_of
 from facecore.models.preprocess import embed_faces
 from simulator.cross_device.config import CrossDeviceConfig
 from simulator.cross_device.engine import CrossDeviceSimulation, Evaluator
@@ -37,7 +37,7 @@ def run_cross_device(config: CrossDeviceConfig, root: Path, out: Path, manifest:
         history = simulation.run(resume=resume).history
         trained = simulation.model
     # A federated version keeps its ancestor's threshold, as the server publishes it.
-    save_backbone(trained, out / "model.pt", meta={k: v for k, v in (getattr(model, "meta", None) or {}).items() if k == "verification"})
+    save_backbone(trained, out / "model.pt", meta={"verification": verification_of(model) or None})
     if owners is not None:  # the owners' figures of the start and of the end: they cost as much as an LFW evaluation
         history[0] |= owners(model)
         history[-1] |= owners(trained)
