@@ -4,6 +4,8 @@ server fixtures, `fedface bench`, `fedface sim cross-device --http` and `fedface
 Invariants:
 - The child runs `python -m fedface server` in its own session, so `stop()` reaches uvicorn's worker
   processes too: SIGTERM to the whole group, then SIGKILL if it has not exited within `STOP_TIMEOUT_S`.
+  `stop()` and `kill()` return only once no process of the group runs, not just the leader: a worker or
+  a validation-pool child can outlive the leader by a moment, and a caller may reuse its port or files.
 - The child imports the same code as this process: run from a source checkout, the checkout leads its
   PYTHONPATH (an installed package is found where it is installed).
 - `start()` returns only once `/readyz` answers 200. A child that exits first, or is not ready in time,
@@ -42,6 +44,28 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def group_running(pgid: int) -> bool:
+    """Whether a process of group `pgid` still runs. Zombies (exited, waiting for init to reap them) do not
+    count; without /proc (not Linux), any member the kernel still knows counts."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # ended while we looked
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
 
 
 def without_server_settings(environ: Mapping[str, str]) -> dict[str, str]:
@@ -119,10 +143,16 @@ class LocalServer:
             return None
         if self.process.poll() is None:
             self._signal(signal.SIGTERM)
+            deadline = time.monotonic() + STOP_TIMEOUT_S
             try:
                 self.process.wait(timeout=STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 self.kill()
+                return self.process.returncode
+            if not self._group_gone_by(deadline):
+                self.kill()
+        elif group_running(self.process.pid):
+            self.kill()  # the leader exited on its own; its children must not outlive the handle
         return self.process.returncode
 
     def kill(self) -> None:
@@ -130,6 +160,14 @@ class LocalServer:
         process = self._started()
         self._signal(signal.SIGKILL)
         process.wait(timeout=STOP_TIMEOUT_S)
+        self._group_gone_by(time.monotonic() + STOP_TIMEOUT_S)
+
+    def _group_gone_by(self, deadline: float) -> bool:
+        while group_running(self._started().pid):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
 
     @property
     def pid(self) -> int:

@@ -2,27 +2,35 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from server_api.errors import LaunchFailed
-from server_api.launcher import CODE_ROOT, MANY_DEVICES_ON_LOOPBACK, LocalServer
+from server_api.launcher import CODE_ROOT, MANY_DEVICES_ON_LOOPBACK, LocalServer, group_running
 
 FAST = {"FEDFACE_RANDOM_BACKBONE": "mobilefacenet_s", "FEDFACE_EXPORT_ONNX": "false", "OMP_NUM_THREADS": "1"}
 
 
-def _group_alive(pgid: int) -> bool:
-    """Whether a process of group `pgid` still runs; zombies (exited, waiting for init to reap them) do not count."""
-    for entry in Path("/proc").iterdir():
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split() if entry.name.isdigit() else []
-        except OSError:
-            continue  # ended while we looked
-        if fields and int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
+def test_a_group_runs_while_a_member_outlives_its_leader_and_not_after() -> None:
+    # Prepare: a leader whose child ignores the leader's exit
+    script = "import subprocess,sys; subprocess.Popen([sys.executable,'-c','import time; time.sleep(60)']); print(flush=True)"
+    leader = subprocess.Popen([sys.executable, "-c", script], start_new_session=True, stdout=subprocess.PIPE)
+    assert leader.stdout is not None and leader.stdout.readline()
+    leader.wait(timeout=30)
+    # Execute
+    running_after_leader = group_running(leader.pid)
+    os.killpg(leader.pid, 9)
+    for _ in range(200):
+        if not group_running(leader.pid):
+            break
+        time.sleep(0.05)
+    # Assert
+    assert running_after_leader and not group_running(leader.pid)
 
 
 def test_the_child_gets_the_callers_code_and_only_the_settings_asked_for(
@@ -50,7 +58,7 @@ def test_a_server_is_ready_on_entry_answers_the_admin_and_is_gone_after_exit(tmp
     # Assert: SIGTERM ended the whole process group cleanly
     assert ready == 200 and rounds == []
     assert server.process is not None and server.process.returncode in (0, -15)
-    assert not _group_alive(server.pid) and server.log.is_file()
+    assert not group_running(server.pid) and server.log.is_file()
 
 
 def test_a_server_that_cannot_start_is_one_line_naming_its_log(tmp_path: Path) -> None:
@@ -63,4 +71,4 @@ def test_a_server_that_cannot_start_is_one_line_naming_its_log(tmp_path: Path) -
     message = str(raised.value)
     assert "\n" not in message and "exited with 1" in message and str(server.log) in message
     assert "missing.pt" in raised.value.log_tail
-    assert not _group_alive(server.pid)
+    assert not group_running(server.pid)
