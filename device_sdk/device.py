@@ -50,15 +50,17 @@ from device_sdk.personal import (
 )
 from device_sdk.secure_round import SecureRound
 from device_sdk.state import DeviceState, check_device_id, check_version
-from device_sdk.template_noise import noisy_template, sigma_for_cosine
 from device_sdk.training import LocalTrainingConfig, mean_feature_embedding, train_local
 from device_sdk.transport import Transport
 from facecore import tensorfile
 from facecore.align.geometry import FaceGeometry, geometry_of
 from facecore.align.pipeline import FaceAligner, load_rgb
 from facecore.data.folders import list_photos
-from facecore.federation.protocol import BACKBONE_PREFIX, CONTENT_SHA256_HEADER, EMBEDDING_KEY, MASKED_KEY, METADATA_KEY
+from facecore.federation.config import training_seed
+from facecore.federation.protocol import CONTENT_SHA256_HEADER, EMBEDDING_KEY, MASKED_KEY, METADATA_KEY
 from facecore.federation.status import CHOSEN_STATUSES, ParticipationStatus
+from facecore.federation.template_noise import noisy_template, sigma_for_cosine
+from facecore.federation.wire import update_tensors
 from facecore.models.registry import get_backbone
 
 # A path on the round server: "/v1/" then segments that cannot be "." or "..", no scheme, no host, no query.
@@ -137,7 +139,7 @@ class FaceDevice:
         template_noise_cos: float | None = None, training_slot: AbstractContextManager[Any] | None = None,
     ) -> None:
         """`template_noise_cos`: blur every template sent to the server so that it keeps about this
-        cosine with the true one (device_sdk.template_noise); the device keeps the clean one.
+        cosine with the true one (facecore.federation.template_noise); the device keeps the clean one.
         `training_slot`: entered around local training. Only for many devices in one process (a
         simulation), e.g. a shared Semaphore, so their trainings do not all hold memory at once.
         Nothing is created on disk until register()."""
@@ -294,7 +296,7 @@ class FaceDevice:
         config = LocalTrainingConfig.from_round(checkin["local"])
         say(f"training locally for round {round_id}")
         with self._training_slot:
-            update = train_local(backbone, embedding, faces, config, seed=round_id)
+            update = train_local(backbone, embedding, faces, config, seed=training_seed(round_id))
         body = self._update_file(backbone, update, checkin["base_version"], secure)
         meta = {"round_id": round_id, "key": f"{self._identity()[0]}-{round_id}-{secrets.token_hex(8)}",
                 "url": server_path(checkin["upload_url"]), "deadline_at": str(checkin.get("deadline_at")),
@@ -511,17 +513,15 @@ class FaceDevice:
         self, backbone: torch.nn.Module, update: Any, base_version: str, secure: SecureRound | None = None,
     ) -> bytes:
         base = backbone.state_dict()
-        wire = np.float16 if self.upload_fp16 else np.float32
         # an entry training left out (a frozen prefix) did not move: its delta is zero
         trained = update.state_dict
         deltas = {name: (trained[name] - value if name in trained else torch.zeros_like(value)).numpy()
                   for name, value in base.items()}
+        template = self._shared_template(update.embedding.numpy())
         if secure is not None:
-            tensors = {MASKED_KEY: secure.masked(deltas, update.n_samples).view(np.int32)}
+            tensors = {MASKED_KEY: secure.masked(deltas, update.n_samples).view(np.int32), EMBEDDING_KEY: template}
         else:
-            tensors = {BACKBONE_PREFIX + k: d.astype(wire) if np.issubdtype(d.dtype, np.floating) else d
-                       for k, d in deltas.items()}
-        tensors[EMBEDDING_KEY] = self._shared_template(update.embedding.numpy())
+            tensors = update_tensors(deltas, template, "fp16" if self.upload_fp16 else "fp32")
         meta = {"base_version": base_version, "n_samples": update.n_samples,
                 "metrics": {"loss": update.loss_after, "loss_before": update.loss_before}}
         buffer = io.BytesIO()

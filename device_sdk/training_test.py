@@ -81,7 +81,7 @@ def test_config_rejects_nonsense() -> None:
 
 def test_a_rounds_local_settings_map_onto_the_devices_training_config() -> None:
     # Prepare: what the server's default round sends, with a frozen prefix, and a key from a newer server
-    from server_api.schemas import LocalTrainingConfig as RoundLocal
+    from facecore.federation.config import LocalSettings as RoundLocal
 
     sent = {**RoundLocal(trainable_blocks=2, batch_size=16).model_dump(), "added_by_a_newer_server": 1}
     # Execute

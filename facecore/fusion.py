@@ -2,12 +2,15 @@
 personalised verifier: fusion of the frozen global extractor's feature map E_g(x) with the local
 one E_l(x), both B×C×H×W.
 
-λ is kept in [0, 1] by projection: the raw parameter is used as is and clamped after every
-optimiser step (``project_``). The official code starts λ at 0 (so the fused map starts as the
-local path, i.e. as FedAvg) and does not bound it at all. A sigmoid parametrisation cannot reach
-λ = 0 and its gradient vanishes near the ends; projection keeps the official start exactly, gives
-the full gradient inside the box, and the server's FedAvg of values in [0, 1] stays in [0, 1]
-(a convex combination), so the aggregated model needs no extra step.
+λ's range (``bound``): ``unit`` (the default) keeps λ in [0, 1] by projection: the raw parameter
+is used as is and clamped after every optimiser step (``project_``). ``none`` leaves it unbounded,
+as the official code (thu-media/FedFusion) does. The official code starts λ at 0 (so the fused map
+starts as the local path, i.e. as FedAvg). A sigmoid parametrisation cannot reach λ = 0 and its
+gradient vanishes near the ends; projection keeps the official start exactly, gives the full
+gradient inside the box, and the server's FedAvg of values in [0, 1] stays in [0, 1] (a convex
+combination), so the aggregated model needs no extra step.
+
+``LambdaMovingAverage`` is the official server's ``update_shadow`` (μ = 0.9).
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import torch
 from torch import nn
 
 FUSIONS = ("none", "conv", "multi", "single")
+LAMBDA_BOUNDS = ("unit", "none")
 
 
 class Fusion(nn.Module):
@@ -72,10 +76,13 @@ class ConvFusion(Fusion):
 class LambdaFusion(Fusion):
     """λ⊙E_g(x) + (1−λ)⊙E_l(x), with λ per channel (multi) or one scalar (single)."""
 
-    def __init__(self, channels: int, per_channel: bool, lambda_init: float = 0.0) -> None:
+    def __init__(self, channels: int, per_channel: bool, lambda_init: float = 0.0, bound: str = "unit") -> None:
         super().__init__()
-        if not 0.0 <= lambda_init <= 1.0:
+        if bound not in LAMBDA_BOUNDS:
+            raise ValueError(f"bound must be one of {LAMBDA_BOUNDS}, got {bound!r}")
+        if bound == "unit" and not 0.0 <= lambda_init <= 1.0:
             raise ValueError(f"lambda_init must be in [0, 1], got {lambda_init}")
+        self.bound = bound
         self.lam = nn.Parameter(torch.full((1, channels, 1, 1) if per_channel else (1,), float(lambda_init)))
 
     def forward(self, local: torch.Tensor, global_: torch.Tensor | None) -> torch.Tensor:
@@ -83,19 +90,43 @@ class LambdaFusion(Fusion):
         return self.lam * global_ + (1 - self.lam) * local
 
     def project_(self) -> None:
-        with torch.no_grad():
-            self.lam.clamp_(0.0, 1.0)
+        if self.bound == "unit":
+            with torch.no_grad():
+                self.lam.clamp_(0.0, 1.0)
 
     def summary(self) -> dict[str, float]:
         lam = self.lam.detach()
         return {"lambda_mean": float(lam.mean()), "lambda_min": float(lam.min()), "lambda_max": float(lam.max())}
 
 
-def make_fusion(kind: str, channels: int, lambda_init: float = 0.0) -> Fusion:
+def make_fusion(kind: str, channels: int, lambda_init: float = 0.0, bound: str = "unit") -> Fusion:
     if kind == "none":
         return NoFusion()
     if kind == "conv":
         return ConvFusion(channels)
     if kind in ("multi", "single"):
-        return LambdaFusion(channels, per_channel=kind == "multi", lambda_init=lambda_init)
+        return LambdaFusion(channels, per_channel=kind == "multi", lambda_init=lambda_init, bound=bound)
     raise ValueError(f"fusion must be one of {FUSIONS}, got {kind!r}")
+
+
+class LambdaMovingAverage:
+    """The official server's moving average of λ (``Agent.update_shadow``, μ = 0.9).
+
+    After the server has averaged the nodes' models (so λ holds the plain average λ̄_t), it sets
+    λ_t := (1 − μ)·λ̄_t + μ·s_{t−1} and s_t := λ_t; that smoothed λ_t is what the server tests and
+    broadcasts next round. The official shadow s_0 is zeros, which equals the official λ start (0);
+    here s_0 is the model's λ at construction, the same thing for that start. μ = 0 is plain FedAvg.
+    Only λ is smoothed (multi and single); conv's weights and every other parameter are not.
+    """
+
+    def __init__(self, fusion: LambdaFusion, mu: float = 0.9) -> None:
+        if not 0.0 <= mu < 1.0:
+            raise ValueError(f"mu must be in [0, 1), got {mu}")
+        self.fusion, self.mu = fusion, mu
+        self.shadow = fusion.lam.detach().clone()
+
+    def update_(self) -> None:
+        """Smooth the freshly averaged λ in place; call once per round, after aggregation."""
+        with torch.no_grad():
+            self.fusion.lam.mul_(1.0 - self.mu).add_(self.mu * self.shadow)
+        self.shadow = self.fusion.lam.detach().clone()

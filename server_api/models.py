@@ -14,6 +14,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
+from facecore.federation.config import RoundConfig
 from facecore.federation.status import RoundStatus
 
 
@@ -123,6 +124,11 @@ class Round(Base):
     population: Mapped[int | None] = mapped_column(default=None)
     sampling_key: Mapped[bytes | None] = mapped_column(LargeBinary(32), default=None)
     summary: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+
+    @property
+    def settings(self) -> RoundConfig:
+        """`config` typed; validated when the round opened, so this only fails on a hand-edited row."""
+        return RoundConfig.model_validate(self.config)
 
 
 class Participation(Base):

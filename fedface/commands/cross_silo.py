@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
     import torch
 
-    from server_api.strategies.fedval import FVConfig
+    from facecore.federation.strategies.fedval import FVConfig
     from simulator.cross_silo.config import PAPER_MILESTONES, CrossSiloConfig
     from simulator.cross_silo.data import RealData, SyntheticData
     from simulator.cross_silo.models import TINY_INPUT

@@ -1,36 +1,59 @@
-"""`fedface sim fusion ...`: FedFusion (feature fusion of global and local models) on an image .npz."""
+"""`fedface sim fusion ...`: FedFusion (feature fusion of global and local models) on an image .npz.
+
+``--preset`` (cpu | paper) fills every setting; a flag given explicitly overrides the preset's value.
+"""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
-from simulator.fusion.config import FUSIONS, PARTITIONS, FusionConfig
+from simulator.fusion.config import ARCHS, AUGMENTATIONS, FUSIONS, LAMBDA_BOUNDS, NORMALIZATIONS, PARTITIONS, PRESETS, FusionConfig
 
 _SUMMARY = ("fusion", "partition", "final_acc", "rounds_to_target", "bytes_per_round", "bytes_to_target")
 
+# flag → (type, choices, help); the dest is the FusionConfig field of the same name.
+_SETTINGS: dict[str, tuple[Any, tuple[str, ...] | None, str]] = {
+    "partition": (str, PARTITIONS, "how the training images are split over nodes"),
+    "fusion": (str, FUSIONS, "none is the FedAvg baseline"),
+    "nodes": (int, None, "simulated nodes"),
+    "per-round": (int, None, "nodes selected per round"),
+    "rounds": (int, None, "rounds to run"),
+    "local-epochs": (int, None, "epochs each selected node trains"),
+    "batch": (int, None, "images per local step"),
+    "lr": (float, None, "local SGD learning rate (of round 1, see --lr-decay)"),
+    "momentum": (float, None, "local SGD momentum"),
+    "weight-decay": (float, None, "local SGD weight decay, on every trainable parameter"),
+    "lr-decay": (float, None, "after every round, if lr > min-lr: lr *= lr-decay (1: fixed lr)"),
+    "min-lr": (float, None, "the learning rate stops decaying once at or below this"),
+    "arch": (str, ARCHS, "small: 8/16-channel CNN; official: the official 32/64-channel MNIST CNN with dropout"),
+    "lambda-bound": (str, LAMBDA_BOUNDS, "unit: λ projected onto [0, 1] after every step; none: unbounded, as the official code"),
+    "lambda-mu": (float, None, "server moving average of λ after averaging, λ := (1-μ)·λ_avg + μ·λ_prev (official μ 0.9); 0: none"),
+    "normalize": (str, NORMALIZATIONS, "unit: pixels to [-1, 1]; dataset: (x - mean) / std of the training set (official)"),
+    "augment": (str, AUGMENTATIONS, "crop-flip: the official random resized crop + horizontal flip of training batches"),
+    "per-node": (int, None, "training images per node"),
+    "test-size": (int, None, "test images for the global accuracy (the rest are the late node's test pool)"),
+    "alpha": (float, None, "Dirichlet concentration of the user-specific partition"),
+    "target-acc": (float, None, "global accuracy for rounds_to_target"),
+    "late-per-node": (int, None, "training images of the late-joining node"),
+    "late-epochs": (int, None, "local epochs of the late-joining node (0: skip fitting)"),
+    "late-target": (float, None, "accuracy the late node must reach on its own test images"),
+    "seed": (int, None, "seed of partition, selection and training"),
+}
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    d = FusionConfig()
-    parser.add_argument("--data", help="keras-style .npz (default: $FEDFACE_DATA/mnist/mnist.npz, else ../shared/data/mnist/mnist.npz)")
-    parser.add_argument("--partition", choices=PARTITIONS, default=d.partition,
-                        help="how the training images are split over nodes")
-    parser.add_argument("--fusion", choices=FUSIONS, default=d.fusion, help="none is the FedAvg baseline")
-    parser.add_argument("--nodes", type=int, default=d.nodes, help="simulated nodes")
-    parser.add_argument("--per-round", type=int, default=d.per_round, help="nodes selected per round")
-    parser.add_argument("--rounds", type=int, default=d.rounds, help="rounds to run")
-    parser.add_argument("--local-epochs", type=int, default=d.local_epochs, help="epochs each selected node trains")
-    parser.add_argument("--batch", type=int, default=d.batch, help="images per local step")
-    parser.add_argument("--lr", type=float, default=d.lr, help="local SGD learning rate")
-    parser.add_argument("--momentum", type=float, default=d.momentum, help="local SGD momentum")
-    parser.add_argument("--per-node", type=int, default=d.per_node, help="training images per node")
-    parser.add_argument("--test-size", type=int, default=d.test_size, help="test images for the global accuracy")
-    parser.add_argument("--alpha", type=float, default=d.alpha, help="Dirichlet concentration of the user-specific partition")
-    parser.add_argument("--target-acc", type=float, default=d.target_acc, help="global accuracy for rounds_to_target")
-    parser.add_argument("--late-per-node", type=int, default=d.late_per_node, help="training images of the late-joining node")
-    parser.add_argument("--late-epochs", type=int, default=d.late_epochs, help="local epochs of the late-joining node (0: skip fitting)")
-    parser.add_argument("--late-target", type=float, default=d.late_target, help="accuracy the late node must reach on its own test images")
-    parser.add_argument("--seed", type=int, default=d.seed, help="seed of partition, selection and training")
+    parser.add_argument("--data", help="mnist ($FEDFACE_DATA/mnist/mnist.npz, the default), fashion-mnist (Debian's dataset-fashion-mnist, "
+                                       "fetched and converted into the cache on first use), or a keras-style .npz path")
+    parser.add_argument("--preset", choices=tuple(PRESETS), default="cpu",
+                        help="defaults for every setting below: cpu (the CPU-sized grid) or paper (the official code's settings)")
+    cpu, paper = PRESETS["cpu"], PRESETS["paper"]
+    for flag, (kind, choices, text) in _SETTINGS.items():
+        field = flag.replace("-", "_")
+        parser.add_argument(f"--{flag}", type=kind, choices=choices, default=None,
+                            help=f"{text} (cpu: {getattr(cpu, field)}; paper: {getattr(paper, field)})")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (tiny convolutions gain little from more)")
     parser.add_argument("--out", default="runs/fusion", help="folder for PARTITION-FUSION.json")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON line")
@@ -38,12 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> FusionConfig:
-    return FusionConfig(
-        partition=args.partition, fusion=args.fusion, nodes=args.nodes, per_round=args.per_round, rounds=args.rounds,
-        local_epochs=args.local_epochs, batch=args.batch, lr=args.lr, momentum=args.momentum, per_node=args.per_node,
-        test_size=args.test_size, alpha=args.alpha, target_acc=args.target_acc, seed=args.seed,
-        late_per_node=args.late_per_node, late_epochs=args.late_epochs, late_target=args.late_target,
-    )
+    """The preset, with every explicitly given flag replacing its value; validated once, all problems in one error."""
+    overrides = {flag.replace("-", "_"): getattr(args, flag.replace("-", "_")) for flag in _SETTINGS}
+    return dataclasses.replace(PRESETS[args.preset], **{k: v for k, v in overrides.items() if v is not None})
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,16 +72,17 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from simulator.fusion.config import FusionInputError
-    from simulator.fusion.data import load_npz
+    from simulator.fusion.data import load_npz, resolve_data
     from simulator.fusion.run import run_fusion, save_report
 
     config = config_from_args(args)  # validate before the (slow) data load
     if args.threads < 1:
         raise FusionInputError("threads must be >= 1")
     torch.set_num_threads(args.threads)
-    data = load_npz(args.data)
+    data = load_npz(resolve_data(args.data))
     log = (lambda _: None) if args.quiet or args.json else (lambda line: print(line, file=sys.stderr, flush=True))
     report = run_fusion(config, data, log)
+    report["preset"], report["data"]["source"] = args.preset, args.data or "mnist"
     path = save_report(report, Path(args.out))
     summary = {k: report[k] for k in _SUMMARY} | {"late_epochs_to_target": report["late_join"]["epochs_to_target"], "report": str(path)}
     print(json.dumps(summary) if args.json else "\n".join(f"{k:>22}: {v}" for k, v in summary.items()))

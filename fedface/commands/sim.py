@@ -44,6 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cd.add_argument("--dp-delta", type=float, default=1e-5, help="DP-FedAvg: delta of the epsilon")
     cd.add_argument("--template-noise-cos", type=float, default=None,
                     help="devices upload templates blurred to keep this cosine with the true one (default: clean)")
+    cd.add_argument("--selection", choices=("least_recent", "uniform"), default="least_recent",
+                    help="which devices a round takes: the round server's least-recently-selected rule, or uniform at random (runs before it)")
+    cd.add_argument("--wire", choices=("fp16", "fp32"), default="fp16",
+                    help="precision of the model devices receive and of the deltas they send (fp16: the SDK's default; fp32: runs before it)")
+    cd.add_argument("--seeding", choices=("live", "per_device"), default="live",
+                    help="each device's training seed: the SDK's for the round, or the per-device seeds of runs before it")
     cd.add_argument("--workers", type=int, default=1,
                     help="train devices in this many persistent processes (one per core is fastest; 1: in process)")
     cd.add_argument("--backend", choices=("process", "ray"), default="process",
@@ -145,6 +151,7 @@ def _cross_device(args: argparse.Namespace) -> int:
         spreadout=args.spreadout, seed=args.seed, model=args.model, eval_every=args.eval_every,
         eval_folds=parse_folds(args.folds), target_accuracy=args.target, local=local,
         dp_epsilon=args.dp_epsilon, dp_clip=args.dp_clip, dp_delta=args.dp_delta, template_noise_cos=args.template_noise_cos, workers=args.workers,
+        selection=args.selection, wire=args.wire, seeding=args.seeding,
         backend=args.backend, ray_address=args.ray_address, owner_holdout=args.owner_holdout,
         server_spreadout=SpreadoutConfig(**{k: v for k, v in (("nu", args.spreadout_nu), ("steps", args.spreadout_steps),
                                                                ("lr", args.spreadout_lr)) if v is not None}),

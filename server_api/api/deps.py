@@ -14,7 +14,7 @@ from server_api.core.limits import RequestLimits
 from server_api.core.security import check_admin_token
 from server_api.errors import AuthenticationFailed
 from server_api.models import Device
-from server_api.services.auth import SignedRequest, authenticate_device
+from server_api.services.auth import SignedRequest, authenticate_request
 from server_api.services.context import ServerContext
 
 
@@ -74,7 +74,7 @@ async def current_device(request: Request, ctx: CtxDep, session: SessionDep, lim
     body = await request.body()  # bounded by the size-limit middleware
     signed = SignedRequest(request.headers, request.method, signed_path(request), body_sha256(body))
     try:
-        device = await run_in_threadpool(authenticate_device, session, signed, ctx.settings.signature_window_s)
+        device = await run_in_threadpool(authenticate_request, session, signed, ctx.settings.signature_window_s)
     except AuthenticationFailed:
         limits.addresses.take(address)
         raise

@@ -11,6 +11,11 @@ also makes every transaction a lock on the whole database, which is how
 PostgreSQL (psycopg 3): ``SELECT ... FOR UPDATE`` on the round row, and an advisory
 lock for startup work (migrations, the bootstrap model) that several workers race to do.
 
+Transactions: crud never commits. A service entry point (a request's use case, one step of a
+background job) owns its transaction through :func:`transaction`, which commits once when the
+work is done and rolls back when anything raises, so a domain error leaves nothing half-written;
+:func:`lock_round` inside it holds the round row until that commit.
+
 The SQLite file is created 0600 before the first connection (its -wal and -shm files take
 the database file's mode), and an existing one is made 0600: it holds encrypted templates,
 device keys and the audit trail, which no other local user should read.
@@ -79,7 +84,7 @@ def _sqlite_engine(url: str) -> Engine:
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:
-    # expire_on_commit=False: routes read attributes after crud committed.
+    # expire_on_commit=False: routes read attributes after the service committed.
     return sessionmaker(bind=engine, expire_on_commit=False)
 
 
@@ -118,8 +123,22 @@ def run_migrations(engine: Engine) -> None:
 
 
 @contextmanager
+def transaction(session: Session) -> Iterator[Session]:
+    """One unit of work on ``session``: committed once when the block ends, rolled back when it
+    raises (a domain error included) or when the commit itself fails. It takes over a transaction
+    that earlier reads in the session began, so those reads and the writes share it."""
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+
+
+@contextmanager
 def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
-    """A session for background work; crud functions commit, this only closes/rolls back."""
+    """A session for background work. The services it is handed to commit their own
+    transactions; this rolls back whatever is left open (a read, an error) and closes."""
     session = factory()
     try:
         yield session

@@ -1,7 +1,8 @@
 """Secure-aggregation rows: members (public keys, who shared, answers) and routed share ciphertexts.
 
-Writes happen with the round row locked, like every other round transition, so a step's
-membership cannot change while another request decides that the step is closed.
+Queries only; the caller owns the transaction. Its writes happen with the round row locked
+(services.secure_aggregation), like every other round transition, so a step's membership
+cannot change while another request decides that the step is closed.
 """
 from __future__ import annotations
 
@@ -62,4 +63,3 @@ def forget_round(session: Session, round_id: int) -> None:
     """An ended round's routed ciphertexts and unmasking answers (shares of secrets) go."""
     session.execute(delete(SecAggShare).where(SecAggShare.round_id == round_id))
     session.execute(update(SecAggMember).where(SecAggMember.round_id == round_id).values(unmask_answer=None))
-    session.commit()

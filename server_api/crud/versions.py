@@ -1,13 +1,14 @@
-"""Model version rows: written only after their blobs exist (see services.model_store)."""
+"""Model version rows: queries only; the caller owns the transaction.
+
+A row is written only after its blobs exist (services.model_store).
+"""
 from __future__ import annotations
 
 from typing import Any, Protocol
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from server_api.core.db import startup_lock
-from server_api.crud import audit
 from server_api.models import ModelVersion
 
 
@@ -46,7 +47,7 @@ def list_versions(session: Session, limit: int) -> list[ModelVersion]:
     return list(session.execute(select(ModelVersion).order_by(ModelVersion.id.desc()).limit(limit)).scalars())
 
 
-def new_version_row(blobs: VersionFiles, round_id: int | None) -> ModelVersion:
+def _version_row(blobs: VersionFiles, round_id: int | None) -> ModelVersion:
     return ModelVersion(
         version_hash=blobs.version_hash, backbone=blobs.backbone, embedding_dim=blobs.embedding_dim,
         spec=blobs.spec, fp16_blob=blobs.fp16_blob, onnx_blob=blobs.onnx_blob, round_id=round_id,
@@ -54,16 +55,9 @@ def new_version_row(blobs: VersionFiles, round_id: int | None) -> ModelVersion:
     )
 
 
-def create_bootstrap_version(session: Session, blobs: VersionFiles, source: str) -> ModelVersion:
-    """The first version, unless another worker created one first (checked under the startup lock)."""
-    startup_lock(session)
-    if session.execute(select(func.count()).select_from(ModelVersion)).scalar_one():
-        session.rollback()
-        current = current_version(session)
-        assert current is not None
-        return current
-    version = new_version_row(blobs, None)
+def add_version(session: Session, blobs: VersionFiles, round_id: int | None) -> ModelVersion:
+    """Insert the row naming these blobs; flushed, so it has its id."""
+    version = _version_row(blobs, round_id)
     session.add(version)
-    audit.record(session, "server", "model.bootstrapped", version=blobs.version_hash, source=source)
-    session.commit()
+    session.flush()
     return version

@@ -7,6 +7,9 @@ finalize re-checks ``status == aggregating`` under the lock and commits the vers
 row, the new embeddings and the round's end in one transaction. A process killed
 anywhere leaves either no trace in the database or a finished round; a round
 stuck in ``aggregating`` is retaken by any worker once its lease expires.
+
+Transactions: claim, finalize (or fail) and the clean-up after each own one transaction
+(:func:`transaction`); the transitions themselves are services.rounds, run inside them.
 """
 from __future__ import annotations
 
@@ -20,24 +23,24 @@ import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from facecore.federation.config import AggregationSettings, RoundConfig
 from facecore.federation.protocol import BACKBONE_PREFIX, MASKED_KEY
 from facecore.federation.status import FINAL_ROUND_STATUSES, ParticipationStatus, RoundStatus
-from facecore.losses import SpreadoutConfig
+from facecore.federation.strategies import ClientUpdate, Strategy, spreadout_of, strategy_for
+from facecore.federation.strategies.dp_fedavg import epsilon_of_history
+from facecore.federation.strategies.secure_fedavg import MASKED, SecureFedAvg, UnmaskMaterial
 from facecore.secagg import SecAggAborted
 from facecore.tensorfile import iter_tensors, read_header, read_tensor
-from server_api.core.db import lock_round, session_scope
+from server_api.core.db import lock_round, session_scope, transaction
 from server_api.core.logging import get_logger
 from server_api.crud import rounds as round_crud
 from server_api.crud import secagg as secagg_crud
 from server_api.crud import updates as update_crud
 from server_api.crud import versions as version_crud
 from server_api.models import Device, Enrollment, Round, utcnow
-from server_api.services import secure_aggregation
+from server_api.services import rounds, secure_aggregation
 from server_api.services.context import ServerContext
 from server_api.services.model_store import build_model, load_weights, store_model
-from server_api.strategies import STRATEGIES, ClientUpdate, FedFace, Strategy, backbone_aggregator
-from server_api.strategies.dp_fedavg import epsilon_of_history
-from server_api.strategies.secure_fedavg import MASKED, SecureFedAvg, UnmaskMaterial
 
 log = get_logger("aggregation")
 ClaimOutcome = Literal["claimed", "unmasking", "failed", "not_due", "busy", "closed"]
@@ -71,8 +74,8 @@ def try_aggregate(ctx: ServerContext, round_id: int) -> str:
     try:
         done = _compute_and_finalize(ctx, round_id)
     except SecAggAborted as error:
-        with session_scope(ctx.sessions) as session:
-            round_crud.fail_aggregation(session, round_id, utcnow(), f"secure aggregation aborted: {error}")
+        with session_scope(ctx.sessions) as session, transaction(session):
+            rounds.fail_aggregation(session, round_id, utcnow(), f"secure aggregation aborted: {error}")
         ctx.metrics.rounds_finished.labels(RoundStatus.FAILED).inc()
         log.warning("round failed", extra={"fields": {"round_id": round_id, "reason": str(error)}})
         _drop_update_blobs(ctx, round_id)
@@ -88,16 +91,19 @@ def claim_for_aggregation(session: Session, round_id: int, now: datetime, lease_
     """Move a due round to ``aggregating`` (or fail it), or retake one whose lease ran out.
 
     Freezing the round here is what makes aggregation inputs stable: uploads check
-    ``status == open`` under the same lock."""
+    ``status == open`` under the same lock. One transaction, whatever the outcome."""
+    with transaction(session):
+        return _claim(session, round_id, now, lease_s)
+
+
+def _claim(session: Session, round_id: int, now: datetime, lease_s: float) -> ClaimOutcome:
     round_ = lock_round(session, round_id)
     if round_ is None or round_.status in FINAL_ROUND_STATUSES:
-        session.rollback()
         return "closed"
     if round_.status == RoundStatus.AGGREGATING:
         if round_.lease_until is not None and now < round_.lease_until:
-            session.rollback()
             return "busy"
-        round_crud.resume_aggregation(session, round_, now, lease_s)
+        rounds.resume_aggregation(session, round_, now, lease_s)
         return "claimed"
     counts = round_crud.participation_counts(session, round_id)
     uploaded = counts.get(ParticipationStatus.UPLOADED, 0)
@@ -107,45 +113,30 @@ def claim_for_aggregation(session: Session, round_id: int, now: datetime, lease_
     # A Poisson sample can exceed the target: wait for every selected device before closing early.
     everyone_in = uploaded >= round_.target_participants and counts.get(ParticipationStatus.SELECTED, 0) == 0
     if everyone_in or (deadline_passed and uploaded >= round_.min_participants):
-        round_crud.start_aggregating(session, round_, uploaded, now, lease_s)
+        rounds.start_aggregating(session, round_, uploaded, now, lease_s)
         return "claimed"
     if deadline_passed:
         selected = counts.get(ParticipationStatus.SELECTED, 0) + uploaded
-        round_crud.fail_round(session, round_, now, (
+        rounds.fail_round(session, round_, now, (
             f"deadline passed with {uploaded} update(s), {round_.min_participants} required "
             f"({selected} selected, {sum(counts.values())} checked in)"
         ))
         return "failed"
-    session.rollback()
     return "not_due"
 
 
 def _secure_transition(session: Session, round_: Round, uploaded: int, now: datetime, lease_s: float) -> ClaimOutcome:
     step, reason = secure_aggregation.next_transition(session, round_, uploaded, now)
     if step == RoundStatus.AGGREGATING:
-        round_crud.start_aggregating(session, round_, uploaded, now, lease_s)
+        rounds.start_aggregating(session, round_, uploaded, now, lease_s)
         return "claimed"
     if step == RoundStatus.FAILED:
-        round_crud.fail_round(session, round_, now, reason or "secure aggregation failed")
+        rounds.fail_round(session, round_, now, reason or "secure aggregation failed")
         return "failed"
     if step == RoundStatus.UNMASKING:
-        round_crud.start_unmasking(session, round_, uploaded, secure_aggregation.unmask_deadline(round_, now))
+        rounds.start_unmasking(session, round_, uploaded, secure_aggregation.unmask_deadline(round_, now))
         return "unmasking"
-    session.rollback()
     return "not_due"
-
-
-def strategy_for(name: str, config: dict[str, Any]) -> Strategy:
-    """The round's strategy object, built from its stored config."""
-    # Rounds stored before robust aggregation existed have no "aggregation" entry: FedAvg.
-    settings = dict(config.get("aggregation") or {"method": "fedavg"})
-    settings.pop("dp_delta", None)  # accounting only, see _privacy
-    backbone = backbone_aggregator(**settings, expected_clients=config["target_participants"])
-    if name == "fedface":
-        return FedFace(SpreadoutConfig(**config["spreadout"]), backbone=backbone)
-    if name == "fedavg":
-        return backbone
-    return STRATEGIES[name]()
 
 
 def _compute_and_finalize(ctx: ServerContext, round_id: int) -> bool:
@@ -166,10 +157,10 @@ def _compute_and_finalize(ctx: ServerContext, round_id: int) -> bool:
                 .where(Device.status == "active").order_by(Enrollment.device_id)
             ).scalars()
         ]
-        strategy, config = strategy_for(round_.strategy, round_.config), dict(round_.config)
+        config = round_.settings
+        strategy = strategy_for(config)
         base_hash, backbone, dim = base.version_hash, base.backbone, base.embedding_dim
         secure = secure_aggregation.unmask_inputs(session, round_) if secure_aggregation.settings_of(round_) else None
-        strategy_name = round_.strategy
         # A DP round always ran selection (no upload without it); 1.0 is the safe reading otherwise.
         sampling = (round_.sample_rate if round_.sample_rate is not None else 1.0, round_.population)
 
@@ -177,7 +168,7 @@ def _compute_and_finalize(ctx: ServerContext, round_id: int) -> bool:
     if secure is None:
         stream = _stream(ctx, updates)
     else:
-        strategy = _secure_strategy(strategy_name, config, secure)
+        strategy = _secure_strategy(config, secure)
         stream = _stream_masked(ctx, updates, secure.index_of)
     result = strategy.aggregate_train(round_id, base_weights, stream)
     del base_weights
@@ -196,28 +187,27 @@ def _compute_and_finalize(ctx: ServerContext, round_id: int) -> bool:
         summary["secure_aggregation"] = {
             "members": len(secure.adverts), "key_sharers": len(secure.key_sharers), "answers": len(secure.answers), "threshold": secure.threshold,
         }
-    if (config.get("aggregation") or {}).get("method") == "dp_fedavg":
-        summary["privacy"] = _privacy(ctx, round_id, config["aggregation"], *sampling, config["target_participants"])
+    if config.uses_dp:
+        summary["privacy"] = _privacy(ctx, round_id, config.aggregation, *sampling, config.target_participants)
     if ctx.settings.aggregation_pause_s:
         time.sleep(ctx.settings.aggregation_pause_s)  # crash-test window: blobs written, nothing committed
-    with session_scope(ctx.sessions) as session:
-        done = round_crud.finalize(session, round_id, blobs, embeddings, summary, utcnow())
+    with session_scope(ctx.sessions) as session, transaction(session):
+        done = rounds.finalize(session, round_id, blobs, embeddings, summary, utcnow())
     if done:
         log.info("round completed", extra={"fields": {"round_id": round_id, "version": blobs.version_hash, **summary}})
     return done
 
 
-def _secure_strategy(name: str, config: dict[str, Any], inputs: secure_aggregation.UnmaskInputs) -> Strategy:
+def _secure_strategy(config: RoundConfig, inputs: secure_aggregation.UnmaskInputs) -> Strategy:
     material = UnmaskMaterial(inputs.adverts, inputs.key_sharers, inputs.answers, inputs.threshold, inputs.scale)
-    backbone = SecureFedAvg(material)
-    return FedFace(SpreadoutConfig(**config["spreadout"]), backbone=backbone) if name == "fedface" else backbone
+    return strategy_for(config, backbone=SecureFedAvg(material))
 
 
 def _drop_update_blobs(ctx: ServerContext, round_id: int) -> None:
     """Delete an ended round's individual deltas (rows keep their digests as a record) and its
     secure-aggregation shares. Runs after the commit, so a crash in between only leaves files
     behind, never a round without its inputs."""
-    with session_scope(ctx.sessions) as session:
+    with session_scope(ctx.sessions) as session, transaction(session):
         secagg_crud.forget_round(session, round_id)
     if ctx.settings.keep_update_blobs:
         return
@@ -227,20 +217,20 @@ def _drop_update_blobs(ctx: ServerContext, round_id: int) -> None:
         ctx.store.delete(digest)
 
 
-def _privacy(ctx: ServerContext, round_id: int, settings: dict[str, Any], sample_rate: float, population: int | None, expected: int) -> dict[str, Any]:
+def _privacy(ctx: ServerContext, round_id: int, settings: AggregationSettings, sample_rate: float, population: int | None, expected: int) -> dict[str, Any]:
     """This round's DP-FedAvg parameters and ε over every completed DP round so far, this one
     included, composed by RDP at this round's δ. The sample rate is the one the round's Poisson
     selection used (target / enrolled devices at selection), and the mean's denominator is the
     fixed expected count (the target), so the accountant's assumptions are what the round did."""
-    this = (settings.get("dp_noise_multiplier", 1.0), sample_rate, 1)
+    this = (settings.dp_noise_multiplier, sample_rate, 1)
     with session_scope(ctx.sessions) as session:
         history = [
             (r.summary["privacy"]["noise_multiplier"], r.summary["privacy"]["sample_rate"], 1)
             for r in round_crud.completed_rounds(session) if r.id != round_id and r.summary and "privacy" in r.summary
         ]
-    delta = settings.get("dp_delta", 1e-5)
+    delta = settings.dp_delta
     return {
-        "noise_multiplier": this[0], "clip_norm": settings.get("max_update_norm", 1.0), "sample_rate": sample_rate,
+        "noise_multiplier": this[0], "clip_norm": settings.max_update_norm, "sample_rate": sample_rate,
         "population": population, "expected_clients": expected, "selection": "poisson",
         "delta": delta, "dp_rounds": len(history) + 1, "epsilon": _finite(epsilon_of_history([*history, this], delta)),
     }
@@ -269,7 +259,7 @@ def _stream_masked(ctx: ServerContext, updates: list[UpdateRef], index_of: dict[
 
 
 def _new_embeddings(
-    ctx: ServerContext, strategy: Strategy, config: dict[str, Any], updates: list[UpdateRef], enrolled: list[EnrolledRef], dim: int
+    ctx: ServerContext, strategy: Strategy, config: RoundConfig, updates: list[UpdateRef], enrolled: list[EnrolledRef], dim: int
 ) -> dict[str, tuple[bytes, datetime]]:
     """W = every enrolled identity's embedding (this round's upload if it sent one), through the strategy."""
     if not enrolled:
@@ -285,7 +275,7 @@ def _new_embeddings(
         rows.append(np.frombuffer(raw, dtype="<f4").astype(np.float32))
     W = np.stack(rows)
     assert W.shape[1] == dim
-    W_new = strategy.aggregate_embeddings(W, SpreadoutConfig(**config["spreadout"]))
+    W_new = strategy.aggregate_embeddings(W, spreadout_of(config.spreadout))
     return {
         e.device_id: (ctx.cipher.encrypt(W_new[i].astype("<f4").tobytes(), e.device_id, "enrollment"), e.updated_at)
         for i, e in enumerate(enrolled)

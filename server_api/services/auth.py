@@ -1,4 +1,8 @@
-"""Who is calling: Ed25519-signed device requests (the scheme: facecore.federation.protocol)."""
+"""Who is calling: Ed25519-signed device requests (the scheme: facecore.federation.protocol).
+
+A checked request uses up its nonce in the caller's transaction. :func:`authenticate_request`
+is that check as a transaction of its own, committed before the route's work: the nonce is spent
+whatever the request does next, so a request refused later cannot be replayed either."""
 from __future__ import annotations
 
 import hashlib
@@ -6,6 +10,7 @@ import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session
 
@@ -18,10 +23,11 @@ from facecore.federation.protocol import (
     TIMESTAMP_HEADER,
     signing_message,
 )
+from server_api.core.db import transaction
 from server_api.core.security import check_nonce_format, check_timestamp, verify_signature
 from server_api.crud import devices as device_crud
 from server_api.errors import AuthenticationFailed
-from server_api.models import Device
+from server_api.models import Device, utcnow
 
 # Lowercase, as ASGI delivers them: a plain mapping from a test works like Starlette's case-blind Headers.
 _DEVICE_ID, _TIMESTAMP, _NONCE, _SIGNATURE, _CONTENT_SHA256 = (
@@ -49,9 +55,14 @@ class SignedRequest:
     body_sha256: str
 
 
-def authenticate_device(session: Session, request: SignedRequest, window_s: int, *, commit: bool = True) -> Device:
-    """The signing device, its nonce used up. ``commit=False`` leaves the nonce in the open
-    transaction for a caller that commits it together with its own reads (one transaction, not two)."""
+def authenticate_request(session: Session, request: SignedRequest, window_s: int) -> Device:
+    """:func:`authenticate_device` in a transaction of its own, committed before the caller goes on."""
+    with transaction(session):
+        return authenticate_device(session, request, window_s)
+
+
+def authenticate_device(session: Session, request: SignedRequest, window_s: int) -> Device:
+    """The signing device, its nonce used up in the caller's transaction (final when that commits)."""
     device_id = request.headers.get(_DEVICE_ID)
     if not device_id:
         raise AuthenticationFailed("missing X-Device-Id header")
@@ -62,14 +73,15 @@ def authenticate_device(session: Session, request: SignedRequest, window_s: int,
     message = signing_message(device.id, request.method, request.path, timestamp, nonce, request.body_sha256)
     verify_signature(device.public_key, signature, message)
     # Only after the signature: a forged request must not burn a real device's nonce.
-    device_crud.consume_nonce(session, device.id, nonce, commit=commit)
+    device_crud.consume_nonce(session, device.id, nonce)
     return device
 
 
 def verify_registration(
     session: Session, public_key: bytes, headers: Mapping[str, str], method: str, path: str, body_sha256: str, window_s: int
 ) -> None:
-    """Proof of possession: the registration request is signed by the key it registers."""
+    """Proof of possession: the registration request is signed by the key it registers; its nonce
+    is used up in the caller's transaction."""
     timestamp, nonce, signature = _signed_headers(headers, window_s)
     verify_signature(public_key, signature, signing_message(REGISTER_SUBJECT, method, path, timestamp, nonce, body_sha256))
     device_crud.consume_nonce(session, "key:" + hashlib.sha256(public_key).hexdigest()[:56], nonce)
@@ -91,3 +103,8 @@ def signed_upload(headers: Mapping[str, str], method: str, path: str, window_s: 
     if not _HEX_SHA256.match(declared):
         raise AuthenticationFailed("an upload needs X-Content-SHA256: the lowercase hex sha256 of its body, as signed")
     return SignedRequest(headers, method, path, declared)
+
+
+def nonce_cutoff(window_s: int) -> datetime:
+    """Nonces older than this may go: a request that old is refused by its timestamp before its nonce is looked at."""
+    return utcnow() - timedelta(seconds=2 * window_s)

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from facecore.federation.status import CHOSEN_STATUSES, ParticipationStatus
 from facecore.models.checkpoint import load_backbone
 from server_api.core.config import Secrets, Settings
-from server_api.core.db import make_engine, make_session_factory, run_migrations, session_scope
+from server_api.core.db import make_engine, make_session_factory, run_migrations, session_scope, startup_lock, transaction
 from server_api.core.logging import get_logger
 from server_api.core.metrics import Metrics
 from server_api.core.security import TemplateCipher
@@ -76,7 +76,7 @@ class ServerContext:
         self.validation.start()
 
     def bootstrap_model(self) -> None:
-        from server_api.crud import versions
+        from server_api.crud import audit, versions
         from server_api.services.model_store import store_model
 
         with session_scope(self.sessions) as session:
@@ -85,8 +85,13 @@ class ServerContext:
         model = load_backbone(self.settings.model, backbone=self.settings.random_backbone)
         meta = {"source": self.settings.model, "verification": getattr(model, "meta", {}).get("verification")}
         blobs = store_model(self.store, model, self.settings.export_onnx, meta=meta)
-        with session_scope(self.sessions) as session:
-            version = versions.create_bootstrap_version(session, blobs, self.settings.model)
+        # The first version, unless another worker created one first (checked under the startup lock).
+        with session_scope(self.sessions) as session, transaction(session):
+            startup_lock(session)
+            version = versions.current_version(session)
+            if version is None:
+                version = versions.add_version(session, blobs, None)
+                audit.record(session, "server", "model.bootstrapped", version=blobs.version_hash, source=self.settings.model)
         log.info("model ready", extra={"fields": {"version": version.version_hash, "backbone": version.backbone}})
 
     def close(self) -> None:
@@ -110,5 +115,4 @@ def _db_counts(sessions: sessionmaker[Session]) -> tuple[dict[str, int], dict[st
                 ParticipationStatus.SELECTED: sum(by_status.get(status, 0) for status in CHOSEN_STATUSES),
                 ParticipationStatus.UPLOADED: by_status.get(ParticipationStatus.UPLOADED, 0),
             }
-        session.rollback()
-        return rounds, parts
+        return rounds, parts  # read only: session_scope rolls it back

@@ -3,6 +3,9 @@
 Registration may need a one-time enrollment token (``Settings.enrollment_token_required``): the
 token is claimed in the same transaction that creates the device, so it is spent exactly when a
 new device exists. Registering a key that is already registered needs no token.
+
+Each call is one transaction, except registration: its proof of possession commits the nonce
+first, so a registration refused afterwards (bad token, lost race) cannot be replayed.
 """
 from __future__ import annotations
 
@@ -12,13 +15,16 @@ from collections.abc import Mapping
 from datetime import timedelta
 
 import numpy as np
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from server_api.core.db import transaction
 from server_api.core.logging import get_logger
 from server_api.core.security import parse_public_key
+from server_api.crud import audit
 from server_api.crud import devices as device_crud
 from server_api.crud import versions as version_crud
-from server_api.errors import AuthenticationFailed, Forbidden, NotFound
+from server_api.errors import AuthenticationFailed, Conflict, Forbidden, NotFound
 from server_api.models import Device, utcnow
 from server_api.schemas import DevicePublic, DevicesPrunedPublic, EmbeddingPublic, EnrollmentTokensPublic
 from server_api.services.auth import verify_registration
@@ -33,20 +39,30 @@ def register(
     body_sha256: str, enrollment_token: str | None = None,
 ) -> tuple[DevicePublic, bool]:
     public_key = parse_public_key(public_key_b64)
-    verify_registration(session, public_key, headers, method, path, body_sha256, ctx.settings.signature_window_s)
-    known = device_crud.find_device_by_key(session, public_key)
-    if known is not None:
-        return public(session, known), False
-    if ctx.settings.enrollment_token_required():
-        if not enrollment_token:
-            raise AuthenticationFailed("this server registers devices only with an enrollment token from its operator")
-        if not device_crud.claim_enrollment_token(session, _token_hash(enrollment_token), utcnow()):
-            session.rollback()
-            raise AuthenticationFailed("enrollment token is unknown, already used or expired")
-    device, created = device_crud.register_device(session, public_key)  # commits the claimed token with the device
-    if created:
-        log.info("device registered", extra={"fields": {"device_id": device.id}})
-    return public(session, device), created
+    with transaction(session):
+        verify_registration(session, public_key, headers, method, path, body_sha256, ctx.settings.signature_window_s)
+    try:
+        with transaction(session):
+            known = device_crud.find_device_by_key(session, public_key)
+            if known is not None:
+                return public(session, known), False
+            if ctx.settings.enrollment_token_required():
+                _claim_token(session, enrollment_token)
+            device = device_crud.add_device(session, public_key)  # committed with the claimed token
+            audit.record(session, f"device:{device.id}", "device.registered", device_id=device.id)
+    except IntegrityError:  # the same key registered concurrently: that row wins, and the token stays unused
+        existing = device_crud.find_device_by_key(session, public_key)
+        assert existing is not None
+        return public(session, existing), False
+    log.info("device registered", extra={"fields": {"device_id": device.id}})
+    return public(session, device), True
+
+
+def _claim_token(session: Session, enrollment_token: str | None) -> None:
+    if not enrollment_token:
+        raise AuthenticationFailed("this server registers devices only with an enrollment token from its operator")
+    if not device_crud.claim_enrollment_token(session, _token_hash(enrollment_token), utcnow()):
+        raise AuthenticationFailed("enrollment token is unknown, already used or expired")
 
 
 def public(session: Session, device: Device) -> DevicePublic:
@@ -61,10 +77,18 @@ def _own(device: Device, device_id: str) -> None:
 
 def enroll(ctx: ServerContext, session: Session, device: Device, device_id: str, values: list[float]) -> DevicePublic:
     _own(device, device_id)
-    version = version_crud.current_version(session)
-    assert version is not None
-    vector = check_enrollment_embedding(values, version.embedding_dim)
-    device_crud.enroll(session, device, ctx.cipher.encrypt(vector.astype("<f4").tobytes(), device.id, "enrollment"))
+    try:
+        with transaction(session):
+            version = version_crud.current_version(session)
+            assert version is not None
+            vector = check_enrollment_embedding(values, version.embedding_dim)
+            if device_crud.get_enrollment(session, device.id) is not None:
+                raise Conflict(f"device {device.id} is already enrolled; its embedding now changes only through rounds")
+            device_crud.add_enrollment(session, device.id, ctx.cipher.encrypt(vector.astype("<f4").tobytes(), device.id, "enrollment"))
+            device.status = "active"
+            audit.record(session, f"device:{device.id}", "device.enrolled", device_id=device.id)
+    except IntegrityError:  # enrolled concurrently
+        raise Conflict(f"device {device.id} is already enrolled") from None
     log.info("device enrolled", extra={"fields": {"device_id": device.id}})
     return public(session, device)
 
@@ -79,8 +103,12 @@ def embedding(ctx: ServerContext, session: Session, device: Device, device_id: s
 
 
 def unenroll(session: Session, device: Device, device_id: str) -> None:
+    """Delete the template and every uploaded copy of it; the device may enroll again later."""
     _own(device, device_id)
-    device_crud.unenroll(session, device)
+    with transaction(session):
+        device_crud.delete_templates(session, device.id)
+        device.status = "unenrolled"
+        audit.record(session, f"device:{device.id}", "device.unenrolled", device_id=device.id)
     log.info("device unenrolled", extra={"fields": {"device_id": device.id}})
 
 
@@ -94,7 +122,9 @@ def issue_enrollment_tokens(
     """``count`` new one-time tokens; only their hashes are kept, so this is the one time they are shown."""
     tokens = [secrets.token_urlsafe(24) for _ in range(count)]
     expires_at = utcnow() + timedelta(seconds=ttl_s or ctx.settings.enrollment_token_ttl_s)
-    device_crud.add_enrollment_tokens(session, [_token_hash(t) for t in tokens], expires_at)
+    with transaction(session):
+        device_crud.add_enrollment_tokens(session, [_token_hash(t) for t in tokens], expires_at)
+        audit.record(session, "admin", "enrollment_tokens.issued", count=count)
     log.info("enrollment tokens issued", extra={"fields": {"count": count}})
     return EnrollmentTokensPublic(tokens=tokens, expires_at=expires_at)
 
@@ -104,6 +134,8 @@ def prune_never_enrolled(ctx: ServerContext, session: Session, older_than_s: int
     FEDFACE_PRUNE_UNENROLLED_AFTER_S) and never enrolled a template."""
     age_s = ctx.settings.prune_unenrolled_after_s if older_than_s is None else older_than_s
     cutoff = utcnow() - timedelta(seconds=age_s)
-    pruned = device_crud.prune_never_enrolled(session, cutoff)
+    with transaction(session):
+        pruned = device_crud.delete_never_enrolled(session, cutoff)
+        audit.record(session, "admin", "devices.pruned", count=pruned, registered_before=cutoff.isoformat())
     log.info("never-enrolled devices pruned", extra={"fields": {"count": pruned}})
     return DevicesPrunedPublic(pruned=pruned, registered_before=cutoff)

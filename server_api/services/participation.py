@@ -1,26 +1,27 @@
-"""A device's view of the active round: check-in and its instructions."""
+"""A device's view of the active round: check-in and its instructions, in one transaction."""
 from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
 from facecore.federation.status import ParticipationStatus
-from server_api.crud import rounds as round_crud
+from facecore.federation.strategies import strategy_for
+from server_api.core.db import transaction
 from server_api.crud import versions as version_crud
 from server_api.models import Device, utcnow
 from server_api.schemas import CheckinPublic
-from server_api.services import secure_aggregation
-from server_api.services.aggregation import strategy_for
+from server_api.services import rounds
 from server_api.services.context import ServerContext
 
 
 def checkin(ctx: ServerContext, session: Session, device: Device) -> CheckinPublic:
     now = utcnow()
-    round_, part = round_crud.checkin(session, device, now, secure_aggregation.members_fixed)
-    base = version_crud.get(session, round_.base_version_id)
+    with transaction(session):
+        round_, part = rounds.check_in(session, device, now)
+        base = version_crud.get(session, round_.base_version_id)
     assert base is not None
     # The strategy decides what each client trains with (today the same config for everyone).
-    strategy = strategy_for(round_.strategy, round_.config)
-    instructions = strategy.configure_train(round_.id, [device.id], round_.config["local"])[device.id]
+    config = round_.settings
+    instructions = strategy_for(config).configure_train(round_.id, [device.id], config.local.model_dump())[device.id]
     waiting = part.status == ParticipationStatus.CANDIDATE
     status = ParticipationStatus.WAITING if waiting else part.status
     retry = max(0.0, (round_.selection_at - now).total_seconds()) if waiting else None
@@ -30,5 +31,5 @@ def checkin(ctx: ServerContext, session: Session, device: Device) -> CheckinPubl
         onnx_url=f"/v1/models/{base.version_hash}/onnx" if base.onnx_blob else None,
         embedding_url=f"/v1/devices/{device.id}/embedding", upload_url=f"/v1/rounds/{round_.id}/updates",
         local=dict(instructions.config),
-        secagg_url=f"/v1/rounds/{round_.id}/secagg" if secure_aggregation.settings_of(round_) else None,
+        secagg_url=f"/v1/rounds/{round_.id}/secagg" if config.secure_aggregation.enabled else None,
     )

@@ -1,5 +1,7 @@
 """The periodic job every worker runs: selection windows, deadlines, stuck aggregations,
-nonce pruning. All of it is safe to run concurrently (decisions are made under locks)."""
+nonce pruning. All of it is safe to run concurrently (decisions are made under locks).
+
+Each step is its own transaction: the nonce pruning, the selection, and aggregation's (services.aggregation)."""
 from __future__ import annotations
 
 import asyncio
@@ -8,12 +10,14 @@ import time
 import anyio
 
 from facecore.federation.status import RoundStatus
-from server_api.core.db import session_scope
+from server_api.core.db import session_scope, transaction
 from server_api.core.logging import get_logger
 from server_api.crud import devices as device_crud
 from server_api.crud import rounds as round_crud
 from server_api.models import utcnow
+from server_api.services import rounds
 from server_api.services.aggregation import try_aggregate
+from server_api.services.auth import nonce_cutoff
 from server_api.services.context import ServerContext
 
 log = get_logger("scheduler")
@@ -23,18 +27,18 @@ NONCE_PRUNE_INTERVAL_S = 60.0
 def tick(ctx: ServerContext) -> str | None:
     """One pass; returns the aggregation outcome when an active round was looked at."""
     now = utcnow()
+    if time.monotonic() - ctx.last_nonce_prune > NONCE_PRUNE_INTERVAL_S:
+        with session_scope(ctx.sessions) as session, transaction(session):
+            device_crud.prune_nonces(session, nonce_cutoff(ctx.settings.signature_window_s))
+        ctx.last_nonce_prune = time.monotonic()
     with session_scope(ctx.sessions) as session:
-        if time.monotonic() - ctx.last_nonce_prune > NONCE_PRUNE_INTERVAL_S:
-            device_crud.prune_nonces(session, device_crud.nonce_cutoff(ctx.settings.signature_window_s))
-            ctx.last_nonce_prune = time.monotonic()
         active = round_crud.active_round(session)
         if active is None:
             return None
         round_id, needs_selection = active.id, active.status == RoundStatus.OPEN and not active.selection_done and now >= active.selection_at
-        session.rollback()
     if needs_selection:
-        with session_scope(ctx.sessions) as session:
-            round_crud.run_selection_if_due(session, round_id, now)
+        with session_scope(ctx.sessions) as session, transaction(session):
+            rounds.run_selection_if_due(session, round_id, now)
     return try_aggregate(ctx, round_id)
 
 

@@ -18,7 +18,8 @@ usable X25519 points (low order, all zero) are refused at the advert, so one mem
 every honest device's key agreement fail.
 
 A step is closed by time or by everyone having acted; either is final, so no request can see a
-step reopen. Every write takes the round lock first (crud), so counts cannot race.
+step reopen. Every device write is one transaction that takes the round lock first
+(:func:`view` with ``locked=True``), so counts cannot race; then the device's new state is read.
 """
 from __future__ import annotations
 
@@ -30,9 +31,10 @@ from typing import Any, Literal
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from facecore.federation.config import SecureAggregationSettings
 from facecore.federation.status import CHOSEN_STATUSES, RoundStatus
 from facecore.secagg import SHARE_CIPHERTEXT_BYTES, Advert, is_valid_public_key, mask_bound, threshold_for
-from server_api.core.db import lock_round
+from server_api.core.db import lock_round, transaction
 from server_api.crud import audit
 from server_api.crud import secagg as secagg_crud
 from server_api.errors import Conflict, Forbidden, InvalidInput, NotFound
@@ -43,7 +45,6 @@ from server_api.schemas import (
     SecAggSharesCreate,
     SecAggStatePublic,
     SecAggUnmaskCreate,
-    SecureAggregationSettings,
 )
 
 STATUS_PHASE: dict[str, str] = {RoundStatus.UNMASKING: "unmask", RoundStatus.AGGREGATING: "aggregating", RoundStatus.COMPLETED: "completed",
@@ -51,9 +52,8 @@ STATUS_PHASE: dict[str, str] = {RoundStatus.UNMASKING: "unmask", RoundStatus.AGG
 
 
 def settings_of(round_: Round) -> SecureAggregationSettings | None:
-    raw = round_.config.get("secure_aggregation")
-    settings = SecureAggregationSettings(**raw) if raw else None
-    return settings if settings is not None and settings.enabled else None
+    settings = round_.settings.secure_aggregation
+    return settings if settings.enabled else None
 
 
 @dataclass(frozen=True)
@@ -164,7 +164,7 @@ def state_for(session: Session, round_id: int, device: Device) -> SecAggStatePub
     if phase == "unmask" and me is not None:
         survived, dropped = _survivors(session, v)
         state |= {"threshold": v.threshold, "survived": survived, "dropped": dropped, "answered": me.unmask_answer is not None}
-    session.rollback()
+    session.rollback()  # read only: ended now, so SQLite's write lock is not held while the answer is sent
     return SecAggStatePublic(**state)
 
 
@@ -179,8 +179,8 @@ def advertise(session: Session, round_id: int, device: Device, body: SecAggAdver
     c_public, s_public = _decode(body.c_public, "c_public"), _decode(body.s_public, "s_public")
     if c_public == s_public or not is_valid_public_key(c_public) or not is_valid_public_key(s_public):
         raise InvalidInput("c_public and s_public must be two different 32-byte X25519 public keys of full order")
-    v = view(session, round_id, utcnow(), locked=True)
-    try:
+    with transaction(session):
+        v = view(session, round_id, utcnow(), locked=True)
         _selected(session, round_id, device)
         if _find_member(v, device) is not None:
             raise Conflict(f"device {device.id} already advertised keys for round {round_id}")
@@ -188,16 +188,12 @@ def advertise(session: Session, round_id: int, device: Device, body: SecAggAdver
             raise Conflict(f"round {round_id} is past the advertise step ({v.phase})")
         row = secagg_crud.add_member(session, round_id, device.id, c_public, s_public)
         audit.record(session, f"device:{device.id}", "secagg.advertised", round_id=round_id, device_id=device.id, index=row.index)
-        session.commit()
-    except Exception:
-        session.rollback()
-        raise
     return state_for(session, round_id, device)
 
 
 def share_keys(session: Session, round_id: int, device: Device, body: SecAggSharesCreate) -> SecAggStatePublic:
-    v = view(session, round_id, utcnow(), locked=True)
-    try:
+    with transaction(session):
+        v = view(session, round_id, utcnow(), locked=True)
         me = _member_of(v, device)
         if v.phase != "share_keys":
             raise Conflict(f"round {round_id} is not at the share-keys step ({v.phase})")
@@ -213,17 +209,13 @@ def share_keys(session: Session, round_id: int, device: Device, body: SecAggShar
             raise InvalidInput(f"each share ciphertext must be {SHARE_CIPHERTEXT_BYTES} bytes")
         secagg_crud.store_shares(session, round_id, me, ciphertexts, v.now)
         audit.record(session, f"device:{device.id}", "secagg.shared", round_id=round_id, device_id=device.id, recipients=len(ciphertexts))
-        session.commit()
-    except Exception:
-        session.rollback()
-        raise
     return state_for(session, round_id, device)
 
 
 def answer_unmask(session: Session, round_id: int, device: Device, body: SecAggUnmaskCreate) -> tuple[SecAggStatePublic, bool]:
     """Store one survivor's shares; True when every survivor has now answered (aggregate now)."""
-    v = view(session, round_id, utcnow(), locked=True)
-    try:
+    with transaction(session):
+        v = view(session, round_id, utcnow(), locked=True)
         me = _member_of(v, device)
         if v.phase != "unmask":
             raise Conflict(f"round {round_id} is not at the unmasking step ({v.phase})")
@@ -238,14 +230,10 @@ def answer_unmask(session: Session, round_id: int, device: Device, body: SecAggU
         secagg_crud.record_answer(me, {"s": dict(body.s), "b": dict(body.b)})
         answered = sum(1 for m in v.members if m.unmask_answer is not None)
         audit.record(session, f"device:{device.id}", "secagg.answered", round_id=round_id, device_id=device.id)
-        session.commit()
-    except Exception:
-        session.rollback()
-        raise
     return state_for(session, round_id, device), answered >= len(survived)
 
 
-# ---- the round's transitions (called by aggregation.claim_for_aggregation and crud.rounds.checkin, lock held)
+# ---- the round's transitions (called by aggregation.claim_for_aggregation and rounds.check_in, lock held)
 def next_transition(session: Session, round_: Round, n_uploaded: int, now: datetime) -> tuple[RoundStatus | Literal["not_due"], str | None]:
     """(the status the round moves to, or "not_due"; failure reason)."""
     v = view(session, round_.id, now)  # the caller holds the round's lock; this is the same row

@@ -9,6 +9,11 @@ Order matters for crash safety: the blob is written (content-addressed, fsynced)
 row that names it is committed, and the 201 is only sent after that commit. A retry with the
 same Idempotency-Key after any crash either finds the committed record (same response) or
 starts over cleanly.
+
+Transactions: :func:`begin_upload` is one (committed before the body is read, since on SQLite
+every transaction holds the write lock) and :func:`record_update` is another, with the round
+row locked: it re-checks everything the first one checked, so nothing that changed while the
+body arrived can slip in.
 """
 from __future__ import annotations
 
@@ -17,15 +22,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from facecore.federation.status import CHOSEN_STATUSES, ParticipationStatus, RoundStatus
+from server_api.core.db import transaction
 from server_api.core.logging import get_logger
+from server_api.crud import audit
 from server_api.crud import rounds as round_crud
 from server_api.crud import updates as update_crud
-from server_api.crud.updates import Recorded
-from server_api.errors import Conflict, Forbidden, InvalidInput, NotFound, ServerError
+from server_api.errors import Conflict, DeviceNotEnrolled, Forbidden, InvalidInput, NotFound, ServerError, StaleRound
 from server_api.models import Device, Round, utcnow
 from server_api.schemas import UpdatePublic
 from server_api.services import secure_aggregation
@@ -35,6 +43,16 @@ from server_api.services.validation_pool import UpdateSpec
 
 IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9_.:-]{8,128}$")
 log = get_logger("uploads")
+
+
+class Recorded(NamedTuple):
+    """record_update's outcome: the response to send, whether this request created the update,
+    and whether it reached the round's target (the caller then starts aggregation)."""
+
+    status_code: int
+    response: dict[str, Any]
+    created: bool
+    due: bool
 
 
 @dataclass(frozen=True)
@@ -60,16 +78,14 @@ def begin_upload(
     device's rate limit, charged once the signature has proved who is asking."""
     # The signature, the nonce and the cheap refusals share one transaction: on SQLite each
     # transaction holds the only connection, and a busy round queues on it.
-    device = authenticate_device(session, signed, ctx.settings.signature_window_s, commit=False)
-    try:
-        admit(device.id)
-        ticket = _early_checks(ctx, session, device, round_id, signed.body_sha256, idempotency_key)
-    except ServerError:
-        session.commit()  # the nonce stays used: a refused request cannot be replayed either
-        raise
-    # Commits before the body is read: on SQLite every transaction holds the write lock.
-    session.commit()
-    return ticket
+    with transaction(session):
+        device = authenticate_device(session, signed, ctx.settings.signature_window_s)
+        try:
+            admit(device.id)
+            return _early_checks(ctx, session, device, round_id, signed.body_sha256, idempotency_key)
+        except ServerError as error:
+            refusal = error  # committed all the same: the nonce stays used, so a refused request cannot be replayed either
+    raise refusal
 
 
 def finish_upload(ctx: ServerContext, session: Session, ticket: UploadTicket, spool: Path, size: int) -> Recorded:
@@ -87,7 +103,7 @@ def finish_upload(ctx: ServerContext, session: Session, ticket: UploadTicket, sp
         )
         return public.model_dump(mode="json")
 
-    recorded = update_crud.record_update(
+    recorded = record_update(
         session, round_id=round_id, device_id=device_id, blob_sha256=blob, size_bytes=size,
         n_samples=parsed.meta.n_samples, metrics=dict(parsed.meta.metrics), embedding_ciphertext=ciphertext,
         idempotency_key=ticket.idempotency_key, request_sha256=ticket.body_sha256, response=response, now=now,
@@ -121,7 +137,10 @@ def _early_checks(
         raise NotFound(f"round {round_id} does not exist")
     spec, dim, base_hash = ctx.version_spec(session, round_.base_version_id)
     target = _secure_target(session, round_, device, now) if secure_aggregation.settings_of(round_) else None
-    update_crud.check_can_upload(session, round_, device.id, now)
+    _refuse_closed(session, round_.id, (round_.status, round_.deadline_at), now)
+    problem = _participation_problem(session, round_.id, device.id)
+    if problem is not None:
+        raise problem
     expected = UpdateSpec(spec, dim, base_hash, ctx.settings.max_delta_norm if target is None else None)
     return UploadTicket(device.id, round_id, body_sha256, idempotency_key, expected, target, now)
 
@@ -135,3 +154,62 @@ def _secure_target(session: Session, round_: Round, device: Device, now: datetim
     if not any(m.device_id == device.id for m in v.key_sharers):
         raise Forbidden(f"device {device.id} did not share its keys in round {round_.id}, so its update could not be unmasked")
     return len(v.key_sharers)
+
+
+def record_update(
+    session: Session, *, round_id: int, device_id: str, blob_sha256: str, size_bytes: int, n_samples: int,
+    metrics: dict[str, float], embedding_ciphertext: bytes, idempotency_key: str, request_sha256: str,
+    response: Callable[[int], dict[str, Any]], now: datetime, target: int | None = None,
+) -> Recorded:
+    """Insert the update, mark the participation and store the idempotent response, in one
+    transaction with the round row locked.
+
+    ``response(update_id)`` builds the 201 body. `target` overrides the round's (secure
+    aggregation: the number of devices that shared keys). A concurrent duplicate with the same
+    Idempotency-Key gets the first request's response, created=False."""
+    try:
+        with transaction(session):
+            state = update_crud.locked_round_state(session, round_id)
+            _refuse_closed(session, round_id, None if state is None else (state.status, state.deadline_at), now)
+            assert state is not None  # _refuse_closed raised for a round that is not there
+            # One conditional UPDATE instead of reading the participation and the enrollment first.
+            if not update_crud.mark_uploaded(session, round_id, device_id):
+                replay = update_crud.get_idempotency(session, device_id, idempotency_key)  # the same request, sent twice at once
+                if replay is not None and replay.request_sha256 == request_sha256:
+                    return Recorded(replay.status_code, replay.response, created=False, due=False)
+                raise _participation_problem(session, round_id, device_id) or Conflict(f"device {device_id} cannot upload to round {round_id}")
+            update_id = update_crud.insert_update(
+                session, round_id=round_id, device_id=device_id, blob_sha256=blob_sha256, size_bytes=size_bytes,
+                n_samples=n_samples, metrics=metrics, embedding_ciphertext=embedding_ciphertext, created_at=now,
+            )
+            body = response(update_id)
+            update_crud.insert_idempotency(session, device_id, idempotency_key, request_sha256, 201, body, now)
+            due = update_crud.uploaded_count(session, round_id) >= (target if target is not None else state.target_participants)
+            audit.record_now(session, f"device:{device_id}", "update.accepted", round_id=round_id, device_id=device_id,
+                             n_samples=n_samples, bytes=size_bytes)
+    except IntegrityError:  # a concurrent duplicate got in first: answer what it was answered
+        existing = update_crud.get_idempotency(session, device_id, idempotency_key)
+        if existing is None:
+            raise Conflict(f"device {device_id} already uploaded an update for round {round_id}") from None
+        return Recorded(existing.status_code, existing.response, created=False, due=False)
+    return Recorded(201, body, created=True, due=due)
+
+
+def _refuse_closed(session: Session, round_id: int, state: tuple[str, datetime] | None, now: datetime) -> None:
+    """StaleRound unless the round (status, deadline) is open and before its deadline."""
+    if state is None or state[0] != RoundStatus.OPEN or now >= state[1]:
+        active = round_crud.active_round(session)
+        raise StaleRound(round_id, active.id if active else None, active.status if active else None)
+
+
+def _participation_problem(session: Session, round_id: int, device_id: str) -> Exception | None:
+    """Why this device may not upload to this round, or None."""
+    status, enrolled = update_crud.upload_standing(session, round_id, device_id)
+    if status not in CHOSEN_STATUSES:
+        return Forbidden(f"device {device_id} was not selected for round {round_id}")
+    if status == ParticipationStatus.UPLOADED:
+        return Conflict(f"device {device_id} already uploaded an update for round {round_id}")
+    if not enrolled:
+        # An unenrolled device's new embedding would be a template we promised to delete.
+        return DeviceNotEnrolled(f"device {device_id} is not enrolled")
+    return None

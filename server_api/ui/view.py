@@ -1,5 +1,6 @@
 """What the operator page shows, read from the database in one session: rounds (newest first),
-model versions with their published threshold and figures, and device counts."""
+model versions with their published threshold and figures, and device counts. Read only: rows
+come from crud and are turned into plain rows here, never through the API's response models."""
 
 from __future__ import annotations
 
@@ -63,27 +64,29 @@ class OperatorView:
 
 
 def _round_row(session: Session, round_: Round, now: datetime) -> RoundRow:
-    public = round_crud.to_public(session, round_)
-    config = public.config or {}
-    end = public.closed_at or now
+    tally = round_crud.tally(session, round_.id)
+    base = version_crud.get(session, round_.base_version_id)
+    result = version_crud.get(session, round_.result_version_id) if round_.result_version_id else None
+    config = round_.config or {}
+    end = round_.closed_at or now
     return RoundRow(
-        id=public.id,
-        status=public.status,
-        strategy=public.strategy,
+        id=round_.id,
+        status=round_.status,
+        strategy=round_.strategy,
         aggregation=(config.get("aggregation") or {}).get("method", "fedavg"),
         secure=bool((config.get("secure_aggregation") or {}).get("enabled")),
-        n_checked_in=public.n_checked_in,
-        n_selected=public.n_selected,
-        n_uploaded=public.n_uploaded,
-        target=public.target_participants,
-        minimum=public.min_participants,
-        created_at=public.created_at,
-        closed_at=public.closed_at,
-        duration_s=max(0.0, (end - public.created_at).total_seconds()),
-        failure_reason=public.failure_reason,
-        base_version=public.base_version,
-        result_version=public.result_version,
-        metrics={k: float(v) for k, v in ((public.summary or {}).get("metrics") or {}).items()},
+        n_checked_in=tally.checked_in,
+        n_selected=tally.selected,
+        n_uploaded=tally.uploaded,
+        target=round_.target_participants,
+        minimum=round_.min_participants,
+        created_at=round_.created_at,
+        closed_at=round_.closed_at,
+        duration_s=max(0.0, (end - round_.created_at).total_seconds()),
+        failure_reason=round_.failure_reason,
+        base_version=base.version_hash if base else "",
+        result_version=result.version_hash if result else None,
+        metrics={k: float(v) for k, v in ((round_.summary or {}).get("metrics") or {}).items()},
     )
 
 

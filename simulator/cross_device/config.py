@@ -5,11 +5,17 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from device_sdk.training import LocalTrainingConfig
+from facecore.federation.config import AggregationSettings, LocalSettings, RoundConfig, SpreadoutSettings
+from facecore.federation.wire import PRECISIONS, Precision
 from facecore.losses import SpreadoutConfig
 
 METHODS = ("pretrained", "fedavg", "fedface", "central")
 BACKENDS = ("process", "ray")
 EXECUTION_FIELDS = ("workers", "backend", "ray_address")  # where devices train, not what the run means
+SELECTIONS = ("least_recent", "uniform")
+SEEDINGS = ("live", "per_device")
+# What a checkpoint written before a field existed ran with, so it resumes with its own meaning.
+LEGACY_DEFAULTS: dict[str, Any] = {"selection": "uniform", "wire": "fp32", "seeding": "per_device"}
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,12 @@ class CrossDeviceConfig:
     dp_delta: float = 1e-5
     # Devices upload templates blurred to keep this cosine with the true one (None: clean).
     template_noise_cos: float | None = None
+    # The live rules (facecore.federation): the round server's least-recently-selected choice of devices,
+    # and fp16 downloads and uploads, the SDK's default. "uniform" / "fp32" / "per_device" reproduce earlier runs.
+    selection: str = "least_recent"
+    wire: Precision = "fp16"
+    # "live": every device trains a round with the SDK's seed for it (training_seed); "per_device": earlier runs' seeds.
+    seeding: str = "live"
     # Device training in this many persistent processes (simulator/cross_device/workers.py); 1: in process.
     workers: int = 1
     # "process": the workers above on this machine; "ray": that many Ray actors (ray_backend.py), on
@@ -58,6 +70,9 @@ class CrossDeviceConfig:
                 ("DP-FedAvg needs a federated method", self.dp_epsilon is not None and self.method not in ("fedavg", "fedface")),
                 ("workers must be >= 1", self.workers < 1), ("backend must be process or ray", self.backend not in BACKENDS),
                 ("ray_address needs backend ray", self.ray_address is not None and self.backend != "ray"),
+                (f"selection must be one of {SELECTIONS}", self.selection not in SELECTIONS),
+                (f"wire must be one of {PRECISIONS}", self.wire not in PRECISIONS),
+                (f"seeding must be one of {SEEDINGS}", self.seeding not in SEEDINGS),
             ) if bad
         ]
         if problems:
@@ -69,3 +84,18 @@ class CrossDeviceConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def round_config(self, devices: int, dp_noise_multiplier: float = 0.0) -> RoundConfig:
+        """The live round that this simulation's rounds stand for: the server would aggregate it the same way."""
+        target = min(self.per_round, devices)
+        return RoundConfig(
+            target_participants=target, min_participants=1,
+            strategy="fedface" if self.uses_spreadout else "fedavg",
+            local=LocalSettings(epochs=self.local.epochs, steps=self.local.steps, lr=self.local.lr, margin=self.local.margin,
+                                batch_size=self.local.batch, trainable_blocks=self.local.trainable_blocks),
+            spreadout=SpreadoutSettings(**asdict(self.server_spreadout)),
+            aggregation=AggregationSettings(
+                method="fedavg" if self.dp_epsilon is None else "dp_fedavg", max_update_norm=self.dp_clip,
+                dp_noise_multiplier=dp_noise_multiplier, dp_delta=self.dp_delta,
+            ),
+        )

@@ -1,8 +1,14 @@
 """The in-process cross-device FedFace loop.
 
-Each round: sample devices, run the SDK's `train_local` on each, stream their backbone deltas into
-the server's strategy (`aggregate_train`), store each device's trained class embedding, then let
-the strategy process the full embedding matrix (spreadout for FedFace). Resumable per round.
+Each round: select devices by the round server's rule, run the SDK's `train_local` on each from the
+model as a device receives it, pass each result through the update file's tensors at the wire's
+precision, stream the backbone deltas into the strategy the server would build for this round
+(`aggregate_train`), store each device's class embedding as sent, then let the strategy process the
+full embedding matrix (spreadout for FedFace). Resumable per round.
+
+The selection rule, the wire format, the template noise and the strategy factory all come from
+facecore.federation, which the live server and SDK use too, and so does each device's training seed;
+`--selection uniform --wire fp32 --seeding per_device` reproduce runs made before the simulator followed them.
 """
 from __future__ import annotations
 
@@ -19,14 +25,18 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from device_sdk.template_noise import noisy_template
 from device_sdk.training import PrefixCache, Workspace, mean_feature_embedding, prefix_cache, train_local, trainable_keys
+from facecore.federation.config import training_seed
+from facecore.federation.protocol import EMBEDDING_KEY
+from facecore.federation.selection import least_recently_selected
+from facecore.federation.strategies import ClientUpdate, FedFace, Strategy, strategy_for
+from facecore.federation.strategies.dp_fedavg import DPFedAvg, dp_epsilon, noise_for_epsilon
+from facecore.federation.template_noise import noisy_template
+from facecore.federation.wire import as_received, backbone_deltas, update_tensors
 from facecore.models.checkpoint import atomic_torch_save
 from facecore.models.preprocess import embed_faces
 from facecore.models.registry import embedding_dim_of
-from server_api.strategies import ClientUpdate, FedAvg, FedFace, Strategy
-from server_api.strategies.dp_fedavg import DPFedAvg, dp_epsilon, noise_for_epsilon
-from simulator.cross_device.config import EXECUTION_FIELDS, CrossDeviceConfig
+from simulator.cross_device.config import EXECUTION_FIELDS, LEGACY_DEFAULTS, CrossDeviceConfig
 from simulator.cross_device.population import Population
 from simulator.cross_device.workers import DevicePool, DeviceTask
 
@@ -54,6 +64,7 @@ class SimulationState:
     model_state: dict[str, torch.Tensor]
     W: np.ndarray
     history: list[dict[str, Any]] = field(default_factory=list)
+    last_selected: list[int | None] = field(default_factory=list)  # per device: the round that last selected it
 
 
 class CrossDeviceSimulation:
@@ -63,34 +74,45 @@ class CrossDeviceSimulation:
         self.model = copy.deepcopy(model).eval()  # the caller's model stays the starting point
         self.out = out_dir
         self.evaluate = evaluate
-        self.dp = self._dp_aggregator()
-        self.strategy: Strategy = FedFace(config.server_spreadout, backbone=self.dp) if config.uses_spreadout else (self.dp or FedAvg())
+        self.round_config = config.round_config(len(population.devices), self._dp_noise_multiplier())
+        self.strategy: Strategy = strategy_for(self.round_config, seed=config.seed)
+        step = self.strategy.backbone if isinstance(self.strategy, FedFace) else self.strategy
+        self.dp = step if isinstance(step, DPFedAvg) else None
+        # The model as devices receive it (fp16 on the wire); devices train from it and send deltas against it.
+        self.received = self.model if config.wire == "fp32" else copy.deepcopy(self.model)
+        self._receive()
         self.caches: dict[int, PrefixCache] = {}  # frozen-prefix activations per device, valid for the whole run
         self.workspace = Workspace(copy.deepcopy(self.model))  # every device trains in this one copy: no per-device deep copy
         # Only what local training can change crosses to the strategy (the suffix, with a frozen prefix).
         self.trained_keys = trainable_keys(self.model, config.local.trainable_blocks)
         self.pool: DevicePool | RayDevicePool | None = None  # started on the first round when config.workers > 1 or on Ray
 
-    def _dp_aggregator(self) -> DPFedAvg | None:
-        """The server's own DP-FedAvg, its noise calibrated so that the whole run spends dp_epsilon."""
-        if self.config.dp_epsilon is None:
-            return None
-        noise = 0.0 if math.isinf(self.config.dp_epsilon) else noise_for_epsilon(
-            self.config.dp_epsilon, self.sample_rate, max(self.config.rounds, 1), self.config.dp_delta)
-        expected = min(self.config.per_round, len(self.population.devices))
-        return DPFedAvg(self.config.dp_clip, noise, expected_clients=expected, seed=self.config.seed)
+    def _dp_noise_multiplier(self) -> float:
+        """DP-FedAvg's noise, calibrated so that the whole run spends dp_epsilon (0 without DP or at infinity)."""
+        if self.config.dp_epsilon is None or math.isinf(self.config.dp_epsilon):
+            return 0.0
+        return noise_for_epsilon(self.config.dp_epsilon, self.sample_rate, max(self.config.rounds, 1), self.config.dp_delta)
+
+    def _receive(self) -> None:
+        """Bring the devices' copy of the model up to date, at the wire's precision."""
+        if self.received is not self.model:
+            sent = as_received(to_numpy(self.model.state_dict()), self.config.wire)
+            self.received.load_state_dict({k: torch.from_numpy(v) for k, v in sent.items()})
 
     @property
     def sample_rate(self) -> float:
         return min(self.config.per_round, len(self.population.devices)) / len(self.population.devices)
 
-    def _chosen(self, rng: np.random.Generator) -> list[int]:
-        """The round's devices: per_round of them at random, or under DP-FedAvg an independent
-        (Poisson) draw of each device at rate q, which is what the accountant assumes."""
+    def _chosen(self, rng: np.random.Generator, state: SimulationState) -> list[int]:
+        """The round's devices: per_round of them by the server's rule (every device is a candidate), or
+        under DP-FedAvg an independent (Poisson) draw of each device at rate q, which is what the
+        accountant assumes. "uniform" selection draws per_round at random, as earlier runs did."""
         n = len(self.population.devices)
         if self.dp is not None:
             return np.flatnonzero(rng.random(n) < self.sample_rate).tolist()
-        return sorted(rng.choice(n, min(self.config.per_round, n), replace=False).tolist())
+        if self.config.selection == "uniform":
+            return sorted(rng.choice(n, min(self.config.per_round, n), replace=False).tolist())
+        return sorted(least_recently_selected(state.last_selected, self.config.per_round, rng.random))
 
     # ---- state ---------------------------------------------------------------------------
     def initial_embeddings(self) -> np.ndarray:
@@ -116,7 +138,7 @@ class CrossDeviceSimulation:
         for device in tqdm(self.population.devices, desc="prefix caches", unit="device", leave=False):
             if device.index not in self.caches:
                 if id(device.faces) not in by_faces:
-                    by_faces[id(device.faces)] = prefix_cache(self.model, device.faces, blocks)
+                    by_faces[id(device.faces)] = prefix_cache(self.received, device.faces, blocks)
                 self.caches[device.index] = by_faces[id(device.faces)]
 
     @property
@@ -125,7 +147,8 @@ class CrossDeviceSimulation:
 
     def save(self, state: SimulationState) -> None:
         atomic_torch_save({"round": state.round, "model_state": state.model_state, "W": torch.from_numpy(state.W),
-                           "history": state.history, "config": self.config.to_dict()}, self.checkpoint_path)
+                           "history": state.history, "last_selected": state.last_selected, "config": self.config.to_dict()},
+                          self.checkpoint_path)
 
     def load(self) -> SimulationState | None:
         if not self.checkpoint_path.is_file():
@@ -135,29 +158,32 @@ class CrossDeviceSimulation:
         def key(c: dict[str, Any]) -> dict[str, Any]:
             # DP noise is calibrated to the number of rounds, so a DP run cannot be extended
             free = ("eval_every", "target_accuracy", *EXECUTION_FIELDS, *(("rounds",) if c.get("dp_epsilon") is None else ()))
-            return {k: v for k, v in c.items() if k not in free}
+            return {k: v for k, v in {**LEGACY_DEFAULTS, **c}.items() if k not in free}
 
         if key(saved["config"]) != key(self.config.to_dict()):
             from facecore.errors import CheckpointError
 
             raise CheckpointError(f"{self.checkpoint_path} belongs to a run with another configuration: use another --out")
-        return SimulationState(saved["round"], saved["model_state"], saved["W"].numpy(), saved["history"])
+        never = [None] * len(self.population.devices)
+        return SimulationState(saved["round"], saved["model_state"], saved["W"].numpy(), saved["history"], saved.get("last_selected", never))
 
     # ---- one round -----------------------------------------------------------------------
     def _seed(self, round_number: int, index: int) -> int:
+        if self.config.seeding == "live":
+            return training_seed(round_number, self.config.seed)
         return self.config.seed * 1_000_003 + round_number * 10_007 + index
 
     def _updates(self, round_number: int, chosen: list[int], state: SimulationState, losses: list[float]) -> Iterator[ClientUpdate]:
         if self.config.workers > 1 or self.config.backend == "ray":
             yield from self._pooled_updates(round_number, chosen, state, losses)
             return
-        base = self.model.state_dict()
+        base = self.received.state_dict()
         for index in tqdm(chosen, desc=f"round {round_number}", unit="device", leave=False):
             device = self.population.devices[index]
             cache = None
             if self.config.local.trainable_blocks is not None:
-                cache = self.caches.get(index) or self.caches.setdefault(index, prefix_cache(self.model, device.faces, self.config.local.trainable_blocks))
-            update = train_local(self.model, state.W[index], device.faces, self.config.local, seed=self._seed(round_number, index), cache=cache,
+                cache = self.caches.get(index) or self.caches.setdefault(index, prefix_cache(self.received, device.faces, self.config.local.trainable_blocks))
+            update = train_local(self.received, state.W[index], device.faces, self.config.local, seed=self._seed(round_number, index), cache=cache,
                                  workspace=self.workspace)
             keys = list(update.state_dict)
             delta = dict(zip(keys, (d.numpy() for d in torch._foreach_sub(list(update.state_dict.values()), [base[k] for k in keys])), strict=True))
@@ -180,8 +206,8 @@ class CrossDeviceSimulation:
             cache = (self.caches[index].plain.numpy(), self.caches[index].flipped.numpy()) if blocks is not None else None
             tasks.append(DeviceTask(index, state.W[index].copy(), self._seed(round_number, index), len(device.faces),
                                     faces=device.faces if blocks is None else None, cache=cache))
-        current = self.model.state_dict()
-        weights = {k: current[k].numpy() for k in self.trained_keys}
+        received = self.received.state_dict()
+        weights = {k: received[k].numpy() for k in self.trained_keys}
         for r in tqdm(self.pool.train(weights, tasks), total=len(tasks), desc=f"round {round_number}", unit="device", leave=False):
             yield self._received(round_number, r.index, r.delta, r.embedding, r.n_samples, r.loss_before, r.loss_after, state, losses)
 
@@ -189,10 +215,12 @@ class CrossDeviceSimulation:
         self, round_number: int, index: int, delta: dict[str, np.ndarray], embedding: np.ndarray, n_samples: int, loss_before: float,
         loss_after: float, state: SimulationState, losses: list[float],
     ) -> ClientUpdate:
-        state.W[index] = self._shared(embedding, round_number, index)
+        tensors = update_tensors(delta, self._shared(embedding, round_number, index), self.config.wire)  # what the server receives
+        state.W[index] = tensors[EMBEDDING_KEY]
         losses.append(loss_after)
         device = self.population.devices[index]
-        return ClientUpdate(delta, n_samples, {"loss_before": loss_before, "loss_after": loss_after}, device.identity, kind="delta")
+        return ClientUpdate(backbone_deltas(tensors), n_samples, {"loss_before": loss_before, "loss_after": loss_after}, device.identity,
+                            kind="delta")
 
     def close(self) -> None:
         """Stop the worker processes, if any."""
@@ -203,7 +231,12 @@ class CrossDeviceSimulation:
     def run_round(self, round_number: int, state: SimulationState) -> dict[str, Any]:
         started = time.perf_counter()
         rng = np.random.default_rng([self.config.seed, round_number])
-        chosen = self._chosen(rng)
+        self._receive()
+        missing = len(self.population.devices) - len(state.last_selected)
+        state.last_selected.extend([None] * missing)  # a state built by hand (a benchmark) knows no selections yet
+        chosen = self._chosen(rng, state)
+        for index in chosen:
+            state.last_selected[index] = round_number
         losses: list[float] = []
         current = self.model.state_dict()
         base = to_numpy({k: current[k] for k in self.trained_keys})
@@ -229,7 +262,8 @@ class CrossDeviceSimulation:
         self.out.mkdir(parents=True, exist_ok=True)
         state = self.load() if resume else None
         if state is None:
-            state = SimulationState(0, {k: v.clone() for k, v in self.model.state_dict().items()}, self.initial_embeddings())
+            never: list[int | None] = [None] * len(self.population.devices)
+            state = SimulationState(0, {k: v.clone() for k, v in self.model.state_dict().items()}, self.initial_embeddings(), last_selected=never)
             state.history.append(self._evaluated({"round": 0, "embedding_mean_cos": mean_pairwise_cosine(state.W)}))
             self._log(state, state.history[-1])
         else:

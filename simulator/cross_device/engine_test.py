@@ -1,4 +1,5 @@
 """The simulator runs the SDK's training and the server's strategies, and resumes exactly."""
+import copy
 import dataclasses
 from pathlib import Path
 
@@ -8,8 +9,12 @@ import torch
 
 from device_sdk.training import LocalTrainingConfig, train_local
 from facecore.data.synthetic import synthetic_faces
+from facecore.errors import CheckpointError
+from facecore.federation.config import training_seed
+from facecore.federation.selection import least_recently_selected
+from facecore.federation.strategies import ClientUpdate, FedAvg
+from facecore.federation.wire import Precision, as_received, backbone_deltas, update_tensors
 from facecore.models.testing import calibrated_backbone
-from server_api.strategies import ClientUpdate, FedAvg
 from simulator.cross_device.config import CrossDeviceConfig
 from simulator.cross_device.engine import CrossDeviceSimulation, mean_pairwise_cosine
 from simulator.cross_device.population import Population, SimDevice
@@ -30,25 +35,48 @@ def _config(**overrides: object) -> CrossDeviceConfig:
     return CrossDeviceConfig(**{"devices": 4, "rounds": 2, "per_round": 2, "eval_every": 1, "local": local, **overrides})  # type: ignore[arg-type]
 
 
-def test_a_simulated_round_equals_sdk_updates_aggregated_by_the_server_strategy(model: torch.nn.Module, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("selection", "wire", "seeding"), [("least_recent", "fp16", "live"), ("uniform", "fp32", "per_device")])
+def test_a_simulated_round_is_sdk_updates_through_the_wire_aggregated_by_the_server_strategy(
+    model: torch.nn.Module, tmp_path: Path, selection: str, wire: Precision, seeding: str,
+) -> None:
     # Prepare
     population = _population()
-    config = _config(method="fedavg", rounds=1)
+    config = _config(method="fedavg", rounds=1, selection=selection, wire=wire, seeding=seeding)
     sim = CrossDeviceSimulation(config, population, model, tmp_path)
     # Execute
     state = sim.run(resume=False)
-    # Assert: recompute round 1 by hand with the SDK and the strategy
-    chosen = sorted(np.random.default_rng([config.seed, 1]).choice(4, 2, replace=False).tolist())
+    # Assert: recompute round 1 by hand with the server's selection rule, the SDK, the wire and the strategy
+    rng = np.random.default_rng([config.seed, 1])
+    if selection == "uniform":
+        chosen = sorted(rng.choice(4, 2, replace=False).tolist())
+    else:
+        chosen = sorted(least_recently_selected([None] * 4, 2, rng.random))
     W0 = CrossDeviceSimulation(config, population, model, tmp_path / "x").initial_embeddings()
     base = {k: v.numpy() for k, v in model.state_dict().items()}
+    received = copy.deepcopy(model)
+    received.load_state_dict({k: torch.from_numpy(v) for k, v in as_received(base, wire).items()})
     updates = []
     for i in chosen:
-        u = train_local(model, W0[i], population.devices[i].faces, config.local, seed=config.seed * 1_000_003 + 10_007 + i)
-        updates.append(ClientUpdate({k: (u.state_dict[k] - model.state_dict()[k]).numpy() for k in base}, u.n_samples))
+        seed = training_seed(1, config.seed) if seeding == "live" else config.seed * 1_000_003 + 10_007 + i
+        u = train_local(received, W0[i], population.devices[i].faces, config.local, seed=seed)
+        tensors = update_tensors({k: (u.state_dict[k] - received.state_dict()[k]).numpy() for k in base}, u.embedding.numpy(), wire)
+        updates.append(ClientUpdate(backbone_deltas(tensors), u.n_samples))
         np.testing.assert_allclose(state.W[i], u.embedding.numpy(), rtol=1e-6)
     expected = FedAvg().aggregate_train(1, base, updates).weights
+    assert state.last_selected == [1 if i in chosen else None for i in range(4)]
     for key, value in expected.items():
         np.testing.assert_allclose(sim.model.state_dict()[key].numpy(), value, rtol=1e-5, atol=1e-7)
+
+
+def test_least_recent_selection_takes_every_device_before_any_twice(model: torch.nn.Module, tmp_path: Path) -> None:
+    # Prepare: 4 devices, 2 a round
+    config = _config(method="fedavg", rounds=4, local=LocalTrainingConfig(epochs=1, steps=1, batch=4))
+    # Execute
+    sim = CrossDeviceSimulation(config, _population(), model, tmp_path)
+    state = sim.run(resume=False)
+    # Assert: rounds 1-2 cover all four devices, and so do rounds 3-4
+    assert sorted(state.last_selected) == [3, 3, 4, 4]  # type: ignore[type-var]
+    assert [r["participants"] for r in state.history[1:]] == [2, 2, 2, 2]
 
 
 def test_resuming_after_round_1_equals_a_straight_run(model: torch.nn.Module, tmp_path: Path) -> None:
@@ -151,3 +179,20 @@ def test_ray_backend_without_ray_is_one_clear_error(model: torch.nn.Module, monk
     # Execute / Assert
     with pytest.raises(RayUnavailable, match=r"pip install 'fedface\[ray\]'"):
         RayDevicePool(2, model, LocalTrainingConfig())
+
+
+def test_a_checkpoint_from_before_the_live_rules_resumes_with_uniform_fp32_only(model: torch.nn.Module, tmp_path: Path) -> None:
+    # Prepare: a one-round run whose checkpoint is rewritten as an older simulator wrote it (no selection or wire)
+    old = _config(method="fedavg", rounds=1, selection="uniform", wire="fp32", seeding="per_device")
+    CrossDeviceSimulation(old, _population(), model, tmp_path).run(resume=False)
+    saved = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    for key in ("selection", "wire", "seeding"):
+        del saved["config"][key]
+    del saved["last_selected"]
+    torch.save(saved, tmp_path / "checkpoint.pt")
+    # Execute
+    resumed = CrossDeviceSimulation(dataclasses.replace(old, rounds=2), _population(), model, tmp_path).run(resume=True)
+    # Assert: it ran on with its own rules; with today's defaults it is another run
+    assert resumed.round == 2
+    with pytest.raises(CheckpointError, match="another configuration"):
+        CrossDeviceSimulation(_config(method="fedavg", rounds=3), _population(), model, tmp_path).run(resume=True)

@@ -9,5 +9,5 @@
 - :mod:`.distributed`: one process per server, trainer and validator over torch.distributed.
 - :mod:`.experiment`: the CPU smoke experiment behind simulator/CROSS_SILO.md.
 
-The server halves of the algorithms live in ``server_api.strategies.pfm`` / ``.fedval``.
+The server halves of the algorithms live in ``facecore.federation.strategies.pfm`` / ``.fedval``.
 """

@@ -5,7 +5,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from server_api.strategies.fedval import FVConfig
+from facecore.federation.strategies.fedval import FVConfig
 
 METHODS = ("central", "solo", "fedavg", "fedavg+fv", "pfm", "pfm+fv")
 FEDERATED = ("fedavg", "fedavg+fv", "pfm", "pfm+fv")

@@ -27,8 +27,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from server_api.strategies.base import Weights
-from server_api.strategies.fedval import FederatedValidation
+from facecore.federation.strategies.base import Weights
+from facecore.federation.strategies.fedval import FederatedValidation
 from simulator.cross_silo.config import FEDERATED, CrossSiloConfig
 from simulator.cross_silo.data import DataSpec
 from simulator.cross_silo.engine import FVServer, federated_loop, make_trainer

@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from facecore.federation.strategies.base import ClientUpdate, Weights
+from facecore.federation.strategies.fedval import FederatedValidation
+from facecore.federation.strategies.pfm import PFM, PFMResult, WeightedFedAvg
 from facecore.models.registry import embedding_dim_of
-from server_api.strategies.base import ClientUpdate, Weights
-from server_api.strategies.fedval import FederatedValidation
-from server_api.strategies.pfm import PFM, PFMResult, WeightedFedAvg
 from simulator.cross_silo.config import CrossSiloConfig
 from simulator.cross_silo.models import build_backbone, build_head, input_size, place
 from simulator.cross_silo.trainer import BatchStream, CentralTrainer, LocalResult, SiloData, SiloTrainer

@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
+from facecore.federation.strategies.base import ClientUpdate
+from facecore.federation.strategies.pfm import PFM
 from facecore.losses import make_margin_head
-from server_api.strategies.base import ClientUpdate
-from server_api.strategies.pfm import PFM
 from simulator.cross_silo.trainer import SiloTrainer
 
 BETA, LR, DIM, CLASSES, BATCH = 0.9, 0.05, 6, 5, 8

@@ -1,13 +1,16 @@
-"""Validated settings of one FedFusion simulation."""
+"""Validated settings of one FedFusion simulation, and the named presets (``PRESETS``)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from facecore.errors import FaceCoreError
-from facecore.fusion import FUSIONS
+from facecore.fusion import FUSIONS, LAMBDA_BOUNDS
 
 PARTITIONS = ("pathological", "user-specific", "iid")
+ARCHS = ("small", "official")  # simulator.fusion.model builds them
+NORMALIZATIONS = ("unit", "dataset")  # pixels to [-1, 1], or standardised by the training set's mean and std
+AUGMENTATIONS = ("none", "crop-flip")  # crop-flip: the official RandomResizedCrop + RandomHorizontalFlip
 
 
 class FusionInputError(FaceCoreError, ValueError):
@@ -39,6 +42,16 @@ class FusionConfig:
     late_epochs: int = 20
     late_target: float = 0.97
     late_test: int = 500
+    # What the `paper` preset changes (see PRESETS); these defaults are the CPU-sized setting.
+    arch: str = "small"
+    weight_decay: float = 0.0
+    # Per round: `if lr > min_lr: lr *= lr_decay` (the official Agent.update_lr); 1.0 keeps lr fixed.
+    lr_decay: float = 1.0
+    min_lr: float = 0.0
+    lambda_bound: str = "unit"  # unit: λ projected onto [0, 1]; none: unbounded (official)
+    lambda_mu: float = 0.0  # the server's moving average of λ (official update_shadow, μ = 0.9); 0: none
+    normalize: str = "unit"
+    augment: str = "none"
 
     def __post_init__(self) -> None:
         checks = (
@@ -59,6 +72,14 @@ class FusionConfig:
             ("late-epochs must be >= 0", self.late_epochs < 0),
             ("late-target must be in (0, 1]", not 0 < self.late_target <= 1),
             ("late-test must be >= 1", self.late_test < 1),
+            (f"arch must be one of {', '.join(ARCHS)}", self.arch not in ARCHS),
+            ("weight-decay must be >= 0", not self.weight_decay >= 0),
+            ("lr-decay must be in (0, 1]", not 0 < self.lr_decay <= 1),
+            ("min-lr must be >= 0", not self.min_lr >= 0),
+            (f"lambda-bound must be one of {', '.join(LAMBDA_BOUNDS)}", self.lambda_bound not in LAMBDA_BOUNDS),
+            ("lambda-mu must be in [0, 1)", not 0 <= self.lambda_mu < 1),
+            (f"normalize must be one of {', '.join(NORMALIZATIONS)}", self.normalize not in NORMALIZATIONS),
+            (f"augment must be one of {', '.join(AUGMENTATIONS)}", self.augment not in AUGMENTATIONS),
         )
         problems = [message for message, bad in checks if bad]
         if problems:
@@ -66,3 +87,21 @@ class FusionConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+# `cpu`: the CPU-sized setting FEDFUSION.md's first grid used. `paper`: the official code's settings
+# (thu-media/FedFusion, mnist_main.py and model/), as far as this simulator can express them;
+# FEDFUSION.md lists every remaining difference. Explicit command-line flags override a preset.
+PRESETS: dict[str, FusionConfig] = {
+    "cpu": FusionConfig(),
+    "paper": FusionConfig(
+        arch="official", rounds=500, local_epochs=5, batch=64, lr=2e-3, momentum=0.9, weight_decay=5e-4,
+        lr_decay=0.99, min_lr=1e-4, lambda_bound="none", lambda_mu=0.9, normalize="dataset", augment="crop-flip",
+        # Official: 2 trained nodes per round. Its pathological loop gives digits {2i, 2i+1} to node i,
+        # i.e. 5 two-class nodes for 10 classes. 6,000 images per node (official: all of a node's
+        # classes, ~12,000): 5 nodes × 6,000 is what the Dirichlet split can still draw from MNIST.
+        nodes=5, per_round=2, per_node=6000,
+        # Official: all 10,000 test images; 1,000 stay outside for the late-joining node's own test set.
+        test_size=9000,
+    ),
+}

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
+from facecore.federation.strategies import ClientUpdate, FedAvg
 from facecore.fusion import LambdaFusion
-from server_api.strategies import ClientUpdate, FedAvg
 from simulator.fusion.engine import Federation, LocalTraining, generator, train_local
 from simulator.fusion.model import FusedCNN, trainable_state
 from simulator.fusion.run import bytes_per_round
@@ -82,3 +82,41 @@ def test_bytes_per_round_counts_trainable_parameters_both_ways_for_each_selected
     assert sizes["none"] == 2 * 4 * 5 * base
     assert sizes["multi"] - sizes["none"] == 2 * 4 * 5 * channels
     assert sizes["conv"] - sizes["none"] == 2 * 4 * 5 * (2 * channels * channels + channels)
+
+
+def test_the_learning_rate_decays_per_round_until_it_first_reaches_min_lr() -> None:
+    # Prepare: the official schedule, lr 2e-3 × 0.99 per round while above 1e-4
+    local = LocalTraining(lr=2e-3, lr_decay=0.99, min_lr=1e-4)
+    # Execute
+    rates = {t: local.lr_at(t) for t in (1, 2, 3, 299, 300, 301, 500)}
+    # Assert: 2e-3·0.99^298 > 1e-4 ≥ 2e-3·0.99^299, which then stays
+    assert rates[1] == 2e-3 and rates[2] == pytest.approx(2e-3 * 0.99) and rates[3] == pytest.approx(2e-3 * 0.99**2)
+    assert rates[299] == pytest.approx(2e-3 * 0.99**298) and rates[299] > 1e-4
+    assert rates[300] == rates[301] == rates[500] == pytest.approx(2e-3 * 0.99**299) and rates[300] <= 1e-4
+    assert LocalTraining(lr=0.05).lr_at(400) == 0.05
+
+
+@pytest.mark.parametrize("kind", ["multi", "single"])
+def test_the_server_smooths_lambda_after_the_shared_fedavg(kind: str) -> None:
+    # Prepare: two identical federations with an unbounded λ; E_g differs from E_l so λ trains
+    def federation(mu: float) -> Federation:
+        model = FusedCNN(SHAPE, 4, kind, seed=0, lambda_bound="none")
+        with torch.no_grad():
+            for p in model.extractor.parameters():
+                p.add_(0.05)
+        return Federation(model, _nodes(), per_round=2, local=LocalTraining(1, 8, 0.5), seed=2, lambda_mu=mu)
+
+    smoothed, plain = federation(0.9), federation(0.0)
+    # Execute
+    record = smoothed.round(1)
+    plain.round(1)
+    # Assert: same FedAvg λ̄ in both; the server keeps 0.1·λ̄ + 0.9·0 (its shadow starts at λ's start, 0)
+    assert isinstance(smoothed.model.fusion, LambdaFusion) and isinstance(plain.model.fusion, LambdaFusion)
+    averaged = plain.model.fusion.lam.detach()
+    assert float(averaged.abs().max()) > 0
+    torch.testing.assert_close(smoothed.model.fusion.lam.detach(), 0.1 * averaged)
+    assert record["lambda_mean_averaged"] == pytest.approx(float(averaged.mean()))
+    # ... and every other parameter is the plain FedAvg result
+    for key, value in trainable_state(plain.model).items():
+        if not key.startswith("fusion."):
+            np.testing.assert_array_equal(trainable_state(smoothed.model)[key], value)

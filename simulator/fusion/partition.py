@@ -108,19 +108,29 @@ def _pair_distinct(shard_classes: list[int], rng: np.random.Generator) -> list[t
     return [(by_class[i], by_class[i + n]) for i in rng.permutation(n)]
 
 
+DIRICHLET_TRIES = 1000
+
+
 def _dirichlet(
     labels: np.ndarray, available: np.ndarray, nodes: int, per_node: int, rng: np.random.Generator, alpha: float
 ) -> tuple[np.ndarray, ...]:
-    """Per node: class proportions ~ Dirichlet(alpha), one image of every class first.
+    """Per node: class proportions ~ Dirichlet(alpha), one image of every class first; proportions
+    that ask a class for more images than it has are redrawn (up to DIRICHLET_TRIES times).
 
     The guaranteed image per class is what makes the scheme "user-specific" (all classes, different
     mix) rather than a milder pathological split; it is skipped only when per_node < classes.
     """
     present = np.unique(labels[available])
     floor = 1 if per_node >= len(present) else 0
-    wanted = np.stack([
-        floor + apportion(rng.dirichlet(np.full(len(present), alpha)), per_node - floor * len(present)) for _ in range(nodes)
-    ])
+    sizes = np.array([int((labels[available] == c).sum()) for c in present])
+    # Redraw the proportions while some class cannot supply what the nodes want together: the split
+    # is then conditioned on fitting the data (a first draw that fits is kept, as before this loop).
+    for _ in range(DIRICHLET_TRIES):
+        wanted = np.stack([
+            floor + apportion(rng.dirichlet(np.full(len(present), alpha)), per_node - floor * len(present)) for _ in range(nodes)
+        ])
+        if np.all(wanted.sum(0) <= sizes):
+            break
     parts: list[list[np.ndarray]] = [[] for _ in range(nodes)]
     for k, c in enumerate(present):
         members = rng.permutation(available[labels[available] == c])

@@ -89,9 +89,9 @@ def tables(reports: Sequence[dict[str, Any]], extra_targets: Sequence[float] = (
             for t in extra_targets:
                 mine = rounds_to(r, t)
                 ref = rounds_to(base, t) if base else None
-                saved = "" if r["fusion"] == "none" or mine is None else " (" + _saving(
-                    # base None (a partition without a FedAvg run) raises here, unlike the table above: kept as found
-                    mine * r["bytes_per_round"], None if ref is None else ref * base["bytes_per_round"], (rounds + 1) * base["bytes_per_round"]) + ")"  # type: ignore[index]
+                # a partition without a FedAvg run has nothing to save against
+                saved = "" if base is None or r["fusion"] == "none" or mine is None else " (" + _saving(
+                    mine * r["bytes_per_round"], None if ref is None else ref * base["bytes_per_round"], (rounds + 1) * base["bytes_per_round"]) + ")"
                 cells.append(("—" if mine is None else str(mine)) + saved)
             lines.append(f"| {r['fusion']} | " + " | ".join(cells) + " |")
         lines.append("")

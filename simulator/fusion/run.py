@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +33,16 @@ def run_fusion(config: FusionConfig, data: ImageSet, log: Callable[[str], None] 
     # Separate streams per purpose, so partitions and test images are identical for every fusion kind.
     split = partition(data.y_train, config.partition, config.nodes, config.per_node, np.random.default_rng([config.seed, 1]),
                       alpha=config.alpha)
-    if config.test_size > len(data.y_test):
-        raise FusionInputError(f"test-size {config.test_size} exceeds the {len(data.y_test)} test images")
+    if config.test_size >= len(data.y_test):
+        raise FusionInputError(f"test-size {config.test_size} must be below the {len(data.y_test)} test images (the rest are the late node's test pool)")
     test_idx = np.sort(np.random.default_rng([config.seed, 2]).choice(len(data.y_test), config.test_size, replace=False))
-    nodes = [to_tensors(data.x_train[idx], data.y_train[idx]) for idx in split.nodes]
-    test = to_tensors(data.x_test[test_idx], data.y_test[test_idx])
-    model = FusedCNN(data.image_shape, data.classes, config.fusion, seed=config.seed)
-    local = LocalTraining(config.local_epochs, config.batch, config.lr, config.momentum)
-    federation = Federation(model, nodes, config.per_round, local, seed=config.seed)
+    stats = data.channel_stats() if config.normalize == "dataset" else None
+    nodes = [to_tensors(data.x_train[idx], data.y_train[idx], stats=stats) for idx in split.nodes]
+    test = to_tensors(data.x_test[test_idx], data.y_test[test_idx], stats=stats)
+    model = FusedCNN(data.image_shape, data.classes, config.fusion, seed=config.seed, arch=config.arch, lambda_bound=config.lambda_bound)
+    local = LocalTraining(config.local_epochs, config.batch, config.lr, config.momentum, weight_decay=config.weight_decay,
+                          lr_decay=config.lr_decay, min_lr=config.min_lr, augment=config.augment == "crop-flip")
+    federation = Federation(model, nodes, config.per_round, local, seed=config.seed, lambda_mu=config.lambda_mu)
 
     history: list[dict[str, Any]] = [{"round": 0, "acc": accuracy(model, test)}]
     for t in range(1, config.rounds + 1):
@@ -51,7 +54,9 @@ def run_fusion(config: FusionConfig, data: ImageSet, log: Callable[[str], None] 
         history.append(record)
         log(f"{config.partition}/{config.fusion} round {t}/{config.rounds}: acc {record['acc']:.4f} loss {record['train_loss']:.4f}")
 
-    late = _late_join(config, data, model, local, exclude_train=split.pool, exclude_test=test_idx)
+    # The late node trains at the rate the schedule would give the next round.
+    late = _late_join(config, data, model, replace(local, lr=local.lr_at(config.rounds + 1)), stats, exclude_train=split.pool,
+                      exclude_test=test_idx)
     per_round = bytes_per_round(model, config.per_round)
     reached = next((h["round"] for h in history[1:] if h["acc"] >= config.target_acc), None)
     accs = [h["acc"] for h in history[1:]]
@@ -74,7 +79,8 @@ def run_fusion(config: FusionConfig, data: ImageSet, log: Callable[[str], None] 
 
 
 def _late_join(
-    config: FusionConfig, data: ImageSet, model: FusedCNN, local: LocalTraining, exclude_train: np.ndarray, exclude_test: np.ndarray
+    config: FusionConfig, data: ImageSet, model: FusedCNN, local: LocalTraining, stats: tuple[np.ndarray, np.ndarray] | None,
+    exclude_train: np.ndarray, exclude_test: np.ndarray,
 ) -> dict[str, Any]:
     """A fresh node drawn by the same scheme from images no federated node held.
 
@@ -88,8 +94,8 @@ def _late_join(
     picked = [rng.choice(spare[data.y_test[spare] == c], min(n, int((data.y_test[spare] == c).sum())), replace=False)
               for c, n in enumerate(apportion(counts, config.late_test)) if n > 0]
     test_idx = np.sort(np.concatenate(picked))
-    curve = fit_new_node(model, to_tensors(data.x_train[node], data.y_train[node]), to_tensors(data.x_test[test_idx], data.y_test[test_idx]),
-                         local, config.late_epochs, config.seed)
+    curve = fit_new_node(model, to_tensors(data.x_train[node], data.y_train[node], stats=stats),
+                         to_tensors(data.x_test[test_idx], data.y_test[test_idx], stats=stats), local, config.late_epochs, config.seed)
     reached = next((epoch for epoch, acc in enumerate(curve) if acc >= config.late_target), None)
     return {"target": config.late_target, "epochs_to_target": reached, "acc_by_epoch": curve,
             "train_images": int(len(node)), "test_images": int(len(test_idx)), "classes": [int(c) for c in np.flatnonzero(counts)]}

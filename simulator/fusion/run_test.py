@@ -8,7 +8,8 @@ import pytest
 
 from facecore.errors import DatasetFormatError, FaceCoreError
 from fedface.commands import fusion as command
-from simulator.fusion.data import load_npz
+from simulator.fusion.config import PRESETS
+from simulator.fusion.data import load_npz, resolve_data
 
 
 def _npz(path: Path, shape: tuple[int, ...], classes: int = 4, per_class: int = 80, seed: int = 0) -> Path:
@@ -77,3 +78,60 @@ def test_bad_settings_are_one_face_core_error_before_any_data_is_read(tmp_path: 
         command.run(_args(tmp_path / "missing.npz", tmp_path, "--per-round", "9"))
     with pytest.raises(FaceCoreError, match="not found"):
         command.run(_args(tmp_path / "missing.npz", tmp_path))
+
+
+def test_the_paper_preset_shrunk_by_flags_runs_end_to_end_on_colour_images(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Prepare
+    data = _npz(tmp_path / "colour.npz", (32, 32, 3))
+    # Execute
+    code = command.run(_args(data, tmp_path / "out", "--preset", "paper", "--fusion", "multi", "--local-epochs", "1", "--batch", "16"))
+    # Assert: the paper's network, unbounded λ and smoothed λ, the lr schedule, the flags' sizes
+    report = json.loads(Path(json.loads(capsys.readouterr().out)["report"]).read_text())
+    assert code == 0 and report["preset"] == "paper"
+    config = report["config"]
+    assert (config["arch"], config["lambda_bound"], config["lambda_mu"], config["rounds"], config["nodes"]) == ("official", "none", 0.9, 2, 4)
+    assert report["fusion_params"] == 64
+    rounds = report["history"][1:]
+    assert [h["lr"] for h in rounds] == [2e-3, 2e-3 * 0.99]
+    assert all("lambda_mean_averaged" in h for h in rounds)
+
+
+def test_named_fashion_mnist_resolves_to_the_cached_conversion(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: a conversion already in the cache
+    monkeypatch.setenv("FEDFACE_CACHE", str(tmp_path))
+    cached = _npz(tmp_path / "fashion-mnist.npz", (28, 28))
+    (tmp_path / "fashion-mnist").mkdir()
+    cached.rename(tmp_path / "fashion-mnist" / "fashion-mnist.npz")
+    # Execute
+    path = resolve_data("fashion-mnist")
+    # Assert
+    assert path == tmp_path / "fashion-mnist" / "fashion-mnist.npz"
+    assert load_npz(path).image_shape == (1, 28, 28)
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_explicit_flags_override_the_preset_and_the_rest_stays() -> None:
+    # Execute
+    config = command.config_from_args(_parse("--preset", "paper", "--rounds", "3", "--nodes", "4", "--lambda-bound", "unit"))
+    # Assert
+    assert (config.rounds, config.nodes, config.lambda_bound) == (3, 4, "unit")
+    assert (config.arch, config.local_epochs, config.lr, config.lambda_mu) == ("official", 5, 2e-3, 0.9)
+
+
+def test_without_flags_each_preset_comes_back_unchanged() -> None:
+    # Execute / Assert
+    assert command.config_from_args(_parse()) == PRESETS["cpu"]
+    assert command.config_from_args(_parse("--preset", "paper")) == PRESETS["paper"]
+
+
+def test_bad_flags_on_a_preset_are_one_face_core_error_listing_each() -> None:
+    # Execute
+    with pytest.raises(FaceCoreError) as error:
+        command.config_from_args(_parse("--preset", "paper", "--lambda-mu", "1", "--lr-decay", "0"))
+    # Assert
+    assert "lr-decay must be in (0, 1]" in str(error.value) and "lambda-mu must be in [0, 1)" in str(error.value)

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from facecore import tensorfile
+from facecore.federation.strategies import ClientUpdate, FedAvg, FedFace, RunningWeightedSum
 from facecore.losses import spreadout_loss, spreadout_optimize
 from server_api.core.config import Settings, resolve_secrets
 from server_api.errors import ConfigError
-from server_api.strategies import ClientUpdate, FedAvg, FedFace, RunningWeightedSum
 
 
 def _weights(rng: np.random.Generator) -> dict[str, np.ndarray]:

@@ -10,9 +10,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from facecore import tensorfile
-from server_api.crud import updates as update_crud
 from server_api.errors import Conflict
 from server_api.models import IdempotencyRecord, Update, utcnow
+from server_api.services import uploads
 from server_helpers import enrolled_devices, open_round
 from server_testkit import load_backbone_bytes, make_delta, sign, unit_vector, update_file
 
@@ -89,11 +89,11 @@ def test_recording_the_same_request_twice_replays_its_response(client: TestClien
     }
     # Execute
     with client.app.state.ctx.sessions() as session:
-        first = update_crud.record_update(session, response=lambda update_id: {"update_id": update_id}, **fields)
-        second = update_crud.record_update(session, response=lambda update_id: {"update_id": -1}, **fields)
+        first = uploads.record_update(session, response=lambda update_id: {"update_id": update_id}, **fields)
+        second = uploads.record_update(session, response=lambda update_id: {"update_id": -1}, **fields)
         other = fields | {"idempotency_key": "other-key-456", "request_sha256": "b" * 64}
         with pytest.raises(Conflict, match="already uploaded"):
-            update_crud.record_update(session, response=lambda update_id: {"update_id": -1}, **other)
+            uploads.record_update(session, response=lambda update_id: {"update_id": -1}, **other)
         rows = session.execute(select(func.count()).select_from(Update)).scalar_one()
     # Assert
     assert first.created and first.status_code == 201

@@ -1,29 +1,42 @@
-"""Operator endpoints (Bearer admin token)."""
+"""Operator endpoints (Bearer admin token). Round responses are built here from a round row and
+crud's tally of its participations, after the service's transaction has committed."""
 from __future__ import annotations
 
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query
+from sqlalchemy.orm import Session
 
 from server_api.api.deps import AdminDep, RoundIdPath, SessionDep
 from server_api.crud import rounds as round_crud
 from server_api.crud import versions as version_crud
 from server_api.errors import NotFound
-from server_api.models import utcnow
+from server_api.models import Round
 from server_api.schemas import DeviceAdminPublic, DeviceRemovedPublic, ErrorPublic, RoundCreate, RoundPublic
-from server_api.services import device_admin
+from server_api.services import device_admin, round_admin
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 _errors: dict[int | str, dict[str, Any]] = {code: {"model": ErrorPublic} for code in (401, 404, 409, 422)}
 
 
+def _public(session: Session, round_: Round) -> RoundPublic:
+    tally = round_crud.tally(session, round_.id)
+    base = version_crud.get(session, round_.base_version_id)
+    result = version_crud.get(session, round_.result_version_id) if round_.result_version_id else None
+    return RoundPublic(
+        id=round_.id, status=round_.status, strategy=round_.strategy,  # type: ignore[arg-type]
+        target_participants=round_.target_participants, min_participants=round_.min_participants,
+        created_at=round_.created_at, selection_at=round_.selection_at, deadline_at=round_.deadline_at,
+        closed_at=round_.closed_at, failure_reason=round_.failure_reason,
+        base_version=base.version_hash if base else "", result_version=result.version_hash if result else None,
+        n_checked_in=tally.checked_in, n_selected=tally.selected, n_uploaded=tally.uploaded, config=round_.config, summary=round_.summary,
+    )
+
+
 @router.post("/rounds", status_code=201, response_model=RoundPublic, responses=_errors)
 def open_round(body: RoundCreate, _: AdminDep, session: SessionDep) -> RoundPublic:
     """Open a round on the current model; 409 while another round is open or aggregating."""
-    base = version_crud.current_version(session)
-    if base is None:
-        raise NotFound("no model version yet")
-    return round_crud.to_public(session, round_crud.open_round(session, body, base, utcnow()))
+    return _public(session, round_admin.open_round(session, body))
 
 
 @router.get("/rounds/current", response_model=RoundPublic, responses=_errors)
@@ -32,12 +45,12 @@ def current_round(_: AdminDep, session: SessionDep) -> RoundPublic:
     round_ = round_crud.active_round(session) or round_crud.latest_round(session)
     if round_ is None:
         raise NotFound("no round has been opened yet")
-    return round_crud.to_public(session, round_)
+    return _public(session, round_)
 
 
 @router.get("/rounds", response_model=list[RoundPublic], responses=_errors)
 def list_rounds(_: AdminDep, session: SessionDep, limit: Annotated[int, Query(ge=1, le=500)] = 20) -> list[RoundPublic]:
-    return [round_crud.to_public(session, r) for r in round_crud.list_rounds(session, limit)]
+    return [_public(session, r) for r in round_crud.list_rounds(session, limit)]
 
 
 @router.get("/rounds/{round_id}", response_model=RoundPublic, responses=_errors)
@@ -45,14 +58,14 @@ def get_round(round_id: RoundIdPath, _: AdminDep, session: SessionDep) -> RoundP
     round_ = round_crud.get_round(session, round_id)
     if round_ is None:
         raise NotFound(f"round {round_id} does not exist")
-    return round_crud.to_public(session, round_)
+    return _public(session, round_)
 
 
 @router.post("/rounds/{round_id}/close", response_model=RoundPublic, responses=_errors)
 def close_round(round_id: RoundIdPath, _: AdminDep, session: SessionDep) -> RoundPublic:
     """End an open round now, as if its deadline had passed: the scheduler's next tick aggregates
     the updates it has when they meet its minimum, else fails it. 409 if the round is not open."""
-    return round_crud.to_public(session, round_crud.close_now(session, round_id, utcnow()))
+    return _public(session, round_admin.close_round(session, round_id))
 
 
 DeviceIdPath = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[0-9a-f]+$", description="device id")]

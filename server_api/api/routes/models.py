@@ -14,6 +14,7 @@ from server_api.crud import versions as version_crud
 from server_api.errors import NotFound
 from server_api.models import ModelVersion
 from server_api.schemas import ErrorPublic, FaceGeometryPublic, ModelVersionPublic
+from server_api.services import versions
 from server_api.storage.blobs import CHUNK
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
@@ -59,15 +60,6 @@ def _serve(ctx: CtxDep, blob: str, etag: str, if_none_match: str | None, media_t
     return StreamingResponse(chunks(), media_type=media_type, headers=headers)
 
 
-def _version(session: SessionDep, version: str) -> ModelVersion:
-    found = version_crud.get_by_hash(session, version)
-    # No transaction may stay open while a slow client downloads (on SQLite it would hold the write lock).
-    session.commit()  # read-only; commit (unlike rollback) keeps `found` loaded
-    if found is None:
-        raise NotFound(f"model version {version} does not exist")
-    return found
-
-
 @router.get("/{version}/backbone", responses={200: {"content": {"application/octet-stream": {}}}, 304: {"description": "unchanged"}, **_errors})
 def download_backbone(
     version: str, device: CurrentDevice, ctx: CtxDep, session: SessionDep,
@@ -76,7 +68,7 @@ def download_backbone(
 ) -> Response:
     """The FedFace backbone file (torch, load with weights_only=True). ETag: the version hash
     (fp32) or ``<hash>.fp16``."""
-    found = _version(session, version)
+    found = versions.for_download(session, version)
     blob, etag = (found.version_hash, found.version_hash) if dtype == "fp32" else (found.fp16_blob, f"{found.version_hash}.fp16")
     return _serve(ctx, blob, etag, if_none_match, "application/octet-stream", f"backbone-{version[:12]}-{dtype}.pt")
 
@@ -86,7 +78,7 @@ def download_onnx(
     version: str, device: CurrentDevice, ctx: CtxDep, session: SessionDep, if_none_match: Annotated[str | None, Header()] = None
 ) -> Response:
     """ONNX fp32 export of the version, for inference (input ``faces``, output ``embedding``)."""
-    found = _version(session, version)
+    found = versions.for_download(session, version)
     if found.onnx_blob is None:
         raise NotFound(f"model version {version} has no ONNX export (server runs with export_onnx off)")
     return _serve(ctx, found.onnx_blob, f"{found.version_hash}.onnx", if_none_match, "application/octet-stream", f"model-{version[:12]}.onnx")

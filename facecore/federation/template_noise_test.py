@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from device_sdk.template_noise import noisy_template, sigma_for_cosine
+from facecore.federation.template_noise import noisy_template, sigma_for_cosine
 
 
 @pytest.mark.parametrize("target", [0.95, 0.9, 0.7])

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from facecore.federation.strategies.base import AggregateResult, ClientUpdate, Strategy, Weights
+from facecore.federation.strategies.fedavg import cast_like
 from facecore.secagg import Advert, dequantize, float_keys, unmask_total, unpack
-from server_api.strategies.base import AggregateResult, ClientUpdate, Strategy, Weights
-from server_api.strategies.fedavg import cast_like
 
 MASKED = "masked"
 

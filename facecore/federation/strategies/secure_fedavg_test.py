@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from facecore.federation.strategies import ClientUpdate, FedAvg
+from facecore.federation.strategies.secure_fedavg import MASKED, SecureFedAvg, UnmaskMaterial
 from facecore.secagg import SecAggClient, key_in_process, mask_bound, quantize, weighted_update
-from server_api.strategies import ClientUpdate, FedAvg
-from server_api.strategies.secure_fedavg import MASKED, SecureFedAvg, UnmaskMaterial
 
 SCALE = 2.0**14
 

@@ -8,9 +8,9 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
+from facecore.federation.strategies.base import AggregateResult, ClientUpdate, Strategy
+from facecore.federation.strategies.fedavg import FedAvg
 from facecore.losses import SpreadoutConfig, spreadout_optimize
-from server_api.strategies.base import AggregateResult, ClientUpdate, Strategy
-from server_api.strategies.fedavg import FedAvg
 
 
 class FedFace(FedAvg):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from server_api.strategies.fedval import (
+from facecore.federation.strategies.fedval import (
     FederatedValidation,
     FVConfig,
     MovingNorm,

@@ -17,8 +17,8 @@ from typing import Literal
 
 import numpy as np
 
-from server_api.strategies.base import Weights
-from server_api.strategies.fedavg import cast_like
+from facecore.federation.strategies.base import Weights
+from facecore.federation.strategies.fedavg import cast_like
 
 NormName = Literal["local", "moving"]
 NORMS = ("local", "moving")

@@ -29,9 +29,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from server_api.strategies.base import AggregateResult, ClientUpdate, Strategy
-from server_api.strategies.fedavg import RunningWeightedSum
-from server_api.strategies.norm_bounded import clip_to_norm
+from facecore.federation.strategies.base import AggregateResult, ClientUpdate, Strategy
+from facecore.federation.strategies.fedavg import RunningWeightedSum
+from facecore.federation.strategies.norm_bounded import clip_to_norm
 
 _FROZEN_SUFFIXES = ("running_mean", "running_var", "num_batches_tracked")
 

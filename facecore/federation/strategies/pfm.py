@@ -27,13 +27,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from server_api.strategies.base import (
+from facecore.federation.strategies.base import (
     AggregateResult,
     ClientUpdate,
     TrainInstructions,
     Weights,
 )
-from server_api.strategies.fedavg import FedAvg, cast_like
+from facecore.federation.strategies.fedavg import FedAvg, cast_like
 
 LearningRate = float | Callable[[int], float]
 

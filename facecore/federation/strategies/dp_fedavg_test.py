@@ -5,9 +5,10 @@ import math
 import numpy as np
 import pytest
 
-from server_api.strategies import backbone_aggregator
-from server_api.strategies.base import ClientUpdate
-from server_api.strategies.dp_fedavg import DPFedAvg, dp_epsilon, epsilon_of_history, noise_for_epsilon, poisson_selected, sample_rate_for
+from facecore.federation.config import AggregationSettings
+from facecore.federation.strategies import backbone_aggregator
+from facecore.federation.strategies.base import ClientUpdate
+from facecore.federation.strategies.dp_fedavg import DPFedAvg, dp_epsilon, epsilon_of_history, noise_for_epsilon, poisson_selected, sample_rate_for
 
 BASE = {"w": np.zeros(4, np.float32), "bn.running_var": np.ones(2, np.float32), "bn.num_batches_tracked": np.array(7)}
 
@@ -65,10 +66,9 @@ def test_noise_std_is_z_times_clip_over_the_expected_count_and_is_seeded() -> No
 def test_full_models_are_refused_and_the_round_config_builds_it() -> None:
     with pytest.raises(ValueError, match="deltas"):
         DPFedAvg(expected_clients=1).aggregate_train(1, BASE, [ClientUpdate(BASE, 1, kind="full")])
-    built = backbone_aggregator("dp_fedavg", max_update_norm=0.3, dp_noise_multiplier=0.8, expected_clients=7)
+    settings = AggregationSettings(method="dp_fedavg", max_update_norm=0.3, dp_noise_multiplier=0.8)
+    built = backbone_aggregator(settings, expected_clients=7)
     assert isinstance(built, DPFedAvg) and (built.clip_norm, built.noise_multiplier, built.expected_clients) == (0.3, 0.8, 7)
-    with pytest.raises(ValueError, match="expected_clients"):
-        backbone_aggregator("dp_fedavg")
 
 
 def test_poisson_selection_draws_each_device_independently_at_rate_q() -> None:

@@ -10,8 +10,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from server_api.strategies.base import ClientUpdate
-from server_api.strategies.fedavg import FedAvg
+from facecore.federation.strategies.base import ClientUpdate
+from facecore.federation.strategies.fedavg import FedAvg
 
 
 def clip_to_norm(weights: Mapping[str, np.ndarray], max_norm: float) -> tuple[dict[str, np.ndarray], float]:

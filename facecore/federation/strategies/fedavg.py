@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-from server_api.strategies.base import (
+from facecore.federation.strategies.base import (
     AggregateResult,
     ClientUpdate,
     Strategy,

@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from server_api.strategies.base import ClientUpdate
-from server_api.strategies.fedavg import FedAvg
-from server_api.strategies.pfm import PFM, PFMResult, WeightedFedAvg
+from facecore.federation.strategies.base import ClientUpdate
+from facecore.federation.strategies.fedavg import FedAvg
+from facecore.federation.strategies.pfm import PFM, PFMResult, WeightedFedAvg
 
 BASE = {"w": np.array([[1.0, -2.0], [0.5, 3.0]]), "bn.running_mean": np.array([0.1, 0.2]), "bn.num_batches_tracked": np.array(7)}
 

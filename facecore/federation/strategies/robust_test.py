@@ -11,9 +11,9 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from server_api.strategies import ClientUpdate, CoordinateMedian, DPFedAvg, FedAvg, NormBoundedFedAvg, Strategy, TrimmedMean
-from server_api.strategies.coordinate import stack_deltas
-from server_api.strategies.norm_bounded import clip_to_norm
+from facecore.federation.strategies import ClientUpdate, CoordinateMedian, DPFedAvg, FedAvg, NormBoundedFedAvg, Strategy, TrimmedMean
+from facecore.federation.strategies.coordinate import stack_deltas
+from facecore.federation.strategies.norm_bounded import clip_to_norm
 
 CLIENTS, MALICIOUS, DIM, HIDDEN, ROUNDS = 20, 4, 10, 16, 15
 BOUND = 0.05

@@ -11,8 +11,8 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-from server_api.strategies.base import AggregateResult, ClientUpdate, Strategy, Weights
-from server_api.strategies.fedavg import cast_like
+from facecore.federation.strategies.base import AggregateResult, ClientUpdate, Strategy, Weights
+from facecore.federation.strategies.fedavg import cast_like
 
 
 def stack_deltas(base: Mapping[str, np.ndarray], results: Iterable[ClientUpdate]) -> tuple[dict[str, np.ndarray], int, dict[str, float]]:

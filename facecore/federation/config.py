@@ -1,0 +1,110 @@
+"""The typed configuration of a round: what an operator opens a round with, what the server stores
+and aggregates by, and what the simulator runs, so there is one definition of each setting.
+
+Invariants: pydantic only (no HTTP, database or torch). Every model forbids unknown fields and bounds
+every number; `RoundConfig` checks the settings against each other. The JSON form of a `RoundConfig`
+is what the database holds: renaming a field is a data migration.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LocalSettings(StrictModel):
+    """What each selected device trains with; sent in its check-in as `local`."""
+
+
+    epochs: int = Field(default=1, ge=1, le=100)
+    steps: int | None = Field(default=None, ge=1, le=100_000, description="cap on optimiser steps per round")
+    lr: float = Field(default=0.01, gt=0, le=10)
+    margin: float = Field(default=0.9, ge=-1, le=1, description="FedFace positive-loss margin on the cosine")
+    batch_size: int = Field(default=32, ge=1, le=1024)
+    trainable_blocks: int | None = Field(
+        default=None, ge=0, le=64,
+        description="frozen prefix: devices train only the backbone's last K blocks and its head (the other deltas are zero); null: all of it",
+    )
+
+
+class SpreadoutSettings(StrictModel):
+    nu: float = Field(default=0.3, ge=-1, le=1)
+    steps: int = Field(default=10, ge=0, le=10_000)
+    lr: float = Field(default=0.01, gt=0, le=100)
+    momentum: float = Field(default=0.9, ge=0, lt=1)
+
+
+class AggregationSettings(StrictModel):
+    """How backbone updates are combined. ``fedavg`` streams; ``median`` and ``trimmed_mean``
+    resist a minority of malicious devices but hold the round's updates in memory;
+    ``norm_bounded`` clips each delta to ``max_update_norm`` and still streams; ``dp_fedavg`` clips
+    to ``max_update_norm``, averages with equal weights and adds Gaussian noise (user-level DP)."""
+
+    method: Literal["fedavg", "median", "trimmed_mean", "norm_bounded", "dp_fedavg"] = "fedavg"
+    trim_beta: float = Field(default=0.2, ge=0, lt=0.5, description="trimmed_mean: fraction dropped at each end")
+    max_update_norm: float = Field(default=1.0, gt=0, le=1e6, description="norm_bounded and dp_fedavg: L2 bound on each delta")
+    dp_noise_multiplier: float = Field(default=1.0, ge=0, le=1000, description="dp_fedavg: noise std / clip norm (z)")
+    dp_delta: float = Field(default=1e-5, gt=0, lt=1, description="dp_fedavg: the delta epsilon is reported at")
+
+
+class SecureAggregationSettings(StrictModel):
+    """Bonawitz et al. secure aggregation of the backbone updates (facecore.secagg): the server
+    learns only the sum of the survivors' updates. After selection, devices advertise keys and
+    share secrets within ``key_phase_s`` each, upload masked updates before the deadline, then
+    answer the unmasking request within ``unmask_phase_s``. Fewer than ``threshold`` answers
+    (``threshold_fraction`` of the devices that advertised, at least 2) fails the round."""
+
+    enabled: bool = False
+    threshold_fraction: float = Field(
+        default=2 / 3, ge=0.5, lt=1, description="t = max(2, floor(fraction x advertisers) + 1); fewer advertisers than t fails the round",
+    )
+    key_phase_s: float = Field(default=30, ge=1, le=86400, description="seconds for each of the advertise and share-keys steps")
+    unmask_phase_s: float = Field(default=60, ge=1, le=86400, description="seconds the unmasking step waits for answers")
+    scale_bits: int = Field(default=14, ge=4, le=24, description="fixed point: updates are scaled by 2**scale_bits")
+
+
+class RoundConfig(StrictModel):
+    """One round's whole configuration: validated once when the round opens, stored as JSON with the
+    round, and read back typed (`RoundConfig.model_validate(round.config)`)."""
+
+
+    target_participants: int = Field(default=10, ge=1, le=100_000)
+    min_participants: int = Field(default=2, ge=1, le=100_000)
+    deadline_s: float = Field(default=600, ge=1, le=7 * 86400, description="seconds from opening until uploads close")
+    selection_window_s: float = Field(
+        default=5, ge=0, le=86400, description="check-ins during this window compete fairly for the target slots"
+    )
+    strategy: Literal["fedface", "fedavg"] = "fedface"
+    local: LocalSettings = Field(default_factory=LocalSettings)
+    spreadout: SpreadoutSettings = Field(default_factory=SpreadoutSettings)
+    aggregation: AggregationSettings = Field(default_factory=AggregationSettings)
+    secure_aggregation: SecureAggregationSettings = Field(default_factory=SecureAggregationSettings)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RoundConfig:
+        if self.min_participants > self.target_participants:
+            raise ValueError("min_participants must not exceed target_participants")
+        if self.selection_window_s >= self.deadline_s:
+            raise ValueError("selection_window_s must be shorter than deadline_s")
+        if self.secure_aggregation.enabled:
+            if self.aggregation.method != "fedavg":
+                raise ValueError(f"secure aggregation hides each update, so only fedavg can combine them, not {self.aggregation.method}")
+            if self.min_participants < 2:
+                raise ValueError("secure aggregation needs min_participants >= 2: the sum of one update is that update")
+            if self.selection_window_s + 2 * self.secure_aggregation.key_phase_s >= self.deadline_s:
+                raise ValueError("deadline_s must leave time after selection and the two key steps (2 x key_phase_s)")
+        return self
+
+    @property
+    def uses_dp(self) -> bool:
+        return self.aggregation.method == "dp_fedavg"
+
+
+def training_seed(round_id: int, run_seed: int = 0) -> int:
+    """The seed a device trains a round with (its shuffling and flips): the round's id on a live device,
+    offset by the run's seed in a simulation so that seeds differ between simulated runs."""
+    return round_id + run_seed * 1_000_003
