@@ -50,7 +50,7 @@ from device_sdk.personal import (
 )
 from device_sdk.secure_round import SecureRound
 from device_sdk.state import DeviceState, check_device_id, check_version
-from device_sdk.training import LocalTrainingConfig, mean_feature_embedding, train_local
+from device_sdk.training import LocalTrainingConfig, mean_feature_embedding, train_local, wire_arrays
 from device_sdk.transport import Transport
 from facecore import tensorfile
 from facecore.align.geometry import FaceGeometry, geometry_of
@@ -60,7 +60,7 @@ from facecore.federation.config import training_seed
 from facecore.federation.protocol import CONTENT_SHA256_HEADER, EMBEDDING_KEY, MASKED_KEY, METADATA_KEY
 from facecore.federation.status import CHOSEN_STATUSES, ParticipationStatus
 from facecore.federation.template_noise import noisy_template, sigma_for_cosine
-from facecore.federation.wire import update_tensors
+from facecore.federation.wire import Precision, update_tensors
 from facecore.models.registry import get_backbone
 
 # A path on the round server: "/v1/" then segments that cannot be "." or "..", no scheme, no host, no query.
@@ -515,13 +515,13 @@ class FaceDevice:
         base = backbone.state_dict()
         # an entry training left out (a frozen prefix) did not move: its delta is zero
         trained = update.state_dict
-        deltas = {name: (trained[name] - value if name in trained else torch.zeros_like(value)).numpy()
-                  for name, value in base.items()}
+        deltas = {name: trained[name] - value if name in trained else torch.zeros_like(value) for name, value in base.items()}
         template = self._shared_template(update.embedding.numpy())
         if secure is not None:
-            tensors = {MASKED_KEY: secure.masked(deltas, update.n_samples).view(np.int32), EMBEDDING_KEY: template}
+            tensors = {MASKED_KEY: secure.masked(wire_arrays(deltas, "fp32"), update.n_samples).view(np.int32), EMBEDDING_KEY: template}
         else:
-            tensors = update_tensors(deltas, template, "fp16" if self.upload_fp16 else "fp32")
+            precision: Precision = "fp16" if self.upload_fp16 else "fp32"
+            tensors = update_tensors(wire_arrays(deltas, precision), template, precision)
         meta = {"base_version": base_version, "n_samples": update.n_samples,
                 "metrics": {"loss": update.loss_after, "loss_before": update.loss_before}}
         buffer = io.BytesIO()

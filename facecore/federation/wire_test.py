@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from facecore.federation.protocol import BACKBONE_PREFIX, EMBEDDING_KEY
-from facecore.federation.wire import as_received, as_sent, backbone_deltas, update_tensors
+from facecore.federation.wire import as_received, as_sent, backbone_deltas, update_tensors, widened
 
 
 def test_floats_cross_at_the_wire_precision_and_counters_as_they_are() -> None:
@@ -34,3 +34,13 @@ def test_an_update_files_tensors_hold_the_deltas_then_the_float32_embedding() ->
 def test_an_unknown_precision_is_refused() -> None:
     with pytest.raises(ValueError, match="precision"):
         as_sent({"w": np.zeros(1, np.float32)}, "bf16")  # type: ignore[arg-type]
+
+
+def test_widening_by_table_is_exact_for_every_half_value() -> None:
+    # Prepare: every 16-bit pattern: normals, subnormals, zeros, infinities and NaNs
+    every = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
+    # Execute
+    wide = widened(every)
+    # Assert
+    np.testing.assert_array_equal(wide, every.astype(np.float32))  # NaNs compare equal here
+    assert widened(np.array([1.5], np.float64)).dtype == np.float32

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from device_sdk.training import PrefixCache, Workspace, mean_feature_embedding, prefix_cache, train_local, trainable_keys
+from device_sdk.training import PrefixCache, Workspace, mean_feature_embedding, prefix_cache, train_local, trainable_keys, wire_arrays
 from facecore.federation.config import training_seed
 from facecore.federation.protocol import EMBEDDING_KEY
 from facecore.federation.selection import least_recently_selected
@@ -186,7 +186,8 @@ class CrossDeviceSimulation:
             update = train_local(self.received, state.W[index], device.faces, self.config.local, seed=self._seed(round_number, index), cache=cache,
                                  workspace=self.workspace)
             keys = list(update.state_dict)
-            delta = dict(zip(keys, (d.numpy() for d in torch._foreach_sub(list(update.state_dict.values()), [base[k] for k in keys])), strict=True))
+            differences = torch._foreach_sub(list(update.state_dict.values()), [base[k] for k in keys])
+            delta = wire_arrays(dict(zip(keys, differences, strict=True)), self.config.wire)
             yield self._received(round_number, index, delta, update.embedding.numpy(), update.n_samples, update.loss_before, update.loss_after, state, losses)
 
     def _pooled_updates(self, round_number: int, chosen: list[int], state: SimulationState, losses: list[float]) -> Iterator[ClientUpdate]:
@@ -215,6 +216,8 @@ class CrossDeviceSimulation:
         self, round_number: int, index: int, delta: dict[str, np.ndarray], embedding: np.ndarray, n_samples: int, loss_before: float,
         loss_after: float, state: SimulationState, losses: list[float],
     ) -> ClientUpdate:
+        if self.config.wire == "fp16" and any(v.dtype == np.float32 for v in delta.values()):  # from a worker process
+            delta = wire_arrays({k: torch.from_numpy(np.asarray(v)) for k, v in delta.items()}, self.config.wire)
         tensors = update_tensors(delta, self._shared(embedding, round_number, index), self.config.wire)  # what the server receives
         state.W[index] = tensors[EMBEDDING_KEY]
         losses.append(loss_after)

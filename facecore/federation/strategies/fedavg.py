@@ -16,6 +16,13 @@ from facecore.federation.strategies.base import (
     UpdateKind,
     Weights,
 )
+from facecore.federation.wire import widened
+
+
+def _wide(value: np.ndarray) -> np.ndarray:
+    """float64 of an update's array; fp16 (the wire's) through the exact lookup table, not numpy's slow cast."""
+    array = np.asarray(value)
+    return (widened(array) if array.dtype == np.float16 else array).astype(np.float64)
 
 
 class RunningWeightedSum:
@@ -32,7 +39,7 @@ class RunningWeightedSum:
         if not weight > 0:
             raise ValueError(f"weight must be positive, got {weight}")
         if self.count == 0:
-            self._sums = {k: np.asarray(v, dtype=np.float64) * weight for k, v in weights.items()}
+            self._sums = {k: _wide(v) * weight for k, v in weights.items()}
         else:
             if weights.keys() != self._sums.keys():
                 missing, extra = self._sums.keys() - weights.keys(), weights.keys() - self._sums.keys()
@@ -40,7 +47,7 @@ class RunningWeightedSum:
             for key, value in weights.items():
                 if np.shape(value) != self._sums[key].shape:
                     raise ValueError(f"{key}: shape {np.shape(value)} differs from {self._sums[key].shape}")
-                self._sums[key] += np.asarray(value, dtype=np.float64) * weight
+                self._sums[key] += _wide(value) * weight
         for key, metric in (metrics or {}).items():
             self._metric_sums[key] = self._metric_sums.get(key, 0.0) + float(metric) * weight
             self._metric_weights[key] = self._metric_weights.get(key, 0.0) + weight
