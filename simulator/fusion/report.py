@@ -32,14 +32,21 @@ def _by_partition(reports: Sequence[dict[str, Any]]) -> dict[str, list[dict[str,
     return groups
 
 
+def _data_name(report: dict[str, Any]) -> str:
+    """The data set a run used, as its plot titles say it (reports written before it was recorded were MNIST)."""
+    source = str(report.get("data", {}).get("source") or "mnist")
+    return {"mnist": "MNIST", "fashion-mnist": "Fashion-MNIST"}.get(source, Path(source).name)
+
+
 def write_plots(reports: Sequence[dict[str, Any]], out: Path) -> list[Path]:
     paths = []
     for partition, group in _by_partition(reports).items():
+        name = _data_name(group[0])
         acc = {r["fusion"]: ([h["round"] for h in r["history"]], [h["acc"] for h in r["history"]]) for r in group}
-        paths.append(save_line_plot(out / f"accuracy_{partition}.png", acc, "round", "global test accuracy", f"MNIST, {partition} partition"))
+        paths.append(save_line_plot(out / f"accuracy_{partition}.png", acc, "round", "global test accuracy", f"{name}, {partition} partition"))
         mb = {r["fusion"]: ([h["round"] * r["bytes_per_round"] / 1e6 for h in r["history"]], [h["acc"] for h in r["history"]]) for r in group}
         paths.append(save_line_plot(out / f"accuracy_vs_mb_{partition}.png", mb, "cumulative MB (all selected nodes, up + down)",
-                                    "global test accuracy", f"MNIST, {partition}: accuracy per communicated MB"))
+                                    "global test accuracy", f"{name}, {partition}: accuracy per communicated MB"))
         late = {r["fusion"]: (list(range(len(r["late_join"]["acc_by_epoch"]))), r["late_join"]["acc_by_epoch"]) for r in group}
         paths.append(save_line_plot(out / f"late_join_{partition}.png", late, "local epochs of the new node",
                                     "accuracy on the new node's test images", f"late-joining node, {partition}"))

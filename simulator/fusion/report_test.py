@@ -1,7 +1,7 @@
 """The FedFusion report's tables, from hand-made run reports."""
 from typing import Any
 
-from simulator.fusion.report import tables
+from simulator.fusion.report import _data_name, tables
 
 
 def _report(fusion: str, accs: list[float], partition: str = "pathological") -> dict[str, Any]:
@@ -24,3 +24,10 @@ def test_fusion_saves_against_fedavg_and_a_partition_without_fedavg_still_render
     # Assert
     assert "| conv | 90.0 |" in text and "| 50% |" in text
     assert "### user" in text and "| multi | 90.0 |" in text
+
+
+def test_plot_titles_name_the_data_set_a_run_used() -> None:
+    # Execute / Assert: the source recorded by `fedface sim fusion`; earlier reports were MNIST
+    assert _data_name({"data": {"source": "fashion-mnist"}}) == "Fashion-MNIST"
+    assert _data_name({"data": {"source": "/data/cifar10.npz"}}) == "cifar10.npz"
+    assert _data_name({"data": {"train": [1, 28, 28]}}) == "MNIST"
