@@ -7,6 +7,7 @@ store (rows hold their sha256); class embeddings are AES-GCM ciphertexts.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from functools import cached_property
 from typing import Any, cast
 
 from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, LargeBinary, MetaData, String, Table, UniqueConstraint
@@ -125,9 +126,10 @@ class Round(Base):
     sampling_key: Mapped[bytes | None] = mapped_column(LargeBinary(32), default=None)
     summary: Mapped[dict[str, Any] | None] = mapped_column(default=None)
 
-    @property
+    @cached_property
     def settings(self) -> RoundConfig:
-        """`config` typed; validated when the round opened, so this only fails on a hand-edited row."""
+        """`config` typed, parsed once per loaded row (a round's config never changes after it opens);
+        validated when the round opened, so this only fails on a hand-edited row."""
         return RoundConfig.model_validate(self.config)
 
 

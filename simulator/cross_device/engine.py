@@ -164,8 +164,7 @@ class CrossDeviceSimulation:
             from facecore.errors import CheckpointError
 
             raise CheckpointError(f"{self.checkpoint_path} belongs to a run with another configuration: use another --out")
-        never = [None] * len(self.population.devices)
-        return SimulationState(saved["round"], saved["model_state"], saved["W"].numpy(), saved["history"], saved.get("last_selected", never))
+        return SimulationState(saved["round"], saved["model_state"], saved["W"].numpy(), saved["history"], saved.get("last_selected", []))
 
     # ---- one round -----------------------------------------------------------------------
     def _seed(self, round_number: int, index: int) -> int:
@@ -210,14 +209,13 @@ class CrossDeviceSimulation:
         received = self.received.state_dict()
         weights = {k: received[k].numpy() for k in self.trained_keys}
         for r in tqdm(self.pool.train(weights, tasks), total=len(tasks), desc=f"round {round_number}", unit="device", leave=False):
-            yield self._received(round_number, r.index, r.delta, r.embedding, r.n_samples, r.loss_before, r.loss_after, state, losses)
+            delta = wire_arrays({k: torch.from_numpy(np.asarray(v)) for k, v in r.delta.items()}, self.config.wire)  # workers send fp32
+            yield self._received(round_number, r.index, delta, r.embedding, r.n_samples, r.loss_before, r.loss_after, state, losses)
 
     def _received(
         self, round_number: int, index: int, delta: dict[str, np.ndarray], embedding: np.ndarray, n_samples: int, loss_before: float,
         loss_after: float, state: SimulationState, losses: list[float],
     ) -> ClientUpdate:
-        if self.config.wire == "fp16" and any(v.dtype == np.float32 for v in delta.values()):  # from a worker process
-            delta = wire_arrays({k: torch.from_numpy(np.asarray(v)) for k, v in delta.items()}, self.config.wire)
         tensors = update_tensors(delta, self._shared(embedding, round_number, index), self.config.wire)  # what the server receives
         state.W[index] = tensors[EMBEDDING_KEY]
         losses.append(loss_after)
@@ -236,7 +234,7 @@ class CrossDeviceSimulation:
         rng = np.random.default_rng([self.config.seed, round_number])
         self._receive()
         missing = len(self.population.devices) - len(state.last_selected)
-        state.last_selected.extend([None] * missing)  # a state built by hand (a benchmark) knows no selections yet
+        state.last_selected.extend([None] * missing)  # a new run, an older checkpoint or a hand-built state (a benchmark)
         chosen = self._chosen(rng, state)
         for index in chosen:
             state.last_selected[index] = round_number
@@ -265,8 +263,7 @@ class CrossDeviceSimulation:
         self.out.mkdir(parents=True, exist_ok=True)
         state = self.load() if resume else None
         if state is None:
-            never: list[int | None] = [None] * len(self.population.devices)
-            state = SimulationState(0, {k: v.clone() for k, v in self.model.state_dict().items()}, self.initial_embeddings(), last_selected=never)
+            state = SimulationState(0, {k: v.clone() for k, v in self.model.state_dict().items()}, self.initial_embeddings())
             state.history.append(self._evaluated({"round": 0, "embedding_mean_cos": mean_pairwise_cosine(state.W)}))
             self._log(state, state.history[-1])
         else:
