@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from facecore.errors import FaceCoreError
 from facecore.federation.wire import Precision
-from facecore.losses import impostor_loss, positive_loss
+from facecore.losses import cosface_loss, impostor_loss, positive_loss, public_negatives_loss
 from facecore.models.preprocess import faces_to_tensor
 
 
@@ -47,6 +47,9 @@ class LocalTrainingConfig:
     # they are the mean batch loss of the first and of the last epoch, computed during training
     # anyway; a simulator of thousands of devices saves two forward passes per device.
     exact_losses: bool = True
+    # With public identities (train_local's `public`): CosFace's scale and margin against their templates.
+    negative_scale: float = 64.0
+    negative_margin: float = 0.35
 
     @classmethod
     def from_round(cls, local: Mapping[str, Any]) -> LocalTrainingConfig:
@@ -65,6 +68,8 @@ class LocalTrainingConfig:
                 ("bn_mode must be frozen or train", self.bn_mode not in ("frozen", "train")),
                 ("trainable_blocks must be >= 0", self.trainable_blocks is not None and self.trainable_blocks < 0),
                 ("a frozen prefix needs bn_mode frozen", self.trainable_blocks is not None and self.bn_mode != "frozen"),
+                ("negative_scale must be > 0", not self.negative_scale > 0),
+                ("negative_margin must be in [0, 1]", not 0 <= self.negative_margin <= 1),
             ) if bad
         ]
         if problems:
@@ -183,16 +188,30 @@ class Cohort:
     weight: float = 1.0
 
 
+@dataclass(frozen=True)
+class PublicIdentities:
+    """Public people a device trains against: their templates (K, D) and, for rehearsal, some of
+    their faces (inputs to the trainable part, e.g. prefix activations) with template indices, which
+    each step keeps near their own templates (CosFace), so that the owner's faces cannot part from
+    public people by moving as a group."""
+
+    templates: Tensor
+    faces: Tensor | None = None
+    labels: Tensor | None = None
+
+
 def fit_positive(
     forward: nn.Module, w: nn.Parameter, params: list[nn.Parameter], plain: Tensor, flipped: Tensor | None,
     config: LocalTrainingConfig, seed: int, after_step: Callable[[], None] | None = None, cohort: Cohort | None = None,
+    public: PublicIdentities | None = None,
 ) -> tuple[float, float, int]:
     """SGD on `params` and `w` for the positive-only loss of forward(inputs) against w.
 
     `flipped` holds the mirrored inputs (prefix activations) when mirroring cannot be done on
     `plain` itself. With a `cohort`, each step also pushes a batch of public impostor faces below
-    the cohort margin (the reported losses stay the positive loss). Returns (loss_before,
-    loss_after, optimizer steps)."""
+    the cohort margin; with `public` identities, each step adds CosFace of the batch against w and
+    their templates (`public_negatives_loss`), and with their faces CosFace of a batch of those. The
+    reported losses stay the positive loss. Returns (loss_before, loss_after, optimizer steps)."""
     optimizer = torch.optim.SGD([*params, w], lr=config.lr, momentum=config.momentum)
     generator = torch.Generator().manual_seed(seed)
     loss_before = _mean_loss(forward, w.detach(), plain, config.margin, config.batch) if config.exact_losses else math.nan
@@ -211,7 +230,14 @@ def fit_positive(
             if config.flip:
                 mirror = (torch.rand(len(index), generator=generator) < 0.5)[:, None, None, None]
                 batch = torch.where(mirror, batch.flip(3) if flipped is None else flipped[index], batch)
-            loss = positive_loss(forward(batch), w, config.margin)
+            features = forward(batch)
+            loss = positive_loss(features, w, config.margin)
+            if public is not None:
+                loss = loss + public_negatives_loss(features, w, public.templates, config.negative_scale, config.negative_margin)
+                if public.faces is not None and public.labels is not None:
+                    picked = torch.randint(len(public.faces), (config.batch,), generator=generator)
+                    loss = loss + cosface_loss(forward(public.faces[picked]), public.labels[picked], public.templates,
+                                               config.negative_scale, config.negative_margin)
             if cohort is not None:
                 picked = torch.randint(len(cohort.activations), (config.batch,), generator=generator)
                 loss = loss + cohort.weight * impostor_loss(forward(cohort.activations[picked]), w, cohort.margin)
@@ -278,6 +304,7 @@ def _all_finite(tensors: list[Tensor]) -> bool:
 def train_local(
     backbone: nn.Module, embedding: np.ndarray | Tensor, faces: np.ndarray, config: LocalTrainingConfig, seed: int = 0,
     dtype: torch.dtype = torch.float32, cache: PrefixCache | None = None, workspace: Workspace | None = None,
+    public: PublicIdentities | None = None,
 ) -> LocalUpdate:
     """One round of local training on the owner's aligned faces. `backbone` is not modified.
 
@@ -285,7 +312,8 @@ def train_local(
     from `cache` (computed here when not given) instead of running the frozen prefix each step.
     `workspace`: a Workspace over a model of the same architecture and dtype to train in,
     overwritten with `backbone`'s weights; reusing one across devices saves a deep copy and the
-    module walks per device."""
+    module walks per device. `public`: public identities sent with the round; each face is also
+    trained against them (fit_positive)."""
     if len(faces) == 0:
         raise FaceCoreError("local training needs at least one aligned face")
     started = time.perf_counter()
@@ -307,7 +335,7 @@ def train_local(
         assert cache is not None
         plain, flipped = cache.plain.to(dtype), cache.flipped.to(dtype)
     w = nn.Parameter(torch.tensor(np.asarray(embedding), dtype=dtype))  # a copy (Ray hands read-only arrays)
-    loss_before, loss_after, steps = fit_positive(suffix, w, suffix_parameters, plain, flipped, config, seed)
+    loss_before, loss_after, steps = fit_positive(suffix, w, suffix_parameters, plain, flipped, config, seed, public=public)
     trained = [workspace.entries[k].detach().clone() for k in keys]  # the workspace trains on
     if not (math.isfinite(loss_after) and _all_finite(trained)):
         raise TrainingDiverged(f"local training diverged (loss {loss_after}); lower the learning rate")

@@ -6,6 +6,7 @@ import torch
 
 from device_sdk.training import (
     LocalTrainingConfig,
+    PublicIdentities,
     TrainingDiverged,
     Workspace,
     mean_feature_embedding,
@@ -75,6 +76,32 @@ def test_frozen_prefix_trains_only_the_last_blocks(owner) -> None:  # type: igno
     last = len(model.blocks)
     assert changed and changed <= {f"blocks.{last - 2}", f"blocks.{last - 1}"} | {k for k in changed if k.startswith("head.")}
     assert not any(k.startswith("stem.") for k in changed)
+
+
+def test_public_negatives_move_the_owners_faces_away_from_other_peoples_templates() -> None:
+    # Prepare: an owner, and the templates of four other synthetic people under the starting model
+    model = calibrated_backbone("mobilefacenet_s", seed=0)
+    faces, labels = synthetic_faces(5, 4, seed=5)
+    with torch.no_grad():
+        features = model(faces_to_tensor(faces)).numpy()
+    owner = faces[labels == 0]
+    negatives = np.stack([mean_feature_embedding(features[labels == k]) for k in range(1, 5)])
+    config = LocalTrainingConfig(epochs=3, batch=4, lr=0.05, trainable_blocks=2)
+
+    def closeness(update) -> float:  # type: ignore[no-untyped-def]
+        trained = copy.deepcopy(model)
+        trained.load_state_dict({**model.state_dict(), **update.state_dict})
+        with torch.no_grad():
+            owned = torch.nn.functional.normalize(trained.eval()(faces_to_tensor(owner)), dim=1)
+        return float((owned @ torch.from_numpy(negatives).T).mean())
+
+    # Execute: the same round without and with the negatives
+    plain = train_local(model, mean_feature_embedding(features[labels == 0]), owner, config, seed=1)
+    public = PublicIdentities(torch.from_numpy(negatives))
+    against = train_local(model, mean_feature_embedding(features[labels == 0]), owner, config, seed=1, public=public)
+    # Assert: the owner's faces end further from the other people, and the reported loss stays the positive one
+    assert closeness(against) < closeness(plain) - 0.01
+    assert against.loss_before == pytest.approx(plain.loss_before)
 
 
 def test_a_diverging_round_is_refused(owner) -> None:  # type: ignore[no-untyped-def]

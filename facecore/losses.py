@@ -109,6 +109,35 @@ def impostor_loss(features: Tensor, class_embedding: Tensor, margin: float = 0.2
     return torch.clamp(cos - margin, min=0).pow(2).mean()
 
 
+def public_negatives_loss(features: Tensor, class_embedding: Tensor, negatives: Tensor, s: float = 64.0, m: float = 0.35) -> Tensor:
+    """CosFace of a device's faces against its owner's embedding ``w`` (D,) and public identities'
+    templates ``negatives`` (K, D): ``mean_i -log softmax(s * [cos(f_i, w) - m, cos(f_i, t_1..K)])_0``.
+
+    The positive-only loss gives a device no negatives; these templates are public faces' identities,
+    which the server may ship without any device learning of another device's owner."""
+    if features.dim() != 2 or class_embedding.shape != features.shape[-1:] or negatives.dim() != 2 or negatives.shape[1] != features.shape[1]:
+        raise ValueError(
+            f"need (N, D) features, a (D,) embedding and (K, D) negatives, got {tuple(features.shape)}, "
+            f"{tuple(class_embedding.shape)} and {tuple(negatives.shape)}"
+        )
+    f = F.normalize(features, dim=1)
+    target = f @ F.normalize(class_embedding, dim=0) - m
+    logits = s * torch.cat([target[:, None], f @ F.normalize(negatives, dim=1).T], dim=1)
+    return F.cross_entropy(logits, torch.zeros(len(f), dtype=torch.long, device=f.device))
+
+
+def cosface_loss(features: Tensor, labels: Tensor, class_embeddings: Tensor, s: float = 64.0, m: float = 0.35) -> Tensor:
+    """CosFace against fixed class embeddings (C, D): ``mean_i -log softmax(s * (cos(f_i, w) - m 1[label]))_label``."""
+    if features.dim() != 2 or class_embeddings.dim() != 2 or class_embeddings.shape[1] != features.shape[1] or labels.shape != features.shape[:1]:
+        raise ValueError(
+            f"need (N, D) features, (N,) labels and (C, D) embeddings, got {tuple(features.shape)}, "
+            f"{tuple(labels.shape)} and {tuple(class_embeddings.shape)}"
+        )
+    cos = F.normalize(features, dim=1) @ F.normalize(class_embeddings, dim=1).T
+    cos = cos - m * F.one_hot(labels.long(), len(class_embeddings)).to(cos.dtype)
+    return F.cross_entropy(s * cos, labels.long())
+
+
 def positive_loss(features: Tensor, class_embedding: Tensor, margin: float = 0.9) -> Tensor:
     """FedFace positive-only loss ``mean_i max(0, margin - cos(f_i, w_i))**2``.
 

@@ -12,9 +12,11 @@ from facecore.losses import (
     CosFaceHead,
     MarginHead,
     SpreadoutConfig,
+    cosface_loss,
     impostor_loss,
     make_margin_head,
     positive_loss,
+    public_negatives_loss,
     spreadout_loss,
     spreadout_optimize,
     spreadout_topk_loss,
@@ -291,3 +293,43 @@ def test_impostor_loss_is_zero_below_the_margin_and_squared_above_it() -> None:
     assert float(loss) == pytest.approx(0.18, abs=1e-6)
     with pytest.raises(ValueError, match="embedding"):
         impostor_loss(features, torch.ones(3))
+
+
+def test_public_negatives_loss_is_cosface_against_the_owner_and_the_templates() -> None:
+    # Prepare: a face at cosine 0.8 to its owner's w and 0.6 and 0.0 to two public templates
+    w = torch.tensor([1.0, 0.0])
+    features = torch.tensor([[0.8, 0.6]])
+    negatives = torch.tensor([[0.0, 1.0], [-0.6, 0.8]])  # cosines 0.6 and 0.0
+    # Execute
+    loss = public_negatives_loss(features, w, negatives, s=10.0, m=0.2)
+    # Assert: -log(e^{10*0.6} / (e^{10*0.6} + e^{10*0.6} + e^{0}))
+    expected = -math.log(math.exp(6.0) / (2 * math.exp(6.0) + 1.0))
+    assert float(loss) == pytest.approx(expected, rel=1e-5)
+
+
+def test_public_negatives_loss_pulls_the_face_from_the_templates_and_checks_shapes() -> None:
+    # Prepare
+    torch.manual_seed(0)
+    features = torch.randn(4, 8, requires_grad=True)
+    w, negatives = torch.randn(8), torch.randn(5, 8)
+    # Execute: one small gradient step on the features
+    loss = public_negatives_loss(features, w, negatives)
+    (grad,) = torch.autograd.grad(loss, features)
+    stepped = public_negatives_loss(features.detach() - 1e-3 * grad, w, negatives)
+    # Assert
+    assert float(stepped) < float(loss.detach())
+    with pytest.raises(ValueError, match="negatives"):
+        public_negatives_loss(features, w, torch.randn(5, 7))
+
+
+def test_cosface_loss_matches_the_cosface_head_with_the_same_weights() -> None:
+    # Prepare
+    torch.manual_seed(1)
+    features, labels = torch.randn(6, 8), torch.tensor([0, 1, 2, 0, 1, 2])
+    head = CosFaceHead(8, 3, s=30.0, m=0.2)
+    # Execute
+    loss = cosface_loss(features, labels, head.weight.detach(), s=30.0, m=0.2)
+    # Assert
+    assert float(loss) == pytest.approx(float(head(features, labels)), rel=1e-5)
+    with pytest.raises(ValueError, match="labels"):
+        cosface_loss(features, labels[:3], head.weight.detach())

@@ -32,6 +32,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cd.add_argument("--local-lr", type=float, default=0.01, metavar="RATE", help="the devices' learning rate")
     cd.add_argument("--margin", type=float, default=0.9, help="margin m of the positive-only FedFace loss")
     cd.add_argument("--trainable-blocks", type=int, default=None, help="frozen-prefix option: train only the last K blocks + head")
+    cd.add_argument("--public-negatives", type=int, default=0, metavar="K",
+                    help="the server sends K public identities' templates each round and devices train against them (0: the paper's positive-only loss)")
+    cd.add_argument("--public-rehearsal", type=_on_off, default=False, metavar="{on,off}",
+                    help="with --public-negatives: devices also get those people's faces and keep them near their own templates")
+    cd.add_argument("--negative-scale", type=float, default=64.0, help="with --public-negatives: CosFace's scale s against them")
+    cd.add_argument("--negative-margin", type=float, default=0.35, help="with --public-negatives: CosFace's margin m on the owner's cosine")
     cd.add_argument("--owner-holdout", type=float, default=None, metavar="FRACTION",
                     help="hold out this share of each device's photos from training and verify its owner on them (fedface eval owners)")
     # None: facecore.losses.SpreadoutConfig's (the paper's) value; not imported here, it loads torch.
@@ -145,14 +151,16 @@ def _cross_device(args: argparse.Namespace) -> int:
     from simulator.cross_device.config import CrossDeviceConfig
     from simulator.cross_device.run import run_cross_device
 
-    local = LocalTrainingConfig(epochs=args.local_epochs, lr=args.local_lr, margin=args.margin, trainable_blocks=args.trainable_blocks)
+    local = LocalTrainingConfig(epochs=args.local_epochs, lr=args.local_lr, margin=args.margin, trainable_blocks=args.trainable_blocks,
+                                negative_scale=args.negative_scale, negative_margin=args.negative_margin)
     config = CrossDeviceConfig(
         devices=args.devices, rounds=args.rounds, per_round=args.per_round, method=args.method, init=args.init,
         spreadout=args.spreadout, seed=args.seed, model=args.model, eval_every=args.eval_every,
         eval_folds=parse_folds(args.folds), target_accuracy=args.target, local=local,
         dp_epsilon=args.dp_epsilon, dp_clip=args.dp_clip, dp_delta=args.dp_delta, template_noise_cos=args.template_noise_cos, workers=args.workers,
         selection=args.selection, wire=args.wire, seeding=args.seeding,
-        backend=args.backend, ray_address=args.ray_address, owner_holdout=args.owner_holdout,
+        backend=args.backend, ray_address=args.ray_address, owner_holdout=args.owner_holdout, public_negatives=args.public_negatives,
+        public_rehearsal=args.public_rehearsal,
         server_spreadout=SpreadoutConfig(**{k: v for k, v in (("nu", args.spreadout_nu), ("steps", args.spreadout_steps),
                                                                ("lr", args.spreadout_lr)) if v is not None}),
     )

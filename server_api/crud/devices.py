@@ -55,6 +55,14 @@ def add_enrollment(session: Session, device_id: str, ciphertext: bytes) -> Enrol
     return enrollment
 
 
+def active_enrollments(session: Session) -> list[Enrollment]:
+    """The templates of active devices (unenrolled and removed ones hold none), by device id."""
+    return list(session.execute(
+        select(Enrollment).join(Device, Device.id == Enrollment.device_id)
+        .where(Device.status == "active").order_by(Enrollment.device_id)
+    ).scalars())
+
+
 def delete_templates(session: Session, device_id: str) -> bool:
     """Delete the device's enrollment and every uploaded copy of its template (the updates' rows
     stay). Returns whether an enrollment was deleted."""

@@ -38,6 +38,16 @@ def list_rounds(session: Session, limit: int) -> list[Round]:
     return list(session.execute(select(Round).order_by(Round.id.desc()).limit(limit)).scalars())
 
 
+def status_counts(session: Session) -> dict[str, int]:
+    """How many rounds are in each status (a status no round has is absent)."""
+    rows = session.execute(select(Round.status, func.count()).group_by(Round.status)).all()
+    return {status: count for status, count in rows}
+
+
+def active_round_id(session: Session) -> int | None:
+    return session.execute(select(Round.id).where(Round.active_slot == 1)).scalar_one_or_none()
+
+
 def completed_rounds(session: Session) -> list[Round]:
     return list(session.execute(select(Round).where(Round.status == RoundStatus.COMPLETED).order_by(Round.id)).scalars())
 
@@ -81,6 +91,11 @@ def get_participation(session: Session, round_id: int, device_id: str) -> Partic
     return session.execute(
         select(Participation).where(Participation.round_id == round_id, Participation.device_id == device_id)
     ).scalar_one_or_none()
+
+
+def participation_status(session: Session, round_id: int, device_id: str) -> str | None:
+    """The device's status in the round, or None; read from the database, never from a row this session holds."""
+    return session.scalar(select(Participation.status).where(Participation.round_id == round_id, Participation.device_id == device_id))
 
 
 def add_participation(session: Session, round_id: int, device_id: str, status: str) -> Participation:

@@ -103,6 +103,11 @@ def round_updates(session: Session, round_id: int) -> list[Update]:
     return list(session.execute(select(Update).where(Update.round_id == round_id).order_by(Update.id)).scalars())
 
 
+def round_uploaders(session: Session, round_id: int) -> list[str]:
+    """The devices that have an update in the round."""
+    return list(session.execute(select(Update.device_id).where(Update.round_id == round_id)).scalars())
+
+
 def round_blob_digests(session: Session, round_id: int) -> list[str]:
     return list(session.execute(select(Update.blob_sha256).where(Update.round_id == round_id)).scalars())
 

@@ -20,7 +20,6 @@ from datetime import datetime
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from facecore.federation.config import AggregationSettings, RoundConfig
@@ -33,11 +32,12 @@ from facecore.secagg import SecAggAborted
 from facecore.tensorfile import iter_tensors, read_header, read_tensor
 from server_api.core.db import lock_round, session_scope, transaction
 from server_api.core.logging import get_logger
+from server_api.crud import devices as device_crud
 from server_api.crud import rounds as round_crud
 from server_api.crud import secagg as secagg_crud
 from server_api.crud import updates as update_crud
 from server_api.crud import versions as version_crud
-from server_api.models import Device, Enrollment, Round, utcnow
+from server_api.models import Round, utcnow
 from server_api.services import rounds, secure_aggregation
 from server_api.services.context import ServerContext
 from server_api.services.model_store import build_model, load_weights, store_model
@@ -152,10 +152,7 @@ def _compute_and_finalize(ctx: ServerContext, round_id: int) -> bool:
         ]
         enrolled = [
             EnrolledRef(e.device_id, e.ciphertext, e.updated_at)
-            for e in session.execute(
-                select(Enrollment).join(Device, Device.id == Enrollment.device_id)
-                .where(Device.status == "active").order_by(Enrollment.device_id)
-            ).scalars()
+            for e in device_crud.active_enrollments(session)
         ]
         config = round_.settings
         strategy = strategy_for(config)

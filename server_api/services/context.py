@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from facecore.federation.status import CHOSEN_STATUSES, ParticipationStatus
+from facecore.federation.status import ParticipationStatus
 from facecore.models.checkpoint import load_backbone
 from server_api.core.config import Secrets, Settings
 from server_api.core.db import make_engine, make_session_factory, run_migrations, session_scope, startup_lock, transaction
@@ -100,19 +100,17 @@ class ServerContext:
 
 
 def _db_counts(sessions: sessionmaker[Session]) -> tuple[dict[str, int], dict[str, int]]:
-    from server_api.models import Participation, Round
+    from server_api.crud import rounds as round_crud
 
     with session_scope(sessions) as session:
-        rounds = dict(session.execute(select(Round.status, func.count()).group_by(Round.status)).all())
-        active = session.execute(select(Round.id).where(Round.active_slot == 1)).scalar_one_or_none()
+        rounds = round_crud.status_counts(session)
+        active = round_crud.active_round_id(session)
         parts: dict[str, int] = {}
         if active is not None:
-            by_status = dict(session.execute(
-                select(Participation.status, func.count()).where(Participation.round_id == active).group_by(Participation.status)
-            ).all())
+            tally = round_crud.tally(session, active)
             parts = {
-                "checked_in": sum(by_status.values()),
-                ParticipationStatus.SELECTED: sum(by_status.get(status, 0) for status in CHOSEN_STATUSES),
-                ParticipationStatus.UPLOADED: by_status.get(ParticipationStatus.UPLOADED, 0),
+                "checked_in": tally.checked_in,
+                ParticipationStatus.SELECTED: tally.selected,
+                ParticipationStatus.UPLOADED: tally.uploaded,
             }
         return rounds, parts  # read only: session_scope rolls it back

@@ -1,9 +1,10 @@
 """The operator's view of devices: list them, remove one (its template and key go with it).
-A removal is one transaction."""
+A removal is one transaction. Calls return rows or a :class:`Removal`; the routes build the responses."""
 
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
@@ -12,25 +13,24 @@ from server_api.core.logging import get_logger
 from server_api.crud import audit
 from server_api.crud import devices as device_crud
 from server_api.errors import NotFound
-from server_api.schemas import DeviceAdminPublic, DeviceRemovedPublic
+from server_api.models import Device
 
 log = get_logger("device_admin")
 
 
-def list_devices(session: Session, limit: int, offset: int) -> list[DeviceAdminPublic]:
-    return [
-        DeviceAdminPublic(
-            device_id=device.id,
-            status=device.status,
-            enrolled=enrolled,
-            created_at=device.created_at,
-            last_selected_round=device.last_selected_round,
-        )
-        for device, enrolled in device_crud.list_devices(session, limit, offset)
-    ]
+@dataclass(frozen=True)
+class Removal:
+    device_id: str
+    status: str
+    template_deleted: bool  # false when the device held no template
 
 
-def remove_device(session: Session, device_id: str) -> DeviceRemovedPublic:
+def list_devices(session: Session, limit: int, offset: int) -> list[tuple[Device, bool]]:
+    """Devices in registration order, each with whether the server holds its template now."""
+    return device_crud.list_devices(session, limit, offset)
+
+
+def remove_device(session: Session, device_id: str) -> Removal:
     """Delete the device's template (and uploaded copies) and revoke its key. An update it already
     sent to the open round still counts in that round's backbone average; its template does not.
 
@@ -46,4 +46,4 @@ def remove_device(session: Session, device_id: str) -> DeviceRemovedPublic:
         device.status = "removed"
         audit.record(session, "admin", "device.removed", device_id=device.id, template_deleted=template_deleted)
     log.info("device removed", extra={"fields": {"device_id": device_id, "template_deleted": template_deleted}})
-    return DeviceRemovedPublic(device_id=device_id, status=device.status, template_deleted=template_deleted)
+    return Removal(device_id, device.status, template_deleted)

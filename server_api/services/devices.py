@@ -6,13 +6,16 @@ new device exists. Registering a key that is already registered needs no token.
 
 Each call is one transaction, except registration: its proof of possession commits the nonce
 first, so a registration refused afterwards (bad token, lost race) cannot be replayed.
+
+Calls return the device row or a small result of their own; the routes build the responses.
 """
 from __future__ import annotations
 
 import hashlib
 import secrets
 from collections.abc import Mapping
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 import numpy as np
 from sqlalchemy.exc import IntegrityError
@@ -26,7 +29,6 @@ from server_api.crud import devices as device_crud
 from server_api.crud import versions as version_crud
 from server_api.errors import AuthenticationFailed, Conflict, Forbidden, NotFound
 from server_api.models import Device, utcnow
-from server_api.schemas import DevicePublic, DevicesPrunedPublic, EmbeddingPublic, EnrollmentTokensPublic
 from server_api.services.auth import verify_registration
 from server_api.services.context import ServerContext
 from server_api.services.validation import check_enrollment_embedding
@@ -34,10 +36,32 @@ from server_api.services.validation import check_enrollment_embedding
 log = get_logger("devices")
 
 
+@dataclass(frozen=True)
+class Template:
+    """A device's current class embedding, decrypted."""
+
+    device_id: str
+    embedding: list[float]
+    round_id: int  # the round whose aggregation produced it; 0 = as enrolled
+
+
+@dataclass(frozen=True)
+class IssuedTokens:
+    tokens: list[str]  # only their hashes are stored
+    expires_at: datetime
+
+
+@dataclass(frozen=True)
+class Pruned:
+    count: int
+    registered_before: datetime
+
+
 def register(
     ctx: ServerContext, session: Session, public_key_b64: str, headers: Mapping[str, str], method: str, path: str,
     body_sha256: str, enrollment_token: str | None = None,
-) -> tuple[DevicePublic, bool]:
+) -> tuple[Device, bool]:
+    """The device of this key, and whether this call created it."""
     public_key = parse_public_key(public_key_b64)
     with transaction(session):
         verify_registration(session, public_key, headers, method, path, body_sha256, ctx.settings.signature_window_s)
@@ -45,7 +69,7 @@ def register(
         with transaction(session):
             known = device_crud.find_device_by_key(session, public_key)
             if known is not None:
-                return public(session, known), False
+                return known, False
             if ctx.settings.enrollment_token_required():
                 _claim_token(session, enrollment_token)
             device = device_crud.add_device(session, public_key)  # committed with the claimed token
@@ -53,9 +77,9 @@ def register(
     except IntegrityError:  # the same key registered concurrently: that row wins, and the token stays unused
         existing = device_crud.find_device_by_key(session, public_key)
         assert existing is not None
-        return public(session, existing), False
+        return existing, False
     log.info("device registered", extra={"fields": {"device_id": device.id}})
-    return public(session, device), True
+    return device, True
 
 
 def _claim_token(session: Session, enrollment_token: str | None) -> None:
@@ -65,17 +89,13 @@ def _claim_token(session: Session, enrollment_token: str | None) -> None:
         raise AuthenticationFailed("enrollment token is unknown, already used or expired")
 
 
-def public(session: Session, device: Device) -> DevicePublic:
-    return DevicePublic(device_id=device.id, status=device.status, enrolled=device_crud.get_enrollment(session, device.id) is not None)
-
-
 def _own(device: Device, device_id: str) -> None:
     # Templates are biometric: a device may only ever touch its own.
     if device.id != device_id:
         raise Forbidden("a device may only access its own record")
 
 
-def enroll(ctx: ServerContext, session: Session, device: Device, device_id: str, values: list[float]) -> DevicePublic:
+def enroll(ctx: ServerContext, session: Session, device: Device, device_id: str, values: list[float]) -> Device:
     _own(device, device_id)
     try:
         with transaction(session):
@@ -90,16 +110,16 @@ def enroll(ctx: ServerContext, session: Session, device: Device, device_id: str,
     except IntegrityError:  # enrolled concurrently
         raise Conflict(f"device {device.id} is already enrolled") from None
     log.info("device enrolled", extra={"fields": {"device_id": device.id}})
-    return public(session, device)
+    return device
 
 
-def embedding(ctx: ServerContext, session: Session, device: Device, device_id: str) -> EmbeddingPublic:
+def embedding(ctx: ServerContext, session: Session, device: Device, device_id: str) -> Template:
     _own(device, device_id)
     enrollment = device_crud.get_enrollment(session, device.id)
     if enrollment is None:
         raise NotFound(f"device {device.id} is not enrolled")
     vector = np.frombuffer(ctx.cipher.decrypt(enrollment.ciphertext, device.id, "enrollment"), dtype="<f4")
-    return EmbeddingPublic(device_id=device.id, embedding=[float(x) for x in vector], round_id=enrollment.round_id)
+    return Template(device.id, [float(x) for x in vector], enrollment.round_id)
 
 
 def unenroll(session: Session, device: Device, device_id: str) -> None:
@@ -118,7 +138,7 @@ def _token_hash(token: str) -> str:
 
 def issue_enrollment_tokens(
     ctx: ServerContext, session: Session, count: int, ttl_s: int | None,
-) -> EnrollmentTokensPublic:
+) -> IssuedTokens:
     """``count`` new one-time tokens; only their hashes are kept, so this is the one time they are shown."""
     tokens = [secrets.token_urlsafe(24) for _ in range(count)]
     expires_at = utcnow() + timedelta(seconds=ttl_s or ctx.settings.enrollment_token_ttl_s)
@@ -126,10 +146,10 @@ def issue_enrollment_tokens(
         device_crud.add_enrollment_tokens(session, [_token_hash(t) for t in tokens], expires_at)
         audit.record(session, "admin", "enrollment_tokens.issued", count=count)
     log.info("enrollment tokens issued", extra={"fields": {"count": count}})
-    return EnrollmentTokensPublic(tokens=tokens, expires_at=expires_at)
+    return IssuedTokens(tokens, expires_at)
 
 
-def prune_never_enrolled(ctx: ServerContext, session: Session, older_than_s: int | None) -> DevicesPrunedPublic:
+def prune_never_enrolled(ctx: ServerContext, session: Session, older_than_s: int | None) -> Pruned:
     """Delete devices that registered at least ``older_than_s`` ago (default
     FEDFACE_PRUNE_UNENROLLED_AFTER_S) and never enrolled a template."""
     age_s = ctx.settings.prune_unenrolled_after_s if older_than_s is None else older_than_s
@@ -138,4 +158,4 @@ def prune_never_enrolled(ctx: ServerContext, session: Session, older_than_s: int
         pruned = device_crud.delete_never_enrolled(session, cutoff)
         audit.record(session, "admin", "devices.pruned", count=pruned, registered_before=cutoff.isoformat())
     log.info("never-enrolled devices pruned", extra={"fields": {"count": pruned}})
-    return DevicesPrunedPublic(pruned=pruned, registered_before=cutoff)
+    return Pruned(pruned, cutoff)

@@ -1,5 +1,10 @@
-"""A device's view of the active round: check-in and its instructions, in one transaction."""
+"""A device's view of the active round: check-in and its instructions, in one transaction.
+Returns a :class:`Checkin`; the route turns it into the response (with the download URLs)."""
 from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -8,12 +13,26 @@ from facecore.federation.strategies import strategy_for
 from server_api.core.db import transaction
 from server_api.crud import versions as version_crud
 from server_api.models import Device, utcnow
-from server_api.schemas import CheckinPublic
 from server_api.services import rounds
 from server_api.services.context import ServerContext
 
 
-def checkin(ctx: ServerContext, session: Session, device: Device) -> CheckinPublic:
+@dataclass(frozen=True)
+class Checkin:
+    """Where a device stands in the active round and what it trains with."""
+
+    round_id: int
+    device_id: str
+    status: str  # a ParticipationStatus; a stored "candidate" is reported as "waiting"
+    retry_after_s: float | None  # set while waiting: when selection happens
+    deadline_at: datetime
+    base_version: str
+    has_onnx: bool  # whether the base version has an ONNX export to download
+    local: dict[str, Any]  # the strategy's training config for this device
+    secure_aggregation: bool
+
+
+def checkin(ctx: ServerContext, session: Session, device: Device) -> Checkin:
     now = utcnow()
     with transaction(session):
         round_, part = rounds.check_in(session, device, now)
@@ -25,11 +44,8 @@ def checkin(ctx: ServerContext, session: Session, device: Device) -> CheckinPubl
     waiting = part.status == ParticipationStatus.CANDIDATE
     status = ParticipationStatus.WAITING if waiting else part.status
     retry = max(0.0, (round_.selection_at - now).total_seconds()) if waiting else None
-    return CheckinPublic(
-        round_id=round_.id, status=status, retry_after_s=retry, deadline_at=round_.deadline_at,  # type: ignore[arg-type]
-        base_version=base.version_hash, backbone_url=f"/v1/models/{base.version_hash}/backbone",
-        onnx_url=f"/v1/models/{base.version_hash}/onnx" if base.onnx_blob else None,
-        embedding_url=f"/v1/devices/{device.id}/embedding", upload_url=f"/v1/rounds/{round_.id}/updates",
-        local=dict(instructions.config),
-        secagg_url=f"/v1/rounds/{round_.id}/secagg" if config.secure_aggregation.enabled else None,
+    return Checkin(
+        round_id=round_.id, device_id=device.id, status=status, retry_after_s=retry, deadline_at=round_.deadline_at,
+        base_version=base.version_hash, has_onnx=bool(base.onnx_blob), local=dict(instructions.config),
+        secure_aggregation=config.secure_aggregation.enabled,
     )

@@ -19,16 +19,16 @@ every honest device's key agreement fail.
 
 A step is closed by time or by everyone having acted; either is final, so no request can see a
 step reopen. Every device write is one transaction that takes the round lock first
-(:func:`view` with ``locked=True``), so counts cannot race; then the device's new state is read.
+(:func:`view` with ``locked=True``), so counts cannot race; then the device's new state is read,
+as a :class:`DeviceStep` of plain values (the route encodes it for the wire).
 """
 from __future__ import annotations
 
 import base64
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Literal
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from facecore.federation.config import SecureAggregationSettings
@@ -36,16 +36,12 @@ from facecore.federation.status import CHOSEN_STATUSES, RoundStatus
 from facecore.secagg import SHARE_CIPHERTEXT_BYTES, Advert, is_valid_public_key, mask_bound, threshold_for
 from server_api.core.db import lock_round, transaction
 from server_api.crud import audit
+from server_api.crud import rounds as round_crud
 from server_api.crud import secagg as secagg_crud
+from server_api.crud import updates as update_crud
 from server_api.errors import Conflict, Forbidden, InvalidInput, NotFound
-from server_api.models import Device, Participation, Round, SecAggMember, Update, utcnow
-from server_api.schemas import (
-    SecAggAdvertCreate,
-    SecAggMemberPublic,
-    SecAggSharesCreate,
-    SecAggStatePublic,
-    SecAggUnmaskCreate,
-)
+from server_api.models import Device, Round, SecAggMember, utcnow
+from server_api.schemas import SecAggAdvertCreate, SecAggSharesCreate, SecAggUnmaskCreate
 
 STATUS_PHASE: dict[str, str] = {RoundStatus.UNMASKING: "unmask", RoundStatus.AGGREGATING: "aggregating", RoundStatus.COMPLETED: "completed",
                 RoundStatus.FAILED: "failed"}
@@ -105,7 +101,7 @@ class RoundView:
 
 
 def view(session: Session, round_id: int, now: datetime, locked: bool = False) -> RoundView:
-    round_ = lock_round(session, round_id) if locked else session.get(Round, round_id)
+    round_ = lock_round(session, round_id) if locked else round_crud.get_round(session, round_id)
     if round_ is None:
         raise NotFound(f"round {round_id} does not exist")
     settings = settings_of(round_)
@@ -115,8 +111,7 @@ def view(session: Session, round_id: int, now: datetime, locked: bool = False) -
 
 
 def _selected(session: Session, round_id: int, device: Device) -> None:
-    status = session.scalar(select(Participation.status).where(Participation.round_id == round_id, Participation.device_id == device.id))
-    if status not in CHOSEN_STATUSES:
+    if round_crud.participation_status(session, round_id, device.id) not in CHOSEN_STATUSES:
         raise Forbidden(f"device {device.id} was not selected for round {round_id}")
 
 
@@ -131,10 +126,6 @@ def _member_of(v: RoundView, device: Device) -> SecAggMember:
     return member
 
 
-def _b64(raw: bytes) -> str:
-    return base64.b64encode(raw).decode()
-
-
 def _decode(value: str, what: str) -> bytes:
     try:
         return base64.b64decode(value, validate=True)
@@ -143,39 +134,66 @@ def _decode(value: str, what: str) -> bytes:
 
 
 # ---- device requests -------------------------------------------------------------------------
-def state_for(session: Session, round_id: int, device: Device) -> SecAggStatePublic:
+@dataclass(frozen=True)
+class MemberKeys:
+    index: int
+    c_public: bytes
+    s_public: bytes
+
+
+@dataclass(frozen=True)
+class DeviceStep:
+    """What one device needs for the current step; the parts of a step appear once it is closed.
+    Plain values: they outlive the read transaction, which ends before the answer is sent."""
+
+    round_id: int
+    phase: str
+    scale: float
+    index: int | None  # this device's, once it advertised
+    retry_after_s: float | None = None
+    threshold: int | None = None
+    bound: float | None = None
+    members: list[MemberKeys] | None = None
+    key_sharers: list[int] | None = None
+    shares: dict[int, bytes] | None = None  # sender index -> ciphertext addressed to this device
+    survived: list[int] | None = None
+    dropped: list[int] | None = None
+    answered: bool = False
+
+
+def state_for(session: Session, round_id: int, device: Device) -> DeviceStep:
     v = view(session, round_id, utcnow())
     _selected(session, round_id, device)
     me = _find_member(v, device)
     phase = v.phase
-    state: dict[str, Any] = {"round_id": round_id, "phase": phase, "scale": v.scale, "index": me.index if me else None}
+    step = DeviceStep(round_id=round_id, phase=phase, scale=v.scale, index=me.index if me else None)
     if phase == "advertise":
-        state["retry_after_s"] = max(0.5, min(2.0, (v.keys_until - v.now).total_seconds()))
+        step = replace(step, retry_after_s=max(0.5, min(2.0, (v.keys_until - v.now).total_seconds())))
     if phase in ("share_keys", "masked_input") and me is not None:
-        state |= {
-            "threshold": v.threshold, "bound": mask_bound(len(v.members), v.scale),
-            "members": [SecAggMemberPublic(index=m.index, c_public=_b64(m.c_public), s_public=_b64(m.s_public)) for m in v.members],
-        }
+        step = replace(
+            step, threshold=v.threshold, bound=mask_bound(len(v.members), v.scale),
+            members=[MemberKeys(m.index, m.c_public, m.s_public) for m in v.members],
+        )
     if phase == "share_keys":
-        state["retry_after_s"] = max(0.5, min(2.0, (v.shares_until - v.now).total_seconds()))
+        step = replace(step, retry_after_s=max(0.5, min(2.0, (v.shares_until - v.now).total_seconds())))
     if phase == "masked_input" and me is not None and me.shared_at is not None:
         sharers = [m.index for m in v.key_sharers]
-        state |= {"key_sharers": sharers, "shares": {str(k): _b64(b) for k, b in secagg_crud.shares_for(session, round_id, me.index, sharers).items()}}
+        step = replace(step, key_sharers=sharers, shares=secagg_crud.shares_for(session, round_id, me.index, sharers))
     if phase == "unmask" and me is not None:
         survived, dropped = _survivors(session, v)
-        state |= {"threshold": v.threshold, "survived": survived, "dropped": dropped, "answered": me.unmask_answer is not None}
+        step = replace(step, threshold=v.threshold, survived=survived, dropped=dropped, answered=me.unmask_answer is not None)
     session.rollback()  # read only: ended now, so SQLite's write lock is not held while the answer is sent
-    return SecAggStatePublic(**state)
+    return step
 
 
 def _survivors(session: Session, v: RoundView) -> tuple[list[int], list[int]]:
     """(key sharers that uploaded, key sharers that did not), by index."""
-    uploaded = set(session.execute(select(Update.device_id).where(Update.round_id == v.round_.id)).scalars())
+    uploaded = set(update_crud.round_uploaders(session, v.round_.id))
     sharers = v.key_sharers
     return [m.index for m in sharers if m.device_id in uploaded], [m.index for m in sharers if m.device_id not in uploaded]
 
 
-def advertise(session: Session, round_id: int, device: Device, body: SecAggAdvertCreate) -> SecAggStatePublic:
+def advertise(session: Session, round_id: int, device: Device, body: SecAggAdvertCreate) -> DeviceStep:
     c_public, s_public = _decode(body.c_public, "c_public"), _decode(body.s_public, "s_public")
     if c_public == s_public or not is_valid_public_key(c_public) or not is_valid_public_key(s_public):
         raise InvalidInput("c_public and s_public must be two different 32-byte X25519 public keys of full order")
@@ -191,7 +209,7 @@ def advertise(session: Session, round_id: int, device: Device, body: SecAggAdver
     return state_for(session, round_id, device)
 
 
-def share_keys(session: Session, round_id: int, device: Device, body: SecAggSharesCreate) -> SecAggStatePublic:
+def share_keys(session: Session, round_id: int, device: Device, body: SecAggSharesCreate) -> DeviceStep:
     with transaction(session):
         v = view(session, round_id, utcnow(), locked=True)
         me = _member_of(v, device)
@@ -212,7 +230,7 @@ def share_keys(session: Session, round_id: int, device: Device, body: SecAggShar
     return state_for(session, round_id, device)
 
 
-def answer_unmask(session: Session, round_id: int, device: Device, body: SecAggUnmaskCreate) -> tuple[SecAggStatePublic, bool]:
+def answer_unmask(session: Session, round_id: int, device: Device, body: SecAggUnmaskCreate) -> tuple[DeviceStep, bool]:
     """Store one survivor's shares; True when every survivor has now answered (aggregate now)."""
     with transaction(session):
         v = view(session, round_id, utcnow(), locked=True)

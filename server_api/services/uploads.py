@@ -10,6 +10,10 @@ row that names it is committed, and the 201 is only sent after that commit. A re
 same Idempotency-Key after any crash either finds the committed record (same response) or
 starts over cleanly.
 
+The route shapes the 201's body (``respond``, from an :class:`AcceptedUpdate`); it is called
+inside the recording transaction, because the body is stored with the Idempotency-Key, so a
+replay answers the same bytes.
+
 Transactions: :func:`begin_upload` is one (committed before the body is read, since on SQLite
 every transaction holds the write lock) and :func:`record_update` is another, with the round
 row locked: it re-checks everything the first one checked, so nothing that changed while the
@@ -35,7 +39,6 @@ from server_api.crud import rounds as round_crud
 from server_api.crud import updates as update_crud
 from server_api.errors import Conflict, DeviceNotEnrolled, Forbidden, InvalidInput, NotFound, ServerError, StaleRound
 from server_api.models import Device, Round, utcnow
-from server_api.schemas import UpdatePublic
 from server_api.services import secure_aggregation
 from server_api.services.auth import SignedRequest, authenticate_device
 from server_api.services.context import ServerContext
@@ -43,6 +46,18 @@ from server_api.services.validation_pool import UpdateSpec
 
 IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9_.:-]{8,128}$")
 log = get_logger("uploads")
+
+
+@dataclass(frozen=True)
+class AcceptedUpdate:
+    """An update as recorded, which its 201 describes."""
+
+    update_id: int
+    round_id: int
+    device_id: str
+    n_samples: int
+    size_bytes: int
+    accepted_at: datetime
 
 
 class Recorded(NamedTuple):
@@ -88,8 +103,12 @@ def begin_upload(
     raise refusal
 
 
-def finish_upload(ctx: ServerContext, session: Session, ticket: UploadTicket, spool: Path, size: int) -> Recorded:
-    """Validate the received body (already checked against the ticket's hash) and record it."""
+def finish_upload(
+    ctx: ServerContext, session: Session, ticket: UploadTicket, spool: Path, size: int,
+    respond: Callable[[AcceptedUpdate], dict[str, Any]],
+) -> Recorded:
+    """Validate the received body (already checked against the ticket's hash) and record it;
+    ``respond`` turns the recorded update into the 201's JSON body."""
     assert ticket.expected is not None, "a replay has nothing to finish"
     device_id, round_id, now = ticket.device_id, ticket.round_id, ticket.arrived_at
     parsed = ctx.validation.check(spool, size, ticket.expected)
@@ -97,11 +116,7 @@ def finish_upload(ctx: ServerContext, session: Session, ticket: UploadTicket, sp
     ciphertext = ctx.cipher.encrypt(parsed.embedding.astype("<f4").tobytes(), device_id, "update")
 
     def response(update_id: int) -> dict[str, Any]:
-        public = UpdatePublic(
-            update_id=update_id, round_id=round_id, device_id=device_id, n_samples=parsed.meta.n_samples,
-            size_bytes=size, accepted_at=now,
-        )
-        return public.model_dump(mode="json")
+        return respond(AcceptedUpdate(update_id, round_id, device_id, parsed.meta.n_samples, size, now))
 
     recorded = record_update(
         session, round_id=round_id, device_id=device_id, blob_sha256=blob, size_bytes=size,

@@ -15,7 +15,8 @@ EXECUTION_FIELDS = ("workers", "backend", "ray_address")  # where devices train,
 SELECTIONS = ("least_recent", "uniform")
 SEEDINGS = ("live", "per_device")
 # What a checkpoint written before a field existed ran with, so it resumes with its own meaning.
-LEGACY_DEFAULTS: dict[str, Any] = {"selection": "uniform", "wire": "fp32", "seeding": "per_device"}
+LEGACY_DEFAULTS: dict[str, Any] = {"selection": "uniform", "wire": "fp32", "seeding": "per_device", "public_negatives": 0, "public_rehearsal": False}
+LEGACY_LOCAL_DEFAULTS: dict[str, Any] = {"negative_scale": 64.0, "negative_margin": 0.35}
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,11 @@ class CrossDeviceConfig:
     dp_delta: float = 1e-5
     # Devices upload templates blurred to keep this cosine with the true one (None: clean).
     template_noise_cos: float | None = None
+    # Public identities whose templates the server sends each round, for devices to train against (0: none,
+    # the paper's positive-only loss); CosFace's scale and margin against them are local.negative_*.
+    public_negatives: int = 0
+    # With public negatives: devices also get those people's faces and keep them near their templates.
+    public_rehearsal: bool = False
     # The live rules (facecore.federation): the round server's least-recently-selected choice of devices,
     # and fp16 downloads and uploads, the SDK's default. "uniform" / "fp32" / "per_device" reproduce earlier runs.
     selection: str = "least_recent"
@@ -73,6 +79,11 @@ class CrossDeviceConfig:
                 (f"selection must be one of {SELECTIONS}", self.selection not in SELECTIONS),
                 (f"wire must be one of {PRECISIONS}", self.wire not in PRECISIONS),
                 (f"seeding must be one of {SEEDINGS}", self.seeding not in SEEDINGS),
+                ("public_negatives must be >= 0", self.public_negatives < 0),
+                ("public_rehearsal needs public_negatives", self.public_rehearsal and not self.public_negatives),
+                ("public negatives are for fedface and fedavg", self.public_negatives > 0 and self.method not in ("fedavg", "fedface")),
+                ("public negatives train in process: use workers 1 and backend process",
+                 self.public_negatives > 0 and (self.workers > 1 or self.backend != "process")),
             ) if bad
         ]
         if problems:

@@ -36,7 +36,8 @@ from facecore.federation.wire import as_received, backbone_deltas, update_tensor
 from facecore.models.checkpoint import atomic_torch_save
 from facecore.models.preprocess import embed_faces
 from facecore.models.registry import embedding_dim_of
-from simulator.cross_device.config import EXECUTION_FIELDS, LEGACY_DEFAULTS, CrossDeviceConfig
+from simulator.cross_device.config import EXECUTION_FIELDS, LEGACY_DEFAULTS, LEGACY_LOCAL_DEFAULTS, CrossDeviceConfig
+from simulator.cross_device.negatives import PublicNegatives
 from simulator.cross_device.population import Population
 from simulator.cross_device.workers import DevicePool, DeviceTask
 
@@ -68,8 +69,14 @@ class SimulationState:
 
 
 class CrossDeviceSimulation:
-    def __init__(self, config: CrossDeviceConfig, population: Population, model: torch.nn.Module, out_dir: Path, evaluate: Evaluator | None = None) -> None:
+    def __init__(
+        self, config: CrossDeviceConfig, population: Population, model: torch.nn.Module, out_dir: Path, evaluate: Evaluator | None = None,
+        negatives: PublicNegatives | None = None,
+    ) -> None:
+        if (negatives is None) != (config.public_negatives == 0):
+            raise ValueError("pass the public negatives exactly when config.public_negatives asks for them")
         self.config = config
+        self.negatives = negatives
         self.population = population
         self.model = copy.deepcopy(model).eval()  # the caller's model stays the starting point
         self.out = out_dir
@@ -158,7 +165,8 @@ class CrossDeviceSimulation:
         def key(c: dict[str, Any]) -> dict[str, Any]:
             # DP noise is calibrated to the number of rounds, so a DP run cannot be extended
             free = ("eval_every", "target_accuracy", *EXECUTION_FIELDS, *(("rounds",) if c.get("dp_epsilon") is None else ()))
-            return {k: v for k, v in {**LEGACY_DEFAULTS, **c}.items() if k not in free}
+            c = {**LEGACY_DEFAULTS, **c, "local": {**LEGACY_LOCAL_DEFAULTS, **c["local"]}}
+            return {k: v for k, v in c.items() if k not in free}
 
         if key(saved["config"]) != key(self.config.to_dict()):
             from facecore.errors import CheckpointError
@@ -177,13 +185,15 @@ class CrossDeviceSimulation:
             yield from self._pooled_updates(round_number, chosen, state, losses)
             return
         base = self.received.state_dict()
+        public = None if self.negatives is None else self.negatives.for_round(
+            self.received, self.config.local.trainable_blocks, self.config.wire, self.config.public_rehearsal)
         for index in tqdm(chosen, desc=f"round {round_number}", unit="device", leave=False):
             device = self.population.devices[index]
             cache = None
             if self.config.local.trainable_blocks is not None:
                 cache = self.caches.get(index) or self.caches.setdefault(index, prefix_cache(self.received, device.faces, self.config.local.trainable_blocks))
             update = train_local(self.received, state.W[index], device.faces, self.config.local, seed=self._seed(round_number, index), cache=cache,
-                                 workspace=self.workspace)
+                                 workspace=self.workspace, public=public)
             keys = list(update.state_dict)
             differences = torch._foreach_sub(list(update.state_dict.values()), [base[k] for k in keys])
             delta = wire_arrays(dict(zip(keys, differences, strict=True)), self.config.wire)

@@ -196,3 +196,30 @@ def test_a_checkpoint_from_before_the_live_rules_resumes_with_uniform_fp32_only(
     assert resumed.round == 2
     with pytest.raises(CheckpointError, match="another configuration"):
         CrossDeviceSimulation(_config(method="fedavg", rounds=3), _population(), model, tmp_path).run(resume=True)
+
+
+@pytest.mark.parametrize("rehearsal", [False, True])
+def test_public_negatives_reach_every_device_as_unit_templates_of_the_current_model(
+    model: torch.nn.Module, tmp_path: Path, rehearsal: bool,
+) -> None:
+    # Prepare: two public people the devices do not hold, and the same run without them
+    from simulator.cross_device.negatives import PublicNegatives
+
+    faces, labels = synthetic_faces(2, 3, seed=21)
+    negatives = PublicNegatives(("pub:0", "pub:1"), faces, labels)
+    blocks = dataclasses.replace(_config().local, trainable_blocks=2)
+    plain = CrossDeviceSimulation(_config(rounds=1, local=blocks), _population(), model, tmp_path / "plain")
+    against = CrossDeviceSimulation(_config(rounds=1, local=blocks, public_negatives=2, public_rehearsal=rehearsal), _population(), model,
+                                    tmp_path / "against", negatives=negatives)
+    # Execute
+    public = negatives.for_round(model, 2, "fp32", rehearsal)
+    a, b = plain.run(resume=False), against.run(resume=False)
+    # Assert: templates are the people's unit mean features under the model; the devices trained with them
+    features = negatives._features(model, 2)
+    np.testing.assert_allclose(public.templates[0].numpy(), torch.nn.functional.normalize(features[labels == 0].sum(0), dim=0).numpy(), atol=1e-5)
+    assert (public.faces is not None) == rehearsal
+    assert any(not torch.equal(a.model_state[k], b.model_state[k]) for k in a.model_state)
+    with pytest.raises(ValueError, match="public negatives"):
+        CrossDeviceSimulation(_config(public_negatives=2), _population(), model, tmp_path / "missing")
+    with pytest.raises(ValueError, match="public_rehearsal needs public_negatives"):
+        _config(public_rehearsal=True)

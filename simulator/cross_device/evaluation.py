@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,12 +42,14 @@ def published_threshold(model: torch.nn.Module) -> float | None:
     return None if threshold is None else float(threshold)
 
 
-def lfw_evaluator(root: Path, folds: tuple[int, ...], geometry: FaceGeometry, devices: Sequence[SimDevice] = ()) -> Evaluator:
+def lfw_evaluator(
+    root: Path, folds: tuple[int, ...], geometry: FaceGeometry, devices: Sequence[SimDevice] = (), trained_on: Collection[str] = (),
+) -> Evaluator:
     """LFW accuracy and TAR@FAR on `folds`, with each fold's own TAR; on tuning folds, less the
-    people of `devices`."""
+    people of `devices` and the other people devices trained against (`trained_on`)."""
     data = load_lfw_faces(root / "lfw", folds, aligner=FaceAligner(geometry=geometry))
     if not TEST_FOLDS & set(folds):
-        data = data.without({d.identity for d in devices})
+        data = data.without({d.identity for d in devices} | set(trained_on))
 
     def score(model: torch.nn.Module) -> dict[str, Any]:
         report = evaluate(data, lambda faces: embed_faces(model, faces)).report
@@ -111,13 +113,19 @@ def remembered(evaluator: Evaluator, setting: dict[str, Any]) -> Evaluator:
     return score
 
 
-def evaluators(root: Path, folds: tuple[int, ...], model: torch.nn.Module, population: Population) -> tuple[Evaluator, Evaluator | None]:
-    """(LFW, owners) for a run starting from `model`; owners is None without held-out photos."""
+def evaluators(
+    root: Path, folds: tuple[int, ...], model: torch.nn.Module, population: Population, trained_on: Collection[str] = (),
+) -> tuple[Evaluator, Evaluator | None]:
+    """(LFW, owners) for a run starting from `model`; owners is None without held-out photos.
+    `trained_on`: public people the devices train against, left out of tuning folds like the devices'."""
     geometry = geometry_of(model)
     verification = verification_of(model)
     far, threshold = float(verification.get("far", 1e-3)), published_threshold(model)
     setting = {"data": str(root), "geometry": repr(geometry), "devices": devices_digest(population.devices)}
-    lfw = remembered(lfw_evaluator(root, folds, geometry, population.devices), {**setting, "kind": "lfw", "folds": folds})
+    lfw_setting = {**setting, "kind": "lfw", "folds": folds}
+    if trained_on and not TEST_FOLDS & set(folds):
+        lfw_setting["trained_on"] = hashlib.sha256("\n".join(sorted(trained_on)).encode()).hexdigest()
+    lfw = remembered(lfw_evaluator(root, folds, geometry, population.devices, trained_on), lfw_setting)
     if not any(d.held_out is not None for d in population.devices):
         return lfw, None
     owners = remembered(owner_evaluator(root, geometry, population.devices, threshold, far),

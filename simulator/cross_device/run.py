@@ -18,6 +18,7 @@ from simulator.cross_device.config import CrossDeviceConfig
 from simulator.cross_device.engine import CrossDeviceSimulation, Evaluator
 from simulator.cross_device.evaluation import EVALUATED, evaluators
 from simulator.cross_device.markdown import label, write_markdown
+from simulator.cross_device.negatives import load_public_negatives
 from simulator.cross_device.population import load_population
 
 
@@ -28,12 +29,13 @@ def run_cross_device(config: CrossDeviceConfig, root: Path, out: Path, manifest:
     population = load_population(manifest, root, config.devices, config.seed, geometry=geometry_of(model), holdout=config.owner_holdout)
     if population.notice():
         print(population.notice())
-    evaluator, owners = evaluators(root, config.eval_folds, model, population)
+    negatives = load_public_negatives(manifest, root, config.public_negatives, geometry_of(model), config.seed) if config.public_negatives else None
+    evaluator, owners = evaluators(root, config.eval_folds, model, population, negatives.identities if negatives else ())
     started = time.perf_counter()
     if config.method == "central":
         history, trained = _central(config, population, model, evaluator, out)
     else:
-        simulation = CrossDeviceSimulation(config, population, model, out, evaluator)
+        simulation = CrossDeviceSimulation(config, population, model, out, evaluator, negatives)
         history = simulation.run(resume=resume).history
         trained = simulation.model
     # A federated version keeps its ancestor's threshold, as the server publishes it.

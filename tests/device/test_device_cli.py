@@ -326,7 +326,7 @@ def test_a_late_upload_says_the_deadline_passed(
     process = _start_train(server, device_dir, log)
     paused.append(process)
     _read_until(process, "checking in", log)
-    opened = open_round(server, target=1, minimum=1, deadline=30, window=0.5)
+    opened = open_round(server, target=1, minimum=1, deadline=15, window=0.5)
     _read_until(process, "training locally", log)
     os.kill(process.pid, signal.SIGSTOP)
     _wait_for_status(server, opened["id"], {"failed", "completed"})

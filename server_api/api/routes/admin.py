@@ -1,5 +1,6 @@
-"""Operator endpoints (Bearer admin token). Round responses are built here from a round row and
-crud's tally of its participations, after the service's transaction has committed."""
+"""Operator endpoints (Bearer admin token). Responses are built here from what the services and
+crud return: a round from its row and crud's tally of its participations, after the service's
+transaction has committed; a device from its row."""
 from __future__ import annotations
 
 from typing import Annotated, Any
@@ -11,7 +12,7 @@ from server_api.api.deps import AdminDep, RoundIdPath, SessionDep
 from server_api.crud import rounds as round_crud
 from server_api.crud import versions as version_crud
 from server_api.errors import NotFound
-from server_api.models import Round
+from server_api.models import Device, Round
 from server_api.schemas import DeviceAdminPublic, DeviceRemovedPublic, ErrorPublic, RoundCreate, RoundPublic
 from server_api.services import device_admin, round_admin
 
@@ -71,6 +72,13 @@ def close_round(round_id: RoundIdPath, _: AdminDep, session: SessionDep) -> Roun
 DeviceIdPath = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[0-9a-f]+$", description="device id")]
 
 
+def _device_public(device: Device, enrolled: bool) -> DeviceAdminPublic:
+    return DeviceAdminPublic(
+        device_id=device.id, status=device.status, enrolled=enrolled, created_at=device.created_at,
+        last_selected_round=device.last_selected_round,
+    )
+
+
 @router.get("/devices", response_model=list[DeviceAdminPublic], responses=_errors)
 def list_devices(
     _: AdminDep,
@@ -79,11 +87,12 @@ def list_devices(
     offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
 ) -> list[DeviceAdminPublic]:
     """Devices in registration order: status, whether the server holds their template, last selection."""
-    return device_admin.list_devices(session, limit, offset)
+    return [_device_public(device, enrolled) for device, enrolled in device_admin.list_devices(session, limit, offset)]
 
 
 @router.delete("/devices/{device_id}", response_model=DeviceRemovedPublic, responses=_errors)
 def remove_device(device_id: DeviceIdPath, _: AdminDep, session: SessionDep) -> DeviceRemovedPublic:
     """Delete the device's stored template and uploaded copies of it, and revoke its key (its requests
     get 401 from now on; the same key may register again as a new device). Idempotent."""
-    return device_admin.remove_device(session, device_id)
+    removal = device_admin.remove_device(session, device_id)
+    return DeviceRemovedPublic(device_id=removal.device_id, status=removal.status, template_deleted=removal.template_deleted)

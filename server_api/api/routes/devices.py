@@ -1,14 +1,19 @@
 """Device registration, enrollment and template access (all Ed25519-signed), and the operator's
-registration controls: enrollment tokens and pruning devices that never enrolled."""
+registration controls: enrollment tokens and pruning devices that never enrolled. Responses are
+built here from what the service returns; a device's from its row and whether crud finds its
+template, after the service's transaction has committed."""
 from __future__ import annotations
 
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
+from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from facecore.federation.protocol import body_sha256
 from server_api.api.deps import AdminDep, CtxDep, CurrentDevice, LimitsDep, SessionDep, client_address, signed_path
+from server_api.crud import devices as device_crud
+from server_api.models import Device
 from server_api.schemas import (
     DeviceCreate,
     DevicePublic,
@@ -26,6 +31,10 @@ admin_router = APIRouter(prefix="/v1/admin", tags=["admin"])
 _errors: dict[int | str, dict[str, Any]] = {code: {"model": ErrorPublic} for code in (401, 403, 422, 429)}
 
 
+def _public(session: Session, device: Device) -> DevicePublic:
+    return DevicePublic(device_id=device.id, status=device.status, enrolled=device_crud.get_enrollment(session, device.id) is not None)
+
+
 @router.post("", status_code=201, response_model=DevicePublic, responses={200: {"model": DevicePublic}, **_errors})
 async def register_device(
     body: DeviceCreate, request: Request, response: Response, ctx: CtxDep, session: SessionDep, limits: LimitsDep,
@@ -41,25 +50,26 @@ async def register_device(
         body.enrollment_token,
     )
     response.status_code = 201 if created else 200
-    return device
+    return await run_in_threadpool(_public, session, device)  # a query: not on the event loop
 
 
 @router.get("/{device_id}", response_model=DevicePublic, responses=_errors)
 def get_device(device_id: str, device: CurrentDevice, session: SessionDep) -> DevicePublic:
     service._own(device, device_id)
-    return service.public(session, device)
+    return _public(session, device)
 
 
 @router.put("/{device_id}/embedding", response_model=DevicePublic, status_code=201, responses={409: {"model": ErrorPublic}, **_errors})
 def enroll(device_id: str, body: EnrollmentCreate, device: CurrentDevice, ctx: CtxDep, session: SessionDep) -> DevicePublic:
     """Enroll the device's initial class embedding (L2-normalised, the model's embedding_dim)."""
-    return service.enroll(ctx, session, device, device_id, body.embedding)
+    return _public(session, service.enroll(ctx, session, device, device_id, body.embedding))
 
 
 @router.get("/{device_id}/embedding", response_model=EmbeddingPublic, responses={404: {"model": ErrorPublic}, **_errors})
 def get_embedding(device_id: str, device: CurrentDevice, ctx: CtxDep, session: SessionDep) -> EmbeddingPublic:
     """The device's own current class embedding; any other device's is 403."""
-    return service.embedding(ctx, session, device, device_id)
+    template = service.embedding(ctx, session, device, device_id)
+    return EmbeddingPublic(device_id=template.device_id, embedding=template.embedding, round_id=template.round_id)
 
 
 @router.delete("/{device_id}", status_code=204, responses=_errors)
@@ -74,7 +84,8 @@ def issue_enrollment_tokens(
     body: EnrollmentTokensCreate, _: AdminDep, ctx: CtxDep, session: SessionDep,
 ) -> EnrollmentTokensPublic:
     """One-time registration tokens to hand to devices; each registers one new device before it expires."""
-    return service.issue_enrollment_tokens(ctx, session, body.count, body.ttl_s)
+    issued = service.issue_enrollment_tokens(ctx, session, body.count, body.ttl_s)
+    return EnrollmentTokensPublic(tokens=issued.tokens, expires_at=issued.expires_at)
 
 
 @admin_router.post("/devices/prune", response_model=DevicesPrunedPublic, responses=_errors)
@@ -84,4 +95,5 @@ def prune_never_enrolled(
 ) -> DevicesPrunedPublic:
     """Delete devices registered at least ``older_than_s`` ago (default FEDFACE_PRUNE_UNENROLLED_AFTER_S)
     that never enrolled a template."""
-    return service.prune_never_enrolled(ctx, session, older_than_s)
+    pruned = service.prune_never_enrolled(ctx, session, older_than_s)
+    return DevicesPrunedPublic(pruned=pruned.count, registered_before=pruned.registered_before)

@@ -1,4 +1,6 @@
-"""Device side of a round: check in, then upload one signed update."""
+"""Device side of a round: check in, then upload one signed update. The responses are built here
+from what the services return; an upload's body is built inside its transaction (``_update_body``),
+because the same bytes are stored for an Idempotency-Key replay."""
 from __future__ import annotations
 
 import asyncio
@@ -19,7 +21,8 @@ from server_api.schemas import CheckinPublic, ErrorPublic, UpdatePublic
 from server_api.services import participation
 from server_api.services.aggregation import try_aggregate
 from server_api.services.auth import signed_upload
-from server_api.services.uploads import begin_upload, finish_upload
+from server_api.services.participation import Checkin
+from server_api.services.uploads import AcceptedUpdate, begin_upload, finish_upload
 
 log = get_logger("uploads")
 router = APIRouter(prefix="/v1/rounds", tags=["rounds"])
@@ -27,11 +30,29 @@ _errors: dict[int | str, dict[str, Any]] = {code: {"model": ErrorPublic} for cod
 UPLOAD_PATH = r"^/v1/rounds/[^/]+/updates$"
 
 
+def _checkin_public(checkin: Checkin) -> CheckinPublic:
+    base = checkin.base_version
+    return CheckinPublic(
+        round_id=checkin.round_id, status=checkin.status, retry_after_s=checkin.retry_after_s,  # type: ignore[arg-type]
+        deadline_at=checkin.deadline_at, base_version=base, backbone_url=f"/v1/models/{base}/backbone",
+        onnx_url=f"/v1/models/{base}/onnx" if checkin.has_onnx else None,
+        embedding_url=f"/v1/devices/{checkin.device_id}/embedding", upload_url=f"/v1/rounds/{checkin.round_id}/updates",
+        local=checkin.local, secagg_url=f"/v1/rounds/{checkin.round_id}/secagg" if checkin.secure_aggregation else None,
+    )
+
+
+def _update_body(update: AcceptedUpdate) -> dict[str, Any]:
+    return UpdatePublic(
+        update_id=update.update_id, round_id=update.round_id, device_id=update.device_id, n_samples=update.n_samples,
+        size_bytes=update.size_bytes, accepted_at=update.accepted_at,
+    ).model_dump(mode="json")
+
+
 @router.post("/current/checkin", response_model=CheckinPublic, responses=_errors)
 def checkin(device: CurrentDevice, ctx: CtxDep, session: SessionDep) -> CheckinPublic:
     """Ask to join the open round. ``waiting``: check in again after ``retry_after_s``;
     ``selected``: download the backbone and your embedding, train, upload before the deadline."""
-    return participation.checkin(ctx, session, device)
+    return _checkin_public(participation.checkin(ctx, session, device))
 
 
 _BINARY = {"type": "string", "format": "binary"}
@@ -79,7 +100,7 @@ async def upload_update(
             fields = {"round_id": round_id, "device_id": ticket.device_id}
             log.info("upload abandoned mid-body", extra={"fields": fields})
             return JSONResponse({"detail": "the client disconnected before the body was complete"}, status_code=400)
-        outcome = await run_in_threadpool(finish_upload, ctx, session, ticket, spool, size)
+        outcome = await run_in_threadpool(finish_upload, ctx, session, ticket, spool, size, _update_body)
     if outcome.due:
         background.add_task(try_aggregate, ctx, round_id)  # the target-th update; deadlines are the scheduler's
     return JSONResponse(outcome.response, status_code=outcome.status_code)
