@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import io
-import json
 import re
 import secrets
 import time
@@ -57,6 +56,7 @@ from facecore.align.geometry import FaceGeometry, geometry_of
 from facecore.align.pipeline import FaceAligner, load_rgb
 from facecore.data.folders import list_photos
 from facecore.federation.config import training_seed
+from facecore.federation.messages import CheckinPublic, EmbeddingPublic, UpdateMeta
 from facecore.federation.protocol import CONTENT_SHA256_HEADER, EMBEDDING_KEY, MASKED_KEY, METADATA_KEY
 from facecore.federation.status import CHOSEN_STATUSES, ParticipationStatus
 from facecore.federation.template_noise import noisy_template, sigma_for_cosine
@@ -277,29 +277,30 @@ class FaceDevice:
             return resent
         say("checking in" + (" (waiting for the round to select this device)" if wait is None or wait > 0 else ""))
         checkin = self._checkin_until_selected(wait, poll)
-        round_id = int(checkin["round_id"])
-        if checkin["status"] == ParticipationStatus.UPLOADED:
+        round_id = checkin.round_id
+        if checkin.status == ParticipationStatus.UPLOADED:
             raise RoundClosed(f"this device already sent its update for round {round_id}: run train again for the "
                               "next round")
         started = time.perf_counter()
         secure = None
-        if checkin.get("secagg_url"):
+        if checkin.secagg_url:
             say("joining secure aggregation")
-            secure = SecureRound(self._request, server_path(checkin["secagg_url"]), poll=min(poll, 1.0))
+            secure = SecureRound(self._request, server_path(checkin.secagg_url), poll=min(poll, 1.0))
             secure.join()  # before training: the key steps have short deadlines
         say("downloading the model")
-        backbone = self._load_backbone(checkin["backbone_url"], check_version(checkin["base_version"]))
+        backbone = self._load_backbone(checkin.backbone_url, check_version(checkin.base_version))
         if faces.shape[1:] != geometry_of(backbone).row_shape:
             raise NotEnrolled(f"the server's model crops faces as {geometry_of(backbone).key}, this device's faces "
                               "were cropped for another model: enroll again")
-        embedding = np.asarray(self._request("GET", checkin["embedding_url"]).json()["embedding"], np.float32)
-        config = LocalTrainingConfig.from_round(checkin["local"])
+        template = EmbeddingPublic.model_validate(self._request("GET", checkin.embedding_url).json())
+        embedding = np.asarray(template.embedding, np.float32)
+        config = LocalTrainingConfig.from_round(checkin.local)
         say(f"training locally for round {round_id}")
         with self._training_slot:
             update = train_local(backbone, embedding, faces, config, seed=training_seed(round_id))
-        body = self._update_file(backbone, update, checkin["base_version"], secure)
+        body = self._update_file(backbone, update, checkin.base_version, secure)
         meta = {"round_id": round_id, "key": f"{self._identity()[0]}-{round_id}-{secrets.token_hex(8)}",
-                "url": server_path(checkin["upload_url"]), "deadline_at": str(checkin.get("deadline_at")),
+                "url": server_path(checkin.upload_url), "deadline_at": checkin.deadline_at.isoformat(),
                 "loss_before": update.loss_before, "loss_after": update.loss_after, "steps": update.steps}
         # Persist before sending: a crash or an outage after this point resends the same bytes under the same key.
         self.state.save_pending(meta, body)
@@ -408,14 +409,14 @@ class FaceDevice:
         return ResetResult(device_id, server, removed)
 
     # ---- rounds ----------------------------------------------------------------------------
-    def _checkin_until_selected(self, wait: float | None, poll: float) -> dict[str, Any]:
+    def _checkin_until_selected(self, wait: float | None, poll: float) -> CheckinPublic:
         """`wait` None: until the round this device sees ends; else up to `wait` seconds."""
         deadline = time.monotonic() + (wait or 0.0)
         seen_round: int | None = None
         enrollment_checked = False
         while True:
             try:
-                checkin = self._request("POST", "/v1/rounds/current/checkin").json()
+                checkin = CheckinPublic.model_validate(self._request("POST", "/v1/rounds/current/checkin").json())
             except ServerRefused as refused:
                 if refused.status != 409:
                     raise
@@ -430,16 +431,16 @@ class FaceDevice:
                                       "or pass --wait to keep checking in") from None
                 time.sleep(poll)
                 continue
-            seen_round = int(checkin["round_id"])
-            if checkin["status"] in CHOSEN_STATUSES:
+            seen_round = checkin.round_id
+            if checkin.status in CHOSEN_STATUSES:
                 return checkin
-            status = str(checkin["status"]).replace("_", " ")
-            if wait is None and checkin["status"] == ParticipationStatus.NOT_SELECTED:
+            status = str(checkin.status).replace("_", " ")
+            if wait is None and checkin.status == ParticipationStatus.NOT_SELECTED:
                 raise RoundClosed(f"round {seen_round} selected other devices: run train again for the next round")
             if wait is not None and time.monotonic() >= deadline:
                 raise RoundClosed(f"round {seen_round}: this device is {status} (pass a longer --wait, or --wait alone "
                                   "to wait until the round ends)")
-            time.sleep(min(poll, max(checkin.get("retry_after_s") or poll, 0.1)))
+            time.sleep(min(poll, max(checkin.retry_after_s or poll, 0.1)))
 
     def _raise_if_not_enrolled_on_server(self, refused: ServerRefused) -> None:
         """A check-in 409 means no open round or no enrollment on the server: the body's `code` says
@@ -522,10 +523,10 @@ class FaceDevice:
         else:
             precision: Precision = "fp16" if self.upload_fp16 else "fp32"
             tensors = update_tensors(wire_arrays(deltas, precision), template, precision)
-        meta = {"base_version": base_version, "n_samples": update.n_samples,
-                "metrics": {"loss": update.loss_after, "loss_before": update.loss_before}}
+        meta = UpdateMeta(base_version=base_version, n_samples=update.n_samples,
+                          metrics={"loss": update.loss_after, "loss_before": update.loss_before})
         buffer = io.BytesIO()
-        tensorfile.write(buffer, tensors, {METADATA_KEY: json.dumps(meta)})
+        tensorfile.write(buffer, tensors, {METADATA_KEY: meta.model_dump_json()})
         return buffer.getvalue()
 
 

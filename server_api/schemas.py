@@ -1,5 +1,6 @@
-"""Request and response bodies. Requests (``*Create``/``*Meta``) forbid unknown
-fields and bound every number; responses (``*Public``) are what clients may rely on."""
+"""The operator's request and response bodies (rounds, devices, enrollment tokens, model versions).
+Requests (``*Create``) forbid unknown fields and bound every number; responses (``*Public``) are what
+clients may rely on. What a device sends and reads is in ``facecore.federation.messages``."""
 from __future__ import annotations
 
 from datetime import datetime
@@ -8,24 +9,10 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field
 
 from facecore.federation.config import RoundConfig, StrictModel
-from facecore.federation.protocol import ErrorCode
-from facecore.federation.status import ParticipationStatus, RoundStatus
+from facecore.federation.status import RoundStatus
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
-
-
-class DeviceCreate(StrictModel):
-    public_key: str = Field(min_length=40, max_length=64, description="raw 32-byte Ed25519 public key, base64")
-    enrollment_token: str | None = Field(
-        default=None, pattern=r"^[A-Za-z0-9_-]{16,128}$", description="one-time token from the operator, where required",
-    )
-
-
-class DevicePublic(BaseModel):
-    device_id: str
-    status: str
-    enrolled: bool
 
 
 class EnrollmentTokensCreate(StrictModel):
@@ -41,16 +28,6 @@ class EnrollmentTokensPublic(BaseModel):
 class DevicesPrunedPublic(BaseModel):
     pruned: int = Field(description="registered devices deleted because they never enrolled")
     registered_before: datetime
-
-
-class EnrollmentCreate(StrictModel):
-    embedding: list[FiniteFloat] = Field(min_length=1, max_length=4096, description="L2-normalised class embedding")
-
-
-class EmbeddingPublic(BaseModel):
-    device_id: str
-    embedding: list[float]
-    round_id: int = Field(description="round whose aggregation produced it; 0 = as enrolled")
 
 
 class RoundCreate(RoundConfig):
@@ -80,86 +57,6 @@ class RoundPublic(BaseModel):
     summary: dict[str, Any] | None
 
 
-class CheckinPublic(BaseModel):
-    round_id: int
-    # Not every member: a stored "candidate" is reported as "waiting".
-    status: Literal[
-        ParticipationStatus.SELECTED, ParticipationStatus.WAITING, ParticipationStatus.NOT_SELECTED,
-        ParticipationStatus.UPLOADED,
-    ]
-    retry_after_s: float | None = None
-    deadline_at: datetime
-    base_version: str
-    backbone_url: str
-    onnx_url: str | None
-    embedding_url: str
-    upload_url: str
-    local: dict[str, Any]
-    secagg_url: str | None = Field(default=None, description="set when the round uses secure aggregation: follow its steps before uploading")
-
-
-class UpdateMeta(StrictModel):
-    """The ``fedface`` entry of an upload's ``__metadata__`` (a JSON string)."""
-
-    base_version: Sha256Hex
-    n_samples: int = Field(ge=1, le=10_000_000)
-    metrics: dict[Annotated[str, Field(max_length=64)], FiniteFloat] = Field(default_factory=dict, max_length=32)
-
-
-B64Key = Annotated[str, Field(min_length=43, max_length=44, pattern=r"^[A-Za-z0-9+/]{43}=?$", description="raw 32-byte X25519 public key, base64")]
-MemberIndex = Annotated[str, Field(pattern=r"^[1-9][0-9]{0,5}$")]
-ShareValue = Annotated[str, Field(pattern=r"^[0-9]{1,160}$", description="a Shamir share, decimal")]
-
-
-class SecAggAdvertCreate(StrictModel):
-    c_public: B64Key
-    s_public: B64Key
-
-
-class SecAggSharesCreate(StrictModel):
-    shares: dict[MemberIndex, Annotated[str, Field(max_length=400)]] = Field(
-        max_length=100_000, description="recipient index -> base64 AES-GCM ciphertext of this device's shares for it"
-    )
-
-
-class SecAggUnmaskCreate(StrictModel):
-    s: dict[MemberIndex, ShareValue] = Field(default_factory=dict, max_length=100_000, description="dropped device -> its s-key share")
-    b: dict[MemberIndex, ShareValue] = Field(default_factory=dict, max_length=100_000, description="surviving device -> its self-mask share")
-
-
-class SecAggMemberPublic(BaseModel):
-    index: int
-    c_public: str
-    s_public: str
-
-
-class SecAggStatePublic(BaseModel):
-    """What one device needs for the current step; lists appear once the step they belong to is closed."""
-
-    round_id: int
-    phase: Literal["advertise", "share_keys", "masked_input", "unmask", "aggregating", "completed", "failed"]
-    retry_after_s: float | None = None
-    index: int | None = Field(default=None, description="this device's index, once it advertised")
-    threshold: int | None = None
-    scale: float
-    bound: float | None = Field(default=None, description="|value| limit per coordinate of the scaled update, once members are known")
-    members: list[SecAggMemberPublic] | None = None
-    key_sharers: list[int] | None = None
-    shares: dict[str, str] | None = Field(default=None, description="sender index -> ciphertext addressed to this device")
-    survived: list[int] | None = None
-    dropped: list[int] | None = None
-    answered: bool = False
-
-
-class UpdatePublic(BaseModel):
-    update_id: int
-    round_id: int
-    device_id: str
-    n_samples: int
-    size_bytes: int
-    accepted_at: datetime
-
-
 class FaceGeometryPublic(BaseModel):
     """How a device must crop faces for this model: a 5-point similarity warp of the detected
     landmarks (left eye, right eye, nose tip, left and right mouth corners) onto `template`."""
@@ -180,11 +77,6 @@ class ModelVersionPublic(BaseModel):
     onnx_url: str | None
     verify_threshold: float | None = Field(default=None, description="cosine threshold devices use in verify()")
     verify_far: float | None = Field(default=None, description="the false-accept rate the threshold was calibrated for")
-
-
-class ErrorPublic(BaseModel):
-    detail: str = Field(description="for people; may be reworded between versions")
-    code: ErrorCode = Field(description="what a client branches on")
 
 
 class DeviceAdminPublic(BaseModel):

@@ -7,6 +7,7 @@ clients must agree on, kept in one place so no side carries a copy that can drif
 - :mod:`facecore.federation.wire`: the model as a device receives it and the update file's tensors at the wire's precision.
 - :mod:`facecore.federation.template_noise`: the optional blur on the class embedding a device uploads.
 - :mod:`facecore.federation.protocol`: request signing, header names, update-file keys, error codes.
+- :mod:`facecore.federation.messages`: the bodies a device sends and reads (check-in, enrollment, upload metadata, secure aggregation, errors).
 - :mod:`facecore.federation.status`: round and participation statuses.
 
 Invariants: no HTTP and no database anywhere here; no torch outside `strategies` (whose FedFace step runs the

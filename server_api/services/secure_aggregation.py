@@ -32,6 +32,7 @@ from typing import Literal
 from sqlalchemy.orm import Session
 
 from facecore.federation.config import SecureAggregationSettings
+from facecore.federation.messages import SecAggAdvertCreate, SecAggSharesCreate, SecAggUnmaskCreate
 from facecore.federation.status import CHOSEN_STATUSES, RoundStatus
 from facecore.secagg import SHARE_CIPHERTEXT_BYTES, Advert, is_valid_public_key, mask_bound, threshold_for
 from server_api.core.db import lock_round, transaction
@@ -41,7 +42,6 @@ from server_api.crud import secagg as secagg_crud
 from server_api.crud import updates as update_crud
 from server_api.errors import Conflict, Forbidden, InvalidInput, NotFound
 from server_api.models import Device, Round, SecAggMember, utcnow
-from server_api.schemas import SecAggAdvertCreate, SecAggSharesCreate, SecAggUnmaskCreate
 
 STATUS_PHASE: dict[str, str] = {RoundStatus.UNMASKING: "unmask", RoundStatus.AGGREGATING: "aggregating", RoundStatus.COMPLETED: "completed",
                 RoundStatus.FAILED: "failed"}

@@ -3,7 +3,7 @@
 An update file (tensor file, see facecore.tensorfile) holds ``backbone.<name>`` for
 every entry of the model's state_dict, as the delta trained - base, plus
 ``class_embedding`` (D,), and ``__metadata__["fedface"]``: a JSON
-:class:`~server_api.schemas.UpdateMeta` (the key names: facecore.federation.protocol).
+:class:`~facecore.federation.messages.UpdateMeta` (the key names: facecore.federation.protocol).
 Tensors are read one at a time.
 """
 from __future__ import annotations
@@ -18,11 +18,11 @@ from typing import Any, BinaryIO, cast
 import numpy as np
 from pydantic import ValidationError
 
+from facecore.federation.messages import UpdateMeta
 from facecore.federation.protocol import BACKBONE_PREFIX, EMBEDDING_KEY, MASKED_KEY, METADATA_KEY
 from facecore.federation.wire import widened
 from facecore.tensorfile import DTYPES, TensorFileError, TensorFileHeader, read_header, read_tensor
 from server_api.errors import Conflict, InvalidInput
-from server_api.schemas import UpdateMeta
 
 UNIT_NORM_TOLERANCE = 1e-3
 # Uploaded embeddings come back un-normalised from spreadout; only absurd scales are refused.

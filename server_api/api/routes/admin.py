@@ -8,12 +8,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query
 from sqlalchemy.orm import Session
 
+from facecore.federation.messages import ErrorPublic
 from server_api.api.deps import AdminDep, RoundIdPath, SessionDep
 from server_api.crud import rounds as round_crud
 from server_api.crud import versions as version_crud
 from server_api.errors import NotFound
 from server_api.models import Device, Round
-from server_api.schemas import DeviceAdminPublic, DeviceRemovedPublic, ErrorPublic, RoundCreate, RoundPublic
+from server_api.schemas import DeviceAdminPublic, DeviceRemovedPublic, RoundCreate, RoundPublic
 from server_api.services import device_admin, round_admin
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])

@@ -10,20 +10,12 @@ from fastapi import APIRouter, Query, Request, Response
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
+from facecore.federation.messages import DeviceCreate, DevicePublic, EmbeddingPublic, EnrollmentCreate, ErrorPublic
 from facecore.federation.protocol import body_sha256
 from server_api.api.deps import AdminDep, CtxDep, CurrentDevice, LimitsDep, SessionDep, client_address, signed_path
 from server_api.crud import devices as device_crud
 from server_api.models import Device
-from server_api.schemas import (
-    DeviceCreate,
-    DevicePublic,
-    DevicesPrunedPublic,
-    EmbeddingPublic,
-    EnrollmentCreate,
-    EnrollmentTokensCreate,
-    EnrollmentTokensPublic,
-    ErrorPublic,
-)
+from server_api.schemas import DevicesPrunedPublic, EnrollmentTokensCreate, EnrollmentTokensPublic
 from server_api.services import devices as service
 
 router = APIRouter(prefix="/v1/devices", tags=["devices"])

@@ -7,13 +7,14 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Header, Query, Response
 from fastapi.responses import StreamingResponse
 
+from facecore.federation.messages import ErrorPublic
 from facecore.federation.protocol import CONTENT_SHA256_HEADER
 from facecore.models.registry import backbone_geometry
 from server_api.api.deps import CtxDep, CurrentDevice, SessionDep
 from server_api.crud import versions as version_crud
 from server_api.errors import NotFound
 from server_api.models import ModelVersion
-from server_api.schemas import ErrorPublic, FaceGeometryPublic, ModelVersionPublic
+from server_api.schemas import FaceGeometryPublic, ModelVersionPublic
 from server_api.services import versions
 from server_api.storage.blobs import CHUNK
 

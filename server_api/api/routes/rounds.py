@@ -13,11 +13,11 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
+from facecore.federation.messages import CheckinPublic, ErrorPublic, UpdatePublic
 from facecore.federation.protocol import CONTENT_SHA256_HEADER
 from server_api.api.deps import CtxDep, CurrentDevice, LimitsDep, RoundIdPath, SessionDep, client_address, signed_path
 from server_api.core.logging import get_logger
 from server_api.errors import AuthenticationFailed, RequestTimeout
-from server_api.schemas import CheckinPublic, ErrorPublic, UpdatePublic
 from server_api.services import participation
 from server_api.services.aggregation import try_aggregate
 from server_api.services.auth import signed_upload

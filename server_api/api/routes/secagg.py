@@ -8,8 +8,8 @@ from typing import Any
 
 from fastapi import APIRouter, BackgroundTasks
 
+from facecore.federation.messages import ErrorPublic, SecAggAdvertCreate, SecAggMemberPublic, SecAggSharesCreate, SecAggStatePublic, SecAggUnmaskCreate
 from server_api.api.deps import CtxDep, CurrentDevice, RoundIdPath, SessionDep
-from server_api.schemas import ErrorPublic, SecAggAdvertCreate, SecAggMemberPublic, SecAggSharesCreate, SecAggStatePublic, SecAggUnmaskCreate
 from server_api.services import secure_aggregation as service
 from server_api.services.aggregation import try_aggregate
 from server_api.services.secure_aggregation import DeviceStep
