@@ -1,7 +1,8 @@
 """Public negatives for cross-device rounds: the templates of public identities that the server computes
 with the current model each round and sends to every selected device with it (`train_local`'s
-`negatives`), so that a device trains its owner's faces away from other people's, not only towards
-its own embedding.
+`public`), so that a device trains its owner's faces away from other people's, not only towards its
+own embedding. Measured to hurt (simulator/REPORT.md, section 6): kept to reproduce that, off by
+default, and not part of live rounds.
 
 Invariants:
 - Only the split's public identities, a seeded choice: no device owner and no evaluation person.
