@@ -17,12 +17,13 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from pydantic import BaseModel, ValidationError
 
 from device_sdk.errors import (
     AuthError,
@@ -73,6 +74,19 @@ def server_path(url: object) -> str:
         raise BadServerResponse(f"the server sent a URL that is not a path on it: {str(url)[:80]!r}; "
                                 "refusing to follow it")
     return url
+
+
+Body = TypeVar("Body", bound=BaseModel)
+
+
+def server_body(model: type[Body], body: object) -> Body:
+    """A response body read as the protocol defines it (facecore.federation.messages), or a one-line error."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "the body"
+        raise BadServerResponse(f"the server's {model.__name__} is malformed at {where}: {first['msg']}") from None
 
 
 def _deadline(value: object) -> datetime | None:
@@ -292,7 +306,7 @@ class FaceDevice:
         if faces.shape[1:] != geometry_of(backbone).row_shape:
             raise NotEnrolled(f"the server's model crops faces as {geometry_of(backbone).key}, this device's faces "
                               "were cropped for another model: enroll again")
-        template = EmbeddingPublic.model_validate(self._request("GET", checkin.embedding_url).json())
+        template = server_body(EmbeddingPublic, self._request("GET", server_path(checkin.embedding_url)).json())
         embedding = np.asarray(template.embedding, np.float32)
         config = LocalTrainingConfig.from_round(checkin.local)
         say(f"training locally for round {round_id}")
@@ -416,7 +430,7 @@ class FaceDevice:
         enrollment_checked = False
         while True:
             try:
-                checkin = CheckinPublic.model_validate(self._request("POST", "/v1/rounds/current/checkin").json())
+                checkin = server_body(CheckinPublic, self._request("POST", "/v1/rounds/current/checkin").json())
             except ServerRefused as refused:
                 if refused.status != 409:
                     raise
