@@ -1,5 +1,6 @@
 """The operator's view of devices: list them, remove one (its template and key go with it).
-A removal is one transaction. Calls return rows or a :class:`Removal`; the routes build the responses."""
+A removal is one transaction and returns a :class:`Removal`; the route builds the response. Listing is a
+query alone, which the route asks crud for."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from server_api.core.logging import get_logger
 from server_api.crud import audit
 from server_api.crud import devices as device_crud
 from server_api.errors import NotFound
-from server_api.models import Device
 
 log = get_logger("device_admin")
 
@@ -23,11 +23,6 @@ class Removal:
     device_id: str
     status: str
     template_deleted: bool  # false when the device held no template
-
-
-def list_devices(session: Session, limit: int, offset: int) -> list[tuple[Device, bool]]:
-    """Devices in registration order, each with whether the server holds its template now."""
-    return device_crud.list_devices(session, limit, offset)
 
 
 def remove_device(session: Session, device_id: str) -> Removal:

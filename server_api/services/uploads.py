@@ -10,8 +10,8 @@ row that names it is committed, and the 201 is only sent after that commit. A re
 same Idempotency-Key after any crash either finds the committed record (same response) or
 starts over cleanly.
 
-The route shapes the 201's body (``respond``, from an :class:`AcceptedUpdate`); it is called
-inside the recording transaction, because the body is stored with the Idempotency-Key, so a
+The route shapes the 201's body (``respond``, given the new update's id and sample count; the
+rest it knows from the ticket); it is called inside the recording transaction, because the body is stored with the Idempotency-Key, so a
 replay answers the same bytes.
 
 Transactions: :func:`begin_upload` is one (committed before the body is read, since on SQLite
@@ -46,18 +46,6 @@ from server_api.services.validation_pool import UpdateSpec
 
 IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9_.:-]{8,128}$")
 log = get_logger("uploads")
-
-
-@dataclass(frozen=True)
-class AcceptedUpdate:
-    """An update as recorded, which its 201 describes."""
-
-    update_id: int
-    round_id: int
-    device_id: str
-    n_samples: int
-    size_bytes: int
-    accepted_at: datetime
 
 
 class Recorded(NamedTuple):
@@ -105,10 +93,10 @@ def begin_upload(
 
 def finish_upload(
     ctx: ServerContext, session: Session, ticket: UploadTicket, spool: Path, size: int,
-    respond: Callable[[AcceptedUpdate], dict[str, Any]],
+    respond: Callable[[int, int], dict[str, Any]],
 ) -> Recorded:
     """Validate the received body (already checked against the ticket's hash) and record it;
-    ``respond`` turns the recorded update into the 201's JSON body."""
+    ``respond(update_id, n_samples)`` gives the 201's JSON body."""
     assert ticket.expected is not None, "a replay has nothing to finish"
     device_id, round_id, now = ticket.device_id, ticket.round_id, ticket.arrived_at
     parsed = ctx.validation.check(spool, size, ticket.expected)
@@ -116,7 +104,7 @@ def finish_upload(
     ciphertext = ctx.cipher.encrypt(parsed.embedding.astype("<f4").tobytes(), device_id, "update")
 
     def response(update_id: int) -> dict[str, Any]:
-        return respond(AcceptedUpdate(update_id, round_id, device_id, parsed.meta.n_samples, size, now))
+        return respond(update_id, parsed.meta.n_samples)
 
     recorded = record_update(
         session, round_id=round_id, device_id=device_id, blob_sha256=blob, size_bytes=size,

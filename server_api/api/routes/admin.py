@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from facecore.federation.messages import ErrorPublic
 from server_api.api.deps import AdminDep, RoundIdPath, SessionDep
+from server_api.crud import devices as device_crud
 from server_api.crud import rounds as round_crud
 from server_api.crud import versions as version_crud
 from server_api.errors import NotFound
@@ -88,7 +89,7 @@ def list_devices(
     offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
 ) -> list[DeviceAdminPublic]:
     """Devices in registration order: status, whether the server holds their template, last selection."""
-    return [_device_public(device, enrolled) for device, enrolled in device_admin.list_devices(session, limit, offset)]
+    return [_device_public(device, enrolled) for device, enrolled in device_crud.list_devices(session, limit, offset)]
 
 
 @router.delete("/devices/{device_id}", response_model=DeviceRemovedPublic, responses=_errors)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from server_api.services import participation
 from server_api.services.aggregation import try_aggregate
 from server_api.services.auth import signed_upload
 from server_api.services.participation import Checkin
-from server_api.services.uploads import AcceptedUpdate, begin_upload, finish_upload
+from server_api.services.uploads import UploadTicket, begin_upload, finish_upload
 
 log = get_logger("uploads")
 router = APIRouter(prefix="/v1/rounds", tags=["rounds"])
@@ -41,11 +42,15 @@ def _checkin_public(checkin: Checkin) -> CheckinPublic:
     )
 
 
-def _update_body(update: AcceptedUpdate) -> dict[str, Any]:
-    return UpdatePublic(
-        update_id=update.update_id, round_id=update.round_id, device_id=update.device_id, n_samples=update.n_samples,
-        size_bytes=update.size_bytes, accepted_at=update.accepted_at,
-    ).model_dump(mode="json")
+def _update_body(ticket: UploadTicket, size: int) -> Callable[[int, int], dict[str, Any]]:
+    """The 201's body for this upload, once the service knows the update's id and sample count."""
+    def body(update_id: int, n_samples: int) -> dict[str, Any]:
+        return UpdatePublic(
+            update_id=update_id, round_id=ticket.round_id, device_id=ticket.device_id, n_samples=n_samples,
+            size_bytes=size, accepted_at=ticket.arrived_at,
+        ).model_dump(mode="json")
+
+    return body
 
 
 @router.post("/current/checkin", response_model=CheckinPublic, responses=_errors)
@@ -100,7 +105,7 @@ async def upload_update(
             fields = {"round_id": round_id, "device_id": ticket.device_id}
             log.info("upload abandoned mid-body", extra={"fields": fields})
             return JSONResponse({"detail": "the client disconnected before the body was complete"}, status_code=400)
-        outcome = await run_in_threadpool(finish_upload, ctx, session, ticket, spool, size, _update_body)
+        outcome = await run_in_threadpool(finish_upload, ctx, session, ticket, spool, size, _update_body(ticket, size))
     if outcome.due:
         background.add_task(try_aggregate, ctx, round_id)  # the target-th update; deadlines are the scheduler's
     return JSONResponse(outcome.response, status_code=outcome.status_code)
