@@ -27,8 +27,11 @@ run: $(STAMP) weights
 	$(BIN)/fedface demo --out reports/demo
 
 # Lint first, so a style, type or layering error fails in seconds, before the weights and the suite.
+# Two workers, one per core of the CI machine: much of the suite waits on servers and subprocesses.
+# A file's tests stay on one worker (--dist loadfile), so a module's fixtures are built once.
+TEST_WORKERS ?= 2
 test: $(STAMP) lint weights
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 # ruff (style, imports), mypy (types) and import-linter (the packages' layers); all configured in pyproject.toml.
 lint: $(STAMP)

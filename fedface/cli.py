@@ -35,7 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "server": ("fedface.commands.server", "run the cross-device FedFace round server"),
     "admin": (
         "fedface.commands.admin",
-        "operate a round server: rounds (open, list, status, close), devices (list, remove, prune), enrollment tokens",
+        "operate a round server: rounds (open, list, status, close), devices (list, remove, prune), enrollment tokens, model versions and thresholds",
     ),
     "device": (
         "fedface.commands.device",

@@ -56,7 +56,7 @@ def create_app(settings: Settings | None = None, secrets: Secrets | None = None,
         large_paths=rounds.UPLOAD_PATH,
     )
     handlers.install(app)
-    routers = (health.router, devices.router, devices.admin_router, rounds.router, secagg.router, models.router, admin.router)
+    routers = (health.router, devices.router, devices.admin_router, rounds.router, secagg.router, models.router, models.admin_router, admin.router)
     for router in (*routers, ui.router):
         app.include_router(router)
     docs.install(app)

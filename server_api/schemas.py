@@ -79,6 +79,28 @@ class ModelVersionPublic(BaseModel):
     verify_far: float | None = Field(default=None, description="the false-accept rate the threshold was calibrated for")
 
 
+class VerificationCreate(StrictModel):
+    """The body of `PUT /v1/admin/models/{version}/verification`: a threshold the operator calibrated
+    for this version on public faces (`fedface admin model calibrate`). The server holds no faces."""
+
+    threshold: FiniteFloat = Field(ge=-1.0, le=1.0, description="cosine at or above which verify() accepts")
+    far: FiniteFloat = Field(gt=0.0, lt=1.0, description="the false-accept rate it was calibrated for")
+    calibration: str = Field(min_length=1, max_length=500, description="on which faces, e.g. 'all 796,147 impostor pairs of ...'")
+
+
+class ModelVersionAdminPublic(BaseModel):
+    """A model version as the operator sees it: where it came from and the threshold it publishes."""
+
+    version: str
+    backbone: str
+    round_id: int | None = Field(description="the round that produced it; null for the bootstrap model")
+    created_at: datetime
+    verify_threshold: float | None
+    verify_far: float | None
+    calibration: str | None = Field(description="on which faces the threshold was calibrated")
+    calibrated_for: str = Field(description="the version it was calibrated on: an ancestor's when a round inherited it")
+
+
 class DeviceAdminPublic(BaseModel):
     """A device as the operator sees it: never its key or template."""
 

@@ -1,4 +1,5 @@
-"""`fedface admin round open|list|status|close` and `fedface admin device list|remove`: operate a
+"""`fedface admin round open|list|status|close`, `fedface admin device list|remove|prune`, `fedface admin
+token issue` and `fedface admin model list|calibrate` (fedface/commands/admin_model.py): operate a
 running round server over its admin API.
 
 The admin token comes from FEDFACE_ADMIN_TOKEN or, for a `--dev` server, from
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from facecore.federation.status import ACTIVE_ROUND_STATUSES, RoundStatus
+from fedface.commands import admin_model
 from server_api.errors import AdminClientError
 
 # request field (dotted path) -> the flag that sets it
@@ -184,6 +186,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="lifetime of the tokens (default: the server's FEDFACE_ENROLLMENT_TOKEN_TTL_S)")
     for sub in (open_, list_, status, close, device_list, remove, prune, issue):
         _connection_arguments(sub)
+    admin_model.add_arguments(objects, _connection_arguments)
     _open_arguments(open_)
     list_.add_argument("--limit", type=int, default=20, metavar="N", help="rounds to show")
     device_list.add_argument("--limit", type=int, default=100, metavar="N", help="devices to show")
@@ -286,7 +289,8 @@ def _token(data_dir: str) -> str:
     )
 
 
-def _call(args: argparse.Namespace, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+def _call(args: argparse.Namespace, method: str, path: str, body: dict[str, Any] | None = None, raw: bool = False) -> Any:
+    """The server's JSON answer (its bytes with `raw`); a refusal or a failure is one AdminClientError."""
     import httpx
 
     url = args.server.rstrip("/") + path
@@ -297,12 +301,12 @@ def _call(args: argparse.Namespace, method: str, path: str, body: dict[str, Any]
             json=body,
             headers={"Authorization": f"Bearer {_token(args.data_dir)}"},
             verify=args.cacert or True,
-            timeout=30,
+            timeout=120 if raw else 30,
         )
     except httpx.HTTPError as error:
         raise AdminClientError(f"cannot reach {args.server}: {error}") from None
     if response.status_code < 400:
-        return response.json()
+        return response.content if raw else response.json()
     try:
         detail = response.json().get("detail")
     except ValueError:
@@ -447,8 +451,17 @@ def _run_token(args: argparse.Namespace) -> tuple[Any, str]:
     return result, "\n".join(result["tokens"]) + f"\n(expire {_time(result['expires_at'])}; each registers one device)"
 
 
+def _run_model(args: argparse.Namespace) -> tuple[Any, str]:
+    if args.action == "calibrate":
+        return admin_model.calibrate(args, _call)
+    if args.limit < 1:
+        raise _usage(f"--limit must be at least 1, got {args.limit}")
+    versions = _call(args, "GET", f"/v1/admin/models?limit={args.limit}")
+    return versions, admin_model.version_table(versions, _table, _time)
+
+
 def run(args: argparse.Namespace) -> int:
-    runner = {"device": _run_device, "token": _run_token}.get(args.object, _run_round)
+    runner = {"device": _run_device, "token": _run_token, "model": _run_model}.get(args.object, _run_round)
     result, text = runner(args)
     print(json.dumps(result, indent=1) if args.json else text)
     return 0

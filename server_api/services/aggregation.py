@@ -139,6 +139,15 @@ def _secure_transition(session: Session, round_: Round, uploaded: int, now: date
     return "not_due"
 
 
+def _inherited(verification: dict[str, Any] | None, parent: str) -> dict[str, Any] | None:
+    """A federated version's threshold: its parent's as published now (an operator's recalibration
+    included), with `calibrated_for` naming the version it was calibrated on. No face data lives on the
+    server, so it cannot calibrate; the operator recalibrates with `fedface admin model calibrate`."""
+    if verification is None:
+        return None
+    return {**verification, "calibrated_for": verification.get("calibrated_for", parent)}
+
+
 def _compute_and_finalize(ctx: ServerContext, round_id: int) -> bool:
     with session_scope(ctx.sessions) as session:
         round_ = round_crud.get_round(session, round_id)
@@ -157,11 +166,12 @@ def _compute_and_finalize(ctx: ServerContext, round_id: int) -> bool:
         config = round_.settings
         strategy = strategy_for(config)
         base_hash, backbone, dim = base.version_hash, base.backbone, base.embedding_dim
+        base_verification = dict(base.verification) if base.verification else None
         secure = secure_aggregation.unmask_inputs(session, round_) if secure_aggregation.settings_of(round_) else None
         # A DP round always ran selection (no upload without it); 1.0 is the safe reading otherwise.
         sampling = (round_.sample_rate if round_.sample_rate is not None else 1.0, round_.population)
 
-    base_header, base_weights = load_weights(ctx.store, base_hash)
+    _, base_weights = load_weights(ctx.store, base_hash)
     if secure is None:
         stream = _stream(ctx, updates)
     else:
@@ -170,9 +180,7 @@ def _compute_and_finalize(ctx: ServerContext, round_id: int) -> bool:
     result = strategy.aggregate_train(round_id, base_weights, stream)
     del base_weights
     model = build_model(backbone, dim, result.weights)
-    # No face data lives on the server, so a federated version keeps the threshold its ancestor was
-    # calibrated with (on public faces, offline) until an operator recalibrates.
-    meta = {"source": f"round {round_id}", "round_id": round_id, "parent": base_hash, "verification": base_header.get("meta", {}).get("verification")}
+    meta = {"source": f"round {round_id}", "round_id": round_id, "parent": base_hash, "verification": _inherited(base_verification, base_hash)}
     blobs = store_model(ctx.store, model, ctx.settings.export_onnx, meta=meta)
 
     embeddings = _new_embeddings(ctx, strategy, config, updates, enrolled, dim)

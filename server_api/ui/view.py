@@ -97,6 +97,9 @@ def _version_row(version: ModelVersion, rounds_by_id: dict[int, RoundRow]) -> Ve
         verification.pop("far", None),
         verification.pop("calibration", None),
     )
+    calibrated_for = verification.pop("calibrated_for", None)
+    if calibrated_for is not None:  # a round's version: the threshold is its ancestor's until recalibrated
+        calibration = f"inherited from {str(calibrated_for)[:12]}: {calibration or '?'}"
     figures: dict[str, Any] = {k: v for k, v in verification.items() if isinstance(v, int | float | str)}
     produced_by = rounds_by_id.get(version.round_id) if version.round_id is not None else None
     if produced_by is not None:

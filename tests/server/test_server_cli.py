@@ -147,6 +147,37 @@ def test_round_commands_against_a_real_server(server: ServerProcess) -> None:
     ]
 
 
+@pytest.mark.slow
+def test_model_calibrate_publishes_the_threshold_of_the_downloaded_version(server: ServerProcess, real_data: Path) -> None:
+    # Execute: list; calibrate the current version on LFW fold 1 (FAR 1%, to keep it short); list again;
+    # then ask for the test folds and for a version that does not exist
+    before = _admin(server, "model", "list")
+    calibrated = _admin(server, "model", "calibrate", "--folds", "1", "--far", "0.01", "--data", str(real_data), "--json")
+    after = _admin(server, "model", "list")
+    test_folds = _admin(server, "model", "calibrate", "--folds", "5-6", "--data", str(real_data))
+    unknown = _admin(server, "model", "calibrate", "ffff", "--data", str(real_data))
+    # Assert: what was published is the core's threshold for exactly the server's bytes, public people left out
+    from facecore.data.split import SplitConfig, build_split
+    from facecore.eval.calibration import calibrate_threshold
+    from facecore.models.checkpoint import load_backbone
+
+    assert calibrated.returncode == 0, calibrated.stderr
+    published = json.loads(calibrated.stdout)
+    token = (server.data_dir / "admin_token").read_text().strip()
+    blob = httpx.get(f"{server.url}/v1/admin/models/{published['version']}/backbone", headers={"Authorization": f"Bearer {token}"}).content
+    (server.data_dir.parent / "v.pt").write_bytes(blob)
+    public = sorted(build_split(real_data, SplitConfig(seed=0)).sets["public"])
+    expected = calibrate_threshold(load_backbone(server.data_dir.parent / "v.pt"), real_data / "lfw", (1,), 0.01, exclude=public)
+    assert (published["verify_threshold"], published["verify_far"], published["calibration"]) == (
+        expected["threshold"], 0.01, expected["calibration"])
+    assert "the model never trained on" in published["calibration"]
+    # VERSION ROUND CREATED (date, time) THRESHOLD FAR CALIBRATED-FOR; the random bootstrap model publishes none
+    assert before.stdout.splitlines()[1].split()[1:] == ["bootstrap", *after.stdout.splitlines()[1].split()[2:4], "-", "-", "this", "version"]
+    assert after.stdout.splitlines()[1].split()[4:] == [f"{expected['threshold']:.4f}", "0.01", "this", "version"]
+    assert test_folds.returncode == 1 and "are the test set" in test_folds.stderr and len(test_folds.stderr.splitlines()) == 1
+    assert unknown.returncode == 1 and "no version among the server's newest 1 start with 'ffff'" in unknown.stderr
+
+
 def test_device_list_and_remove_delete_the_template_and_revoke_the_key(server: ServerProcess) -> None:
     # Prepare: two enrolled devices
     with httpx.Client(base_url=server.url, timeout=30) as http:

@@ -1,6 +1,7 @@
 """Model downloads, health/metrics/docs, ONNX export, and migrations vs. models."""
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -108,20 +109,49 @@ def test_onnx_export_is_served_and_runs(tmp_path: Path, db_url: str, rng: np.ran
     assert embedding.shape == (2, 128)
 
 
-def test_the_verification_threshold_survives_aggregation(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    # Prepare: a stored model version whose file carries a calibrated threshold
-    import torch
+def test_a_round_inherits_the_threshold_and_the_operator_recalibrates_the_new_version(
+    client: TestClient, admin: dict, rng: np.random.Generator,
+) -> None:
+    # Prepare: the operator publishes a threshold for the bootstrap version; one device trains a round
+    (device,) = enrolled_devices(client, 1, rng)
+    v1 = device.request("GET", "/v1/models/current").json()["version"]
+    calibrated = {"threshold": 0.42, "far": 1e-3, "calibration": "all impostor pairs of LFW folds 1-5"}
+    assert client.put(f"/v1/admin/models/{v1}/verification", json=calibrated, headers=admin).status_code == 200
+    round_ = open_round(client, admin, target_participants=1)
+    device.checkin()
+    device.upload(round_["id"], update_file(make_delta(load_backbone_bytes(device.backbone(v1).content), rng), unit_vector(rng), v1, 5))
+    # Execute: the new version as published, then the operator recalibrates it
+    inherited = client.get("/v1/admin/models", headers=admin).json()
+    v2 = inherited[0]["version"]
+    recalibrated = client.put(f"/v1/admin/models/{v2}/verification", json={**calibrated, "threshold": 0.5}, headers=admin)
+    seen_by_device = device.request("GET", "/v1/models/current").json()
+    # Assert: the round's version carried v1's threshold, marked as calibrated for v1; the device now reads v2's own
+    assert [v["version"] for v in inherited] == [v2, v1] and inherited[1]["calibrated_for"] == v1
+    assert (inherited[0]["verify_threshold"], inherited[0]["calibrated_for"]) == (0.42, v1)
+    assert recalibrated.status_code == 200 and recalibrated.json()["calibrated_for"] == v2
+    assert (seen_by_device["version"], seen_by_device["verify_threshold"], seen_by_device["verify_far"]) == (v2, 0.5, 1e-3)
+    # and the next round inherits the recalibrated threshold, not the one in v2's file
+    round_2 = open_round(client, admin, target_participants=1)
+    device.checkin()
+    device.upload(round_2["id"], update_file(make_delta(load_backbone_bytes(device.backbone(v2).content), rng), unit_vector(rng), v2, 5))
+    v3 = client.get("/v1/admin/models", headers=admin).json()[0]
+    assert (v3["verify_threshold"], v3["calibrated_for"]) == (0.5, v2)
 
-    from facecore.models import get_backbone
-    from server_api.services.model_store import load_weights, store_model
-    from server_api.storage.blobs import LocalBlobStore
 
-    store = LocalBlobStore(tmp_path / "blobs")
-    model = get_backbone("mobilefacenet_s")
-    calibrated = {"threshold": 0.42, "far": 1e-3}
+def test_a_threshold_is_refused_without_the_admin_token_out_of_range_or_for_an_unknown_version(client: TestClient, admin: dict) -> None:
+    # Prepare
+    version = client.get("/v1/admin/models", headers=admin).json()[0]["version"]
+    good = {"threshold": 0.4, "far": 1e-3, "calibration": "LFW folds 1-5"}
     # Execute
-    first = store_model(store, model, export_onnx=False, meta={"verification": calibrated})
-    header, _ = load_weights(store, first.version_hash)
-    second = store_model(store, model.to(torch.float32), export_onnx=False, meta={"verification": header.get("meta", {}).get("verification")})
-    # Assert
-    assert first.verification == second.verification == calibrated
+    anonymous = client.put(f"/v1/admin/models/{version}/verification", json=good)
+    out_of_range = [
+        client.put(f"/v1/admin/models/{version}/verification", json={**good, **bad}, headers=admin)
+        for bad in ({"threshold": 1.5}, {"far": 0.0}, {"far": 1.0}, {"calibration": ""}, {"extra": 1})
+    ]
+    unknown = client.put(f"/v1/admin/models/{'0' * 64}/verification", json=good, headers=admin)
+    download = client.get(f"/v1/admin/models/{version}/backbone", headers=admin)
+    # Assert: nothing was published; the operator's download is the version's own bytes
+    assert anonymous.status_code == 401 and unknown.status_code == 404
+    assert [r.status_code for r in out_of_range] == [422] * 5
+    assert client.get("/v1/admin/models", headers=admin).json()[0]["verify_threshold"] is None
+    assert download.status_code == 200 and hashlib.sha256(download.content).hexdigest() == version

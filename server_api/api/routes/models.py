@@ -4,22 +4,25 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, Header, Path, Query, Response
 from fastapi.responses import StreamingResponse
 
 from facecore.federation.messages import ErrorPublic
 from facecore.federation.protocol import CONTENT_SHA256_HEADER
 from facecore.models.registry import backbone_geometry
-from server_api.api.deps import CtxDep, CurrentDevice, SessionDep
+from server_api.api.deps import AdminDep, CtxDep, CurrentDevice, SessionDep
 from server_api.crud import versions as version_crud
 from server_api.errors import NotFound
 from server_api.models import ModelVersion
-from server_api.schemas import FaceGeometryPublic, ModelVersionPublic
-from server_api.services import versions
+from server_api.schemas import FaceGeometryPublic, ModelVersionAdminPublic, ModelVersionPublic, VerificationCreate
+from server_api.services import version_admin, versions
 from server_api.storage.blobs import CHUNK
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
+admin_router = APIRouter(prefix="/v1/admin/models", tags=["admin"])
 _errors: dict[int | str, dict[str, Any]] = {401: {"model": ErrorPublic}, 404: {"model": ErrorPublic}}
+_admin_errors: dict[int | str, dict[str, Any]] = {code: {"model": ErrorPublic} for code in (401, 404, 422)}
+VersionPath = Annotated[str, Path(pattern=r"^[0-9a-f]{64}$", description="the version's hash")]
 # Version URLs never change content, so clients and proxies may cache them forever.
 IMMUTABLE = "private, max-age=31536000, immutable"
 
@@ -83,3 +86,32 @@ def download_onnx(
     if found.onnx_blob is None:
         raise NotFound(f"model version {version} has no ONNX export (server runs with export_onnx off)")
     return _serve(ctx, found.onnx_blob, f"{found.version_hash}.onnx", if_none_match, "application/octet-stream", f"model-{version[:12]}.onnx")
+
+
+def _admin_public(version: ModelVersion) -> ModelVersionAdminPublic:
+    verification = version.verification or {}
+    return ModelVersionAdminPublic(
+        version=version.version_hash, backbone=version.backbone, round_id=version.round_id, created_at=version.created_at,
+        verify_threshold=verification.get("threshold"), verify_far=verification.get("far"),
+        calibration=verification.get("calibration"), calibrated_for=verification.get("calibrated_for", version.version_hash),
+    )
+
+
+@admin_router.get("", response_model=list[ModelVersionAdminPublic], responses=_admin_errors)
+def list_versions(_: AdminDep, session: SessionDep, limit: Annotated[int, Query(ge=1, le=500)] = 20) -> list[ModelVersionAdminPublic]:
+    """Model versions, newest (the current one) first, with the threshold each publishes."""
+    return [_admin_public(v) for v in version_crud.list_versions(session, limit)]
+
+
+@admin_router.get("/{version}/backbone", responses={200: {"content": {"application/octet-stream": {}}}, **_admin_errors})
+def admin_download_backbone(version: VersionPath, _: AdminDep, ctx: CtxDep, session: SessionDep) -> Response:
+    """The version's fp32 backbone file, for the operator to calibrate its threshold on public faces."""
+    found = versions.for_download(session, version)
+    return _serve(ctx, found.version_hash, found.version_hash, None, "application/octet-stream", f"backbone-{version[:12]}-fp32.pt")
+
+
+@admin_router.put("/{version}/verification", response_model=ModelVersionAdminPublic, responses=_admin_errors)
+def set_verification(version: VersionPath, body: VerificationCreate, _: AdminDep, session: SessionDep) -> ModelVersionAdminPublic:
+    """Publish a threshold calibrated for this version: devices read it with the current model (every online verify and round), and
+    the next round's version inherits it."""
+    return _admin_public(version_admin.set_verification(session, version, body.model_dump()))

@@ -1,0 +1,118 @@
+"""`fedface admin model list|calibrate`: the model versions a round server publishes, and the
+verification threshold each one tells devices to use.
+
+A round's version inherits its parent's threshold, because the server holds no faces to calibrate
+on. Federated training moves every score, so an inherited threshold stops meaning its FAR
+(simulator/REPORT.md, section 6). `calibrate` puts that right from the operator's machine: it
+downloads the version, sets the threshold at `--far` over every impostor pair of LFW people folds
+1-5 (never the test folds 6-10), and publishes it. Devices read it with the current model (every
+online verify and round), and the next round inherits it.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from server_api.errors import AdminClientError
+
+Call = Callable[..., Any]
+# The published dlib ResNet learned from faces outside this project's data; every backbone trained here
+# (`fedface pretrain`, `fedface distill`) learned from the split's public people, so its threshold is
+# calibrated on the folds' other people, as `fedface models measure` does.
+TRAINED_ELSEWHERE = frozenset({"dlib-resnet"})
+
+
+def add_arguments(objects: Any, connection_arguments: Callable[[argparse.ArgumentParser], None]) -> None:
+    parser = objects.add_parser(
+        "model", help="model versions and their verification thresholds; recalibrate one on public faces",
+        description="model versions and their verification thresholds; recalibrate one on public faces",
+    )
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    list_ = actions.add_parser("list", help="versions, newest (current) first: round, threshold, what it was calibrated on")
+    calibrate = actions.add_parser(
+        "calibrate", help="set a version's threshold at a FAR on LFW folds 1-5 and publish it",
+        description="Download the version, calibrate its verification threshold at --far over every impostor pair of "
+        "LFW people folds --folds (6-10 are the test set and refused), and publish it: devices read it with the current "
+        "model (every online verify and round), and the next round's version inherits it. Needs the LFW data (--data, else $FEDFACE_DATA).",
+    )
+    calibrate.add_argument("version", nargs="?", metavar="VERSION",
+                           help="a version hash or its first characters, as `model list` shows (default: the current one)")
+    calibrate.add_argument("--far", type=float, default=1e-3, help="false-accept rate to calibrate for (default: 0.001)")
+    calibrate.add_argument("--folds", default="1-5", help="LFW people folds to calibrate on (default: 1-5; 6-10 are refused)")
+    calibrate.add_argument("--data", metavar="DIR", help="data root holding lfw/ (default: $FEDFACE_DATA, else ../shared/data)")
+    calibrate.add_argument(
+        "--unseen-only", choices=("auto", "yes", "no"), default="auto",
+        help="leave out the public split's people the model trained on (auto: yes for every backbone but the dlib ResNet)",
+    )
+    list_.add_argument("--limit", type=int, default=20, metavar="N", help="versions to show")
+    for sub in (list_, calibrate):
+        connection_arguments(sub)
+
+
+def _resolve(versions: list[dict[str, Any]], wanted: str | None) -> dict[str, Any]:
+    if not versions:
+        raise AdminClientError("the server has no model version yet")
+    if wanted is None:
+        return versions[0]
+    matches = [v for v in versions if v["version"].startswith(wanted.lower())]
+    if len(matches) != 1:
+        found = "no version" if not matches else f"{len(matches)} versions"
+        raise AdminClientError(f"{found} among the server's newest {len(versions)} start with {wanted!r}: see `fedface admin model list`")
+    return matches[0]
+
+
+def _threshold(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def version_table(versions: list[dict[str, Any]], table: Callable[..., str], when: Callable[[str | None], str]) -> str:
+    if not versions:
+        return "no model versions"
+    return table(
+        ("VERSION", "ROUND", "CREATED", "THRESHOLD", "FAR", "CALIBRATED FOR"),
+        [
+            (
+                v["version"][:12], v["round_id"] if v["round_id"] is not None else "bootstrap", when(v["created_at"]),
+                _threshold(v["verify_threshold"]), v["verify_far"] if v["verify_far"] is not None else "-",
+                "this version" if v["calibrated_for"] == v["version"] else f"{v['calibrated_for'][:12]} (inherited)",
+            )
+            for v in versions
+        ],
+    )
+
+
+def calibrate(args: argparse.Namespace, call: Call) -> tuple[dict[str, Any], str]:
+    """Download, calibrate locally on public faces, publish; the answer is the version as now published."""
+    from facecore.data.lfw import parse_folds
+    from facecore.data.split import SplitConfig, build_split
+    from facecore.eval.calibration import calibrate_threshold
+    from facecore.eval.lfw import refuse_test_folds
+    from facecore.models.checkpoint import load_backbone
+    from facecore.paths import data_root
+
+    if not 0.0 < args.far < 1.0:
+        raise AdminClientError(f"--far must lie strictly between 0 and 1, got {args.far}")
+    folds = parse_folds(args.folds)
+    refuse_test_folds(folds, "a verification threshold")
+    root = data_root(args.data)
+    version = _resolve(call(args, "GET", "/v1/admin/models?limit=500"), args.version)
+    blob = call(args, "GET", f"/v1/admin/models/{version['version']}/backbone", raw=True)
+    if hashlib.sha256(blob).hexdigest() != version["version"]:
+        raise AdminClientError(f"the backbone downloaded for {version['version'][:12]} does not match its hash")
+    with tempfile.TemporaryDirectory(prefix="fedface-calibrate-") as scratch:
+        path = Path(scratch) / "backbone.pt"
+        path.write_bytes(blob)
+        model = load_backbone(path)
+    unseen_only = args.unseen_only == "yes" or (args.unseen_only == "auto" and version["backbone"] not in TRAINED_ELSEWHERE)
+    seen = sorted(build_split(root, SplitConfig(seed=0)).sets["public"]) if unseen_only else []
+    verification = calibrate_threshold(model, root / "lfw", folds, args.far, exclude=seen)
+    published = call(args, "PUT", f"/v1/admin/models/{version['version']}/verification", verification)
+    was = _threshold(version["verify_threshold"])
+    return published, (
+        f"version {published['version'][:12]}: threshold {was} -> {_threshold(published['verify_threshold'])} at FAR "
+        f"{published['verify_far']:g} ({verification['calibration']}); devices use it from their next online verify or round"
+    )
