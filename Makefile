@@ -43,11 +43,12 @@ clean-venv:
 	rm -rf $(VENV) .venv-flower
 
 # Optional: the Flower + Ray reference of `fedface bench sim --flower`. Its own environment, because
-# flwr pins FastAPI/Starlette/uvicorn versions other than the server's; the worker needs only torch.
-FLOWER_STAMP := .venv-flower/.installed-flwr-1.42.0
+# flwr pins FastAPI/Starlette/uvicorn versions other than the server's; the worker needs torch, numpy and
+# Pillow (facecore's crop template, imported on the way to the SDK's training code).
+FLOWER_STAMP := .venv-flower/.installed-flwr-1.42.0-pillow
 flower-venv: $(FLOWER_STAMP)
 
 $(FLOWER_STAMP):
 	@test -x .venv-flower/bin/python || $(PYTHON) -m venv .venv-flower
-	.venv-flower/bin/python -m pip install -q --disable-pip-version-check torch==2.14.1 'numpy>=1.26,<3' 'flwr[simulation]==1.42.0'
+	.venv-flower/bin/python -m pip install -q --disable-pip-version-check torch==2.14.1 'numpy>=1.26,<3' 'pillow>=10.2' 'flwr[simulation]==1.42.0'
 	@rm -f .venv-flower/.installed-* && touch $@

@@ -219,7 +219,8 @@ class CrossDeviceSimulation:
         received = self.received.state_dict()
         weights = {k: received[k].numpy() for k in self.trained_keys}
         for r in tqdm(self.pool.train(weights, tasks), total=len(tasks), desc=f"round {round_number}", unit="device", leave=False):
-            delta = wire_arrays({k: torch.from_numpy(np.asarray(v)) for k, v in r.delta.items()}, self.config.wire)  # workers send fp32
+            # Workers send fp32; Ray's come read-only, which torch refuses to wrap without a warning, so those are copied.
+            delta = wire_arrays({k: torch.from_numpy(np.require(v, requirements="W")) for k, v in r.delta.items()}, self.config.wire)
             yield self._received(round_number, r.index, delta, r.embedding, r.n_samples, r.loss_before, r.loss_after, state, losses)
 
     def _received(
