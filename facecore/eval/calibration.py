@@ -9,6 +9,7 @@ would set its threshold too low, so such a model calibrates on the folds' people
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -39,8 +40,13 @@ def calibrate_threshold(
     if people < 2:
         raise FaceCoreError(f"LFW folds {folds[0]}-{folds[-1]} have fewer than 2 people the model did not train on")
     _, impostor = all_pairs_scores(embed_faces(model, data.faces[unseen]), data.identities[unseen])
+    threshold = threshold_at_far(impostor, far)
+    if np.isnan(threshold):
+        raise FaceCoreError(
+            f"a FAR of {far:g} needs at least {math.ceil(1 / far - 1e-9):,} impostor pairs; LFW folds "
+            f"{folds[0]}-{folds[-1]} give {impostor.size:,}: calibrate on more folds or at a larger FAR")
     return {
-        "threshold": float(threshold_at_far(impostor, far)), "far": far,
+        "threshold": threshold, "far": far,
         "calibration": f"all {impostor.size:,} impostor pairs of the {people:,} people of LFW folds {folds[0]}-{folds[-1]}"
         + (" the model never trained on" if exclude else ""),
     }

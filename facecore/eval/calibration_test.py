@@ -40,6 +40,9 @@ def test_the_threshold_accepts_the_calibrated_fraction_of_impostors(real_data: P
     accepted = float(np.mean(impostor > calibrated["threshold"]))
     assert 0.009 <= accepted <= 0.01
     assert calibrated["far"] == 1e-2 and "LFW folds 1-1" in calibrated["calibration"]
+    # a FAR finer than the fold's impostor pairs can resolve is refused, not answered with NaN
+    with pytest.raises(FaceCoreError, match=f"give {impostor.size:,}: calibrate on more folds"):
+        calibrate_threshold(model, real_data / "lfw", (1,), far=0.1 / impostor.size)
     # and a model that trained on the fold's people has nobody left to calibrate on
     with pytest.raises(FaceCoreError, match="fewer than 2 people the model did not train on"):
         calibrate_threshold(model, real_data / "lfw", (1,), exclude=set(data.identities.tolist()))
