@@ -19,12 +19,26 @@ import torch
 
 from facecore.align.geometry import geometry_of
 from facecore.align.pipeline import FaceAligner
+from facecore.data.split import SplitConfig, build_split
 from facecore.errors import FaceCoreError
 from facecore.eval.lfw import load_lfw_faces, refuse_test_folds
 from facecore.eval.metrics import all_pairs_scores, threshold_at_far
 from facecore.models.preprocess import embed_faces
 
 CALIBRATION_FOLDS = (1, 2, 3, 4, 5)
+# The published dlib ResNet learned from faces outside this project's data; every backbone trained
+# here (`fedface pretrain`, `fedface distill`, federated rounds) learned from the split's public people.
+TRAINED_ELSEWHERE = frozenset({"dlib-resnet"})
+
+
+def trained_on_public(model: torch.nn.Module) -> bool:
+    """Whether `calibrate_threshold` must leave out the split's public people for `model`."""
+    return getattr(model, "name", None) not in TRAINED_ELSEWHERE
+
+
+def public_people(data_root: Path) -> list[str]:
+    """The split's public identities ("lfw:Name", "celeba:N"): what every backbone trained here saw."""
+    return sorted(build_split(data_root, SplitConfig(seed=0)).sets["public"])
 
 
 def calibrate_threshold(

@@ -15,7 +15,7 @@ import torch
 from facecore.align.geometry import geometry_of
 from facecore.align.pipeline import FaceAligner
 from facecore.data.split import SplitConfig, build_split
-from facecore.eval.calibration import calibrate_threshold
+from facecore.eval.calibration import calibrate_threshold, trained_on_public
 from facecore.eval.cross_source import celeba_owner_check
 from facecore.eval.lfw import TEST_FOLDS, evaluate, load_lfw_faces
 from facecore.models.checkpoint import FIGURES, load_backbone, model_source, save_backbone
@@ -28,16 +28,11 @@ def fp16_bytes(model: torch.nn.Module) -> int:
         return save_backbone(model, Path(scratch) / "model.pt", half=True).stat().st_size
 
 
-# Named models trained here on the split's public identities: their threshold must not be
-# calibrated on those people. The dlib ResNet's training set is not ours.
-TRAINED_ON_PUBLIC = frozenset({"mobile"})
-
-
 def measure(spec: str, root: Path, progress: bool = True) -> dict[str, Any]:
     """Threshold (folds 1-5), LFW folds 6-10, CelebA owners at that threshold, size and crop."""
     model = load_backbone(spec)
     split = build_split(root, SplitConfig(seed=0))
-    seen = split.sets["public"] if spec in TRAINED_ON_PUBLIC else ()
+    seen = split.sets["public"] if trained_on_public(model) else ()
     verification = calibrate_threshold(model, root / "lfw", exclude=list(seen))
     model.meta = {**(getattr(model, "meta", None) or {}), "verification": verification}  # type: ignore[assignment]  # Module types unknown attributes as Tensor | Module; meta is a dict
     folds = tuple(sorted(TEST_FOLDS))

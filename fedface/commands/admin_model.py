@@ -20,10 +20,6 @@ from typing import Any
 from server_api.errors import AdminClientError
 
 Call = Callable[..., Any]
-# The published dlib ResNet learned from faces outside this project's data; every backbone trained here
-# (`fedface pretrain`, `fedface distill`) learned from the split's public people, so its threshold is
-# calibrated on the folds' other people, as `fedface models measure` does.
-TRAINED_ELSEWHERE = frozenset({"dlib-resnet"})
 
 
 def add_arguments(objects: Any, connection_arguments: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -88,8 +84,7 @@ def version_table(versions: list[dict[str, Any]], table: Callable[..., str], whe
 def calibrate(args: argparse.Namespace, call: Call) -> tuple[dict[str, Any], str]:
     """Download, calibrate locally on public faces, publish; the answer is the version as now published."""
     from facecore.data.lfw import parse_folds
-    from facecore.data.split import SplitConfig, build_split
-    from facecore.eval.calibration import calibrate_threshold
+    from facecore.eval.calibration import calibrate_threshold, public_people, trained_on_public
     from facecore.eval.lfw import refuse_test_folds
     from facecore.models.checkpoint import load_backbone
     from facecore.paths import data_root
@@ -107,8 +102,8 @@ def calibrate(args: argparse.Namespace, call: Call) -> tuple[dict[str, Any], str
         path = Path(scratch) / "backbone.pt"
         path.write_bytes(blob)
         model = load_backbone(path)
-    unseen_only = args.unseen_only == "yes" or (args.unseen_only == "auto" and version["backbone"] not in TRAINED_ELSEWHERE)
-    seen = sorted(build_split(root, SplitConfig(seed=0)).sets["public"]) if unseen_only else []
+    unseen_only = trained_on_public(model) if args.unseen_only == "auto" else args.unseen_only == "yes"
+    seen = public_people(root) if unseen_only else []
     verification = calibrate_threshold(model, root / "lfw", folds, args.far, exclude=seen)
     published = call(args, "PUT", f"/v1/admin/models/{version['version']}/verification", verification)
     was = _threshold(version["verify_threshold"])

@@ -179,8 +179,7 @@ def test_model_calibrate_publishes_the_threshold_of_the_downloaded_version(
     test_folds = _admin(server, "model", "calibrate", "--folds", "5-6", "--data", str(real_data))
     unknown = _admin(server, "model", "calibrate", "ffff", "--data", str(real_data))
     # Assert: what was published is the core's threshold for exactly the server's bytes, public people left out
-    from facecore.data.split import SplitConfig, build_split
-    from facecore.eval.calibration import calibrate_threshold
+    from facecore.eval.calibration import calibrate_threshold, public_people
     from facecore.models.checkpoint import load_backbone
 
     assert calibrated.returncode == 0, calibrated.stderr
@@ -188,8 +187,8 @@ def test_model_calibrate_publishes_the_threshold_of_the_downloaded_version(
     token = (server.data_dir / "admin_token").read_text().strip()
     blob = httpx.get(f"{server.url}/v1/admin/models/{published['version']}/backbone", headers={"Authorization": f"Bearer {token}"}).content
     (server.data_dir.parent / "v.pt").write_bytes(blob)
-    public = sorted(build_split(real_data, SplitConfig(seed=0)).sets["public"])
-    expected = calibrate_threshold(load_backbone(server.data_dir.parent / "v.pt"), real_data / "lfw", (1,), 0.01, exclude=public)
+    expected = calibrate_threshold(
+        load_backbone(server.data_dir.parent / "v.pt"), real_data / "lfw", (1,), 0.01, exclude=public_people(real_data))
     assert (published["verify_threshold"], published["verify_far"], published["calibration"]) == (
         expected["threshold"], 0.01, expected["calibration"])
     assert "the model never trained on" in published["calibration"]
