@@ -13,7 +13,7 @@ import pytest
 
 from fedface import cli
 from fedface.cli import main
-from fedface.commands import admin
+from fedface.commands import admin_client
 
 HEAVY = ("torch", "fastapi", "sqlalchemy", "uvicorn", "onnxruntime", "facenet_pytorch")
 # Help texts still being written with the device benchmark (issue #20 "Verify"); drop it from here when they land.
@@ -165,6 +165,6 @@ def test_server_validation_errors_are_translated_to_flag_names() -> None:
         },
     ]
     # Execute
-    text = admin._flag_errors(detail, {"aggregation": {"trim_beta": 0.9}})
+    text = admin_client.flag_errors(detail, {"aggregation": {"trim_beta": 0.9}})
     # Assert
     assert text == "--trim-beta 0.9: should be less than 0.5; --selection-window must be shorter than --deadline"

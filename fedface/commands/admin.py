@@ -12,60 +12,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from facecore.federation.status import ACTIVE_ROUND_STATUSES, RoundStatus
 from fedface.commands import admin_model
-from server_api.errors import AdminClientError
+from fedface.commands.admin_client import call, connection_arguments, flag_errors, table, time_text, usage
 
-# request field (dotted path) -> the flag that sets it
-FLAGS = {
-    "min_participants": "--min",
-    "target_participants": "--target",
-    "deadline_s": "--deadline",
-    "selection_window_s": "--selection-window",
-    "local.epochs": "--local-epochs",
-    "local.lr": "--lr",
-    "aggregation.method": "--aggregation",
-    "aggregation.trim_beta": "--trim-beta",
-    "aggregation.max_update_norm": "--max-update-norm",
-    "aggregation.dp_noise_multiplier": "--dp-noise",
-    "aggregation.dp_delta": "--dp-delta",
-    "secure_aggregation.enabled": "--secure-aggregation",
-    "secure_aggregation.key_phase_s": "--secagg-key-phase",
-    "secure_aggregation.unmask_phase_s": "--secagg-unmask-phase",
-    "limit": "--limit",
-    "offset": "--offset",
-    "device_id": "DEVICE_ID",
-    "round_id": "--round",
-}
 AGGREGATIONS = ("fedavg", "median", "trimmed_mean", "norm_bounded", "dp_fedavg")
-
-
-def _connection_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--server",
-        default=os.environ.get("FEDFACE_SERVER", "http://127.0.0.1:8000"),
-        metavar="URL",
-        help="round server URL (default: $FEDFACE_SERVER, else http://127.0.0.1:8000)",
-    )
-    parser.add_argument(
-        "--data-dir",
-        default="./fedface-data",
-        metavar="DIR",
-        help="a --dev server's data folder, whose admin_token is used when FEDFACE_ADMIN_TOKEN is not set",
-    )
-    parser.add_argument(
-        "--cacert",
-        metavar="FILE",
-        help="CA bundle for an https server with a private certificate (default: the system's)",
-    )
-    parser.add_argument("--json", action="store_true", help="print the server's JSON answer instead of text")
 
 
 def _open_arguments(parser: argparse.ArgumentParser) -> None:
@@ -185,8 +141,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     issue.add_argument("--ttl", type=int, metavar="SECONDS",
                        help="lifetime of the tokens (default: the server's FEDFACE_ENROLLMENT_TOKEN_TTL_S)")
     for sub in (open_, list_, status, close, device_list, remove, prune, issue):
-        _connection_arguments(sub)
-    admin_model.add_arguments(objects, _connection_arguments)
+        connection_arguments(sub)
+    admin_model.add_arguments(objects)
     _open_arguments(open_)
     list_.add_argument("--limit", type=int, default=20, metavar="N", help="rounds to show")
     device_list.add_argument("--limit", type=int, default=100, metavar="N", help="devices to show")
@@ -202,44 +158,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _usage(message: str) -> Exception:
-    from fedface.cli import UsageError
-
-    return UsageError(message)
-
-
-def _with_flag_names(text: str) -> str:
-    """A server or schema message with each request field named by its flag instead (only names with
-    an underscore: plain words such as "method" or "limit" also occur in ordinary prose)."""
-    names = {dotted.rsplit(".", 1)[-1]: flag for dotted, flag in FLAGS.items() if "_" in dotted.rsplit(".", 1)[-1]}
-    for name in sorted(names, key=len, reverse=True):
-        text = re.sub(rf"\b{re.escape(name)}\b", names[name], text)
-    return text.removeprefix("Value error, ")
-
-
-def _flag_errors(errors: list[dict[str, Any]], sent: dict[str, Any] | None = None) -> str:
-    """One line for a list of schema errors ({loc, msg[, input]}), each naming the flag."""
-    lines = []
-    for error in errors:
-        loc = [str(part) for part in error.get("loc", ()) if part not in ("body", "query", "path")]
-        message = _with_flag_names(str(error.get("msg", "invalid"))).replace("Input should be", "should be")
-        if not loc:
-            lines.append(message)
-            continue
-        flag = FLAGS.get(".".join(loc), "--" + loc[-1].replace("_", "-"))
-        value = error.get("input", _dig(sent, loc))
-        lines.append(f"{flag}{'' if value is None or isinstance(value, dict) else f' {value}'}: {message}")
-    return "; ".join(lines)
-
-
-def _dig(tree: dict[str, Any] | None, path: list[str]) -> Any:
-    for part in path:
-        if not isinstance(tree, dict):
-            return None
-        tree = tree.get(part)
-    return tree
-
-
 def _round_config(args: argparse.Namespace) -> dict[str, Any]:
     """The POST body of `round open`, checked with the server's own schema."""
     from pydantic import ValidationError
@@ -247,7 +165,7 @@ def _round_config(args: argparse.Namespace) -> dict[str, Any]:
     from server_api.schemas import RoundCreate
 
     if args.secure_aggregation and args.aggregation != "fedavg":
-        raise _usage(
+        raise usage(
             "--secure-aggregation needs --aggregation fedavg (the server sees only the sum of the updates), "
             f"not {args.aggregation}"
         )
@@ -273,54 +191,8 @@ def _round_config(args: argparse.Namespace) -> dict[str, Any]:
     try:
         RoundCreate.model_validate(config)
     except ValidationError as error:
-        raise _usage(_flag_errors([dict(e) for e in error.errors()], config)) from None
+        raise usage(flag_errors([dict(e) for e in error.errors()], config)) from None
     return config
-
-
-def _token(data_dir: str) -> str:
-    token = os.environ.get("FEDFACE_ADMIN_TOKEN", "").strip()
-    if token:
-        return token
-    path = Path(data_dir) / "admin_token"
-    if path.is_file():
-        return path.read_text().strip()
-    raise AdminClientError(
-        f"no admin token: set FEDFACE_ADMIN_TOKEN (or pass the dev server's --data-dir; {path} does not exist)"
-    )
-
-
-def _call(args: argparse.Namespace, method: str, path: str, body: dict[str, Any] | None = None, raw: bool = False) -> Any:
-    """The server's JSON answer (its bytes with `raw`); a refusal or a failure is one AdminClientError."""
-    import httpx
-
-    url = args.server.rstrip("/") + path
-    try:
-        response = httpx.request(
-            method,
-            url,
-            json=body,
-            headers={"Authorization": f"Bearer {_token(args.data_dir)}"},
-            verify=args.cacert or True,
-            timeout=120 if raw else 30,
-        )
-    except httpx.HTTPError as error:
-        raise AdminClientError(f"cannot reach {args.server}: {error}") from None
-    if response.status_code < 400:
-        return response.content if raw else response.json()
-    try:
-        detail = response.json().get("detail")
-    except ValueError:
-        detail = response.text[:200]
-    if response.status_code == 422 and isinstance(detail, list):
-        raise _usage(_flag_errors(detail, body))
-    if response.status_code == 401:
-        detail = f"{detail} (FEDFACE_ADMIN_TOKEN, or the --data-dir of a --dev server)"
-    text = detail if isinstance(detail, str) else json.dumps(detail)
-    raise AdminClientError(f"server answered {response.status_code}: {_with_flag_names(text)}")
-
-
-def _time(stamp: str | None) -> str:
-    return datetime.fromisoformat(stamp).strftime("%Y-%m-%d %H:%M:%S") if stamp else "-"
 
 
 def _duration(r: dict[str, Any]) -> str:
@@ -340,7 +212,7 @@ def _describe(r: dict[str, Any]) -> str:
         f"round {r['id']}: {r['status']} ({r['strategy']}, {_aggregation(r)})",
         f"  participants: {r['n_checked_in']} checked in, {r['n_selected']} selected, {r['n_uploaded']} uploaded "
         f"(target {r['target_participants']}, min {r['min_participants']})",
-        f"  opened: {_time(r['created_at'])}, deadline: {_time(r['deadline_at'])}"
+        f"  opened: {time_text(r['created_at'])}, deadline: {time_text(r['deadline_at'])}"
         + (f" (in {left:.0f} s)" if r["status"] == RoundStatus.OPEN and left > 0 else ""),
         f"  duration: {_duration(r)}" + (" so far" if r["status"] in ACTIVE_ROUND_STATUSES else ""),
         f"  model: {r['base_version'][:12]}" + (f" -> {r['result_version'][:12]}" if r["result_version"] else ""),
@@ -352,16 +224,10 @@ def _describe(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> str:
-    cells = [header, *[tuple(map(str, row)) for row in rows]]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in cells)
-
-
-def _round_table(rounds: list[dict[str, Any]]) -> str:
+def _roundtable(rounds: list[dict[str, Any]]) -> str:
     if not rounds:
         return "no rounds yet: open one with `fedface admin round open`"
-    return _table(
+    return table(
         ("ROUND", "STATE", "UPLOADED/SELECTED/CHECKED-IN", "TARGET/MIN", "OPENED", "DURATION", "RESULT"),
         [
             (
@@ -369,7 +235,7 @@ def _round_table(rounds: list[dict[str, Any]]) -> str:
                 r["status"],
                 f"{r['n_uploaded']}/{r['n_selected']}/{r['n_checked_in']}",
                 f"{r['target_participants']}/{r['min_participants']}",
-                _time(r["created_at"]),
+                time_text(r["created_at"]),
                 _duration(r),
                 (r["result_version"] or "")[:12] or (r.get("failure_reason") or "-"),
             )
@@ -378,17 +244,17 @@ def _round_table(rounds: list[dict[str, Any]]) -> str:
     )
 
 
-def _device_table(devices: list[dict[str, Any]]) -> str:
+def _devicetable(devices: list[dict[str, Any]]) -> str:
     if not devices:
         return "no devices"
-    return _table(
+    return table(
         ("DEVICE", "STATUS", "TEMPLATE", "REGISTERED", "LAST SELECTED"),
         [
             (
                 d["device_id"],
                 d["status"],
                 "yes" if d["enrolled"] else "no",
-                _time(d["created_at"]),
+                time_text(d["created_at"]),
                 d["last_selected_round"] if d["last_selected_round"] is not None else "-",
             )
             for d in devices
@@ -398,70 +264,61 @@ def _device_table(devices: list[dict[str, Any]]) -> str:
 
 def _close(args: argparse.Namespace) -> dict[str, Any]:
     """Close, then wait for the scheduler to end the round, so what is printed is its new state."""
-    round_id = args.round or _call(args, "GET", "/v1/admin/rounds/current")["id"]
-    result = _call(args, "POST", f"/v1/admin/rounds/{round_id}/close", None)
+    round_id = args.round or call(args, "GET", "/v1/admin/rounds/current")["id"]
+    result = call(args, "POST", f"/v1/admin/rounds/{round_id}/close", None)
     deadline = time.monotonic() + max(0.0, args.wait)
     while result["status"] == RoundStatus.OPEN and time.monotonic() < deadline:
         time.sleep(0.2)
-        result = _call(args, "GET", f"/v1/admin/rounds/{round_id}")
+        result = call(args, "GET", f"/v1/admin/rounds/{round_id}")
     return result
 
 
 def _run_round(args: argparse.Namespace) -> tuple[Any, str]:
     if args.action == "open":
-        result = _call(args, "POST", "/v1/admin/rounds", _round_config(args))
+        result = call(args, "POST", "/v1/admin/rounds", _round_config(args))
         return result, _describe(result)
     if args.action == "list":
         if args.limit < 1:
-            raise _usage(f"--limit must be at least 1, got {args.limit}")
-        rounds = _call(args, "GET", f"/v1/admin/rounds?limit={args.limit}")
-        return rounds, _round_table(rounds)
+            raise usage(f"--limit must be at least 1, got {args.limit}")
+        rounds = call(args, "GET", f"/v1/admin/rounds?limit={args.limit}")
+        return rounds, _roundtable(rounds)
     if args.action == "close":
         result = _close(args)
         return result, _describe(result)
-    result = _call(args, "GET", f"/v1/admin/rounds/{args.round}" if args.round else "/v1/admin/rounds/current")
+    result = call(args, "GET", f"/v1/admin/rounds/{args.round}" if args.round else "/v1/admin/rounds/current")
     return result, _describe(result)
 
 
 def _run_device(args: argparse.Namespace) -> tuple[Any, str]:
     if args.action == "list":
         if args.limit < 1 or args.offset < 0:
-            raise _usage(f"--limit must be at least 1 and --offset at least 0, got {args.limit} and {args.offset}")
-        devices = _call(args, "GET", f"/v1/admin/devices?limit={args.limit}&offset={args.offset}")
-        return devices, _device_table(devices)
+            raise usage(f"--limit must be at least 1 and --offset at least 0, got {args.limit} and {args.offset}")
+        devices = call(args, "GET", f"/v1/admin/devices?limit={args.limit}&offset={args.offset}")
+        return devices, _devicetable(devices)
     if args.action == "prune":
         if args.older_than is not None and args.older_than < 0:
-            raise _usage(f"--older-than must be at least 0, got {args.older_than}")
+            raise usage(f"--older-than must be at least 0, got {args.older_than}")
         query = "" if args.older_than is None else f"?older_than_s={args.older_than}"
-        result = _call(args, "POST", f"/v1/admin/devices/prune{query}")
-        return result, f"{result['pruned']} never-enrolled device(s) registered before {_time(result['registered_before'])} deleted"
+        result = call(args, "POST", f"/v1/admin/devices/prune{query}")
+        return result, f"{result['pruned']} never-enrolled device(s) registered before {time_text(result['registered_before'])} deleted"
     if not re.fullmatch(r"[0-9a-f]{1,64}", args.device_id):
-        raise _usage(
+        raise usage(
             f"DEVICE_ID {args.device_id!r} is not a device id (lower-case hex, as `fedface admin device list` shows)"
         )
-    result = _call(args, "DELETE", f"/v1/admin/devices/{args.device_id}")
+    result = call(args, "DELETE", f"/v1/admin/devices/{args.device_id}")
     held = "its template deleted" if result["template_deleted"] else "it held no template"
     return result, f"device {result['device_id']} removed ({held}; its key no longer authenticates)"
 
 
-def _run_token(args: argparse.Namespace) -> tuple[Any, str]:
+def _runtoken(args: argparse.Namespace) -> tuple[Any, str]:
     if not 1 <= args.count <= 1000 or (args.ttl is not None and args.ttl < 60):
-        raise _usage(f"--count must be 1 to 1000 and --ttl at least 60, got {args.count} and {args.ttl}")
-    result = _call(args, "POST", "/v1/admin/enrollment-tokens", {"count": args.count, "ttl_s": args.ttl})
-    return result, "\n".join(result["tokens"]) + f"\n(expire {_time(result['expires_at'])}; each registers one device)"
-
-
-def _run_model(args: argparse.Namespace) -> tuple[Any, str]:
-    if args.action == "calibrate":
-        return admin_model.calibrate(args, _call)
-    if args.limit < 1:
-        raise _usage(f"--limit must be at least 1, got {args.limit}")
-    versions = _call(args, "GET", f"/v1/admin/models?limit={args.limit}")
-    return versions, admin_model.version_table(versions, _table, _time)
+        raise usage(f"--count must be 1 to 1000 and --ttl at least 60, got {args.count} and {args.ttl}")
+    result = call(args, "POST", "/v1/admin/enrollment-tokens", {"count": args.count, "ttl_s": args.ttl})
+    return result, "\n".join(result["tokens"]) + f"\n(expire {time_text(result['expires_at'])}; each registers one device)"
 
 
 def run(args: argparse.Namespace) -> int:
-    runner = {"device": _run_device, "token": _run_token, "model": _run_model}.get(args.object, _run_round)
+    runner = {"device": _run_device, "token": _runtoken, "model": admin_model.run}.get(args.object, _run_round)
     result, text = runner(args)
     print(json.dumps(result, indent=1) if args.json else text)
     return 0

@@ -13,16 +13,14 @@ from __future__ import annotations
 import argparse
 import hashlib
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fedface.commands.admin_client import call, connection_arguments, table, time_text, usage
 from server_api.errors import AdminClientError
 
-Call = Callable[..., Any]
 
-
-def add_arguments(objects: Any, connection_arguments: Callable[[argparse.ArgumentParser], None]) -> None:
+def add_arguments(objects: Any) -> None:
     parser = objects.add_parser(
         "model", help="model versions and their verification thresholds; recalibrate one on public faces",
         description="model versions and their verification thresholds; recalibrate one on public faces",
@@ -65,14 +63,14 @@ def _threshold(value: float | None) -> str:
     return "-" if value is None else f"{value:.4f}"
 
 
-def version_table(versions: list[dict[str, Any]], table: Callable[..., str], when: Callable[[str | None], str]) -> str:
+def _version_table(versions: list[dict[str, Any]]) -> str:
     if not versions:
         return "no model versions"
     return table(
         ("VERSION", "ROUND", "CREATED", "THRESHOLD", "FAR", "CALIBRATED FOR"),
         [
             (
-                v["version"][:12], v["round_id"] if v["round_id"] is not None else "bootstrap", when(v["created_at"]),
+                v["version"][:12], v["round_id"] if v["round_id"] is not None else "bootstrap", time_text(v["created_at"]),
                 _threshold(v["verify_threshold"]), v["verify_far"] if v["verify_far"] is not None else "-",
                 "this version" if v["calibrated_for"] == v["version"] else f"{v['calibrated_for'][:12]} (inherited)",
             )
@@ -81,7 +79,7 @@ def version_table(versions: list[dict[str, Any]], table: Callable[..., str], whe
     )
 
 
-def calibrate(args: argparse.Namespace, call: Call) -> tuple[dict[str, Any], str]:
+def _calibrate(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     """Download, calibrate locally on public faces, publish; the answer is the version as now published."""
     from facecore.data.lfw import parse_folds
     from facecore.eval.calibration import calibrate_threshold, public_people, trained_on_public
@@ -111,3 +109,12 @@ def calibrate(args: argparse.Namespace, call: Call) -> tuple[dict[str, Any], str
         f"version {published['version'][:12]}: threshold {was} -> {_threshold(published['verify_threshold'])} at FAR "
         f"{published['verify_far']:g} ({verification['calibration']}); devices use it from their next online verify or round"
     )
+
+
+def run(args: argparse.Namespace) -> tuple[Any, str]:
+    if args.action == "calibrate":
+        return _calibrate(args)
+    if args.limit < 1:
+        raise usage(f"--limit must be at least 1, got {args.limit}")
+    versions = call(args, "GET", f"/v1/admin/models?limit={args.limit}")
+    return versions, _version_table(versions)
