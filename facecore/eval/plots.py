@@ -80,13 +80,18 @@ def save_line_plot(
     xlabel: str,
     ylabel: str,
     title: str,
+    bands: Mapping[str, tuple[Any, Any, Any]] | None = None,
 ) -> Path:
-    """Line plot of one or more (x, y) series, e.g. loss or accuracy per round."""
+    """Line plot of one or more (x, y) series, e.g. loss or accuracy per round; `bands` shades a
+    series' (x, low, high) range in its colour, e.g. the spread over seeds around their mean."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4.5))
     try:
         for label, (x, y) in series.items():
-            ax.plot(np.asarray(x, dtype=float), np.asarray(y, dtype=float), label=label)
+            (line,) = ax.plot(np.asarray(x, dtype=float), np.asarray(y, dtype=float), label=label)
+            if bands and label in bands:
+                bx, low, high = (np.asarray(v, dtype=float) for v in bands[label])
+                ax.fill_between(bx, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.set_title(title)

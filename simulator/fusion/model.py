@@ -96,6 +96,19 @@ class FusedCNN(nn.Module):
             self.global_extractor.load_state_dict(self.extractor.state_dict())
 
 
+@torch.no_grad()
+def extractor_gap(model: FusedCNN, x: torch.Tensor) -> float | None:
+    """‖E_g(x) − E_l(x)‖ / ‖E_g(x)‖ over a batch: how far this round moved the averaged extractor from
+    the one broadcast at its start. λ's gradient, Σ ∂L/∂F ⊙ (E_g − E_l), scales with it. None
+    without a global path (FedAvg)."""
+    if model.global_extractor is None:
+        return None
+    model.eval()
+    dtype = next(model.parameters()).dtype
+    global_, local = model.global_extractor(x.to(dtype)), model.extractor(x.to(dtype))
+    return float((global_ - local).norm() / global_.norm().clamp_min(1e-12))
+
+
 def trainable_state(model: nn.Module) -> dict[str, np.ndarray]:
     """The parameters that train, travel and get averaged, as the strategy's numpy dict."""
     return {name: p.detach().cpu().numpy().copy() for name, p in model.named_parameters() if p.requires_grad}

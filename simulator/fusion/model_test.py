@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from simulator.fusion.engine import Federation, LocalTraining
-from simulator.fusion.model import FusedCNN, count_trainable, trainable_state
+from simulator.fusion.model import FusedCNN, count_trainable, extractor_gap, trainable_state
 
 
 def test_the_official_network_has_the_official_layer_sizes_on_mnist() -> None:
@@ -39,3 +39,18 @@ def test_a_round_of_the_official_network_runs_on_32x32x3_images(kind: str) -> No
     assert {k for k in after if k.startswith(("extractor.", "classifier."))} <= set(changed)
     for key, value in after.items():
         np.testing.assert_array_equal(again[key], value)
+
+
+def test_the_extractor_gap_is_zero_at_a_rounds_start_and_grows_as_the_local_extractor_trains() -> None:
+    # Prepare: a fused model and a FedAvg one on a small synthetic grey set
+    g = torch.Generator().manual_seed(0)
+    nodes = [(torch.randn(32, 1, 28, 28, generator=g), torch.randint(0, 10, (32,), generator=g)) for _ in range(2)]
+    fused, plain = FusedCNN((1, 28, 28), 10, "multi", seed=0), FusedCNN((1, 28, 28), 10, "none", seed=0)
+    local = LocalTraining(epochs=2, batch=8, lr=0.05, momentum=0.5)
+    # Execute
+    at_start = extractor_gap(fused, nodes[0][0])
+    Federation(fused, nodes, per_round=2, local=local, seed=0).round(1)
+    after_round = extractor_gap(fused, nodes[0][0])
+    # Assert: E_g is the extractor broadcast at the start of the round; FedAvg has none to compare
+    assert at_start == 0.0 and after_round is not None and after_round > 0.01
+    assert extractor_gap(plain, nodes[0][0]) is None

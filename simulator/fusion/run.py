@@ -13,10 +13,11 @@ import numpy as np
 from simulator.fusion.config import FusionConfig, FusionInputError
 from simulator.fusion.data import ImageSet, to_tensors
 from simulator.fusion.engine import Federation, LocalTraining, accuracy, fit_new_node, refreshed
-from simulator.fusion.model import FusedCNN, count_trainable
+from simulator.fusion.model import FusedCNN, count_trainable, extractor_gap
 from simulator.fusion.partition import apportion, partition
 
 BYTES_PER_PARAM = 4  # float32 on the wire
+GAP_IMAGES = 200  # test images the per-round E_g − E_l gap is measured on
 
 
 def bytes_per_round(model: FusedCNN, per_round: int) -> int:
@@ -50,6 +51,7 @@ def run_fusion(config: FusionConfig, data: ImageSet, log: Callable[[str], None] 
         record = federation.round(t)
         record["acc"] = accuracy(model, test)
         record.update(model.fusion.summary())
+        record["extractor_gap"] = extractor_gap(model, test[0][:GAP_IMAGES])
         record["seconds"] = round(time.perf_counter() - tick, 3)
         history.append(record)
         log(f"{config.partition}/{config.fusion} round {t}/{config.rounds}: acc {record['acc']:.4f} loss {record['train_loss']:.4f}")

@@ -93,7 +93,7 @@ def test_the_paper_preset_shrunk_by_flags_runs_end_to_end_on_colour_images(tmp_p
     assert report["fusion_params"] == 64
     rounds = report["history"][1:]
     assert [h["lr"] for h in rounds] == [2e-3, 2e-3 * 0.99]
-    assert all("lambda_mean_averaged" in h for h in rounds)
+    assert all("lambda_mean_averaged" in h and h["extractor_gap"] > 0 for h in rounds)
 
 
 def test_named_fashion_mnist_resolves_to_the_cached_conversion(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
