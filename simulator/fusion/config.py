@@ -20,7 +20,9 @@ class FusionInputError(FaceCoreError, ValueError):
 @dataclass(frozen=True)
 class FusionConfig:
     partition: str = "pathological"
-    fusion: str = "multi"
+    # conv: the one fusion that uses E_g in the paper-setting grid, and the only one with a gain
+    # beyond the seed noise there (FEDFUSION.md, "The paper-setting grid"); multi's λ stays near 0.
+    fusion: str = "conv"
     nodes: int = 10
     per_round: int = 5
     rounds: int = 30
