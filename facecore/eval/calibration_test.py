@@ -24,8 +24,9 @@ def test_no_choice_is_made_on_the_test_folds(folds: tuple[int, ...], tmp_path: P
 
 
 @pytest.mark.slow
-def test_the_threshold_accepts_the_calibrated_fraction_of_impostors(real_data: Path) -> None:
-    # Prepare: a cheap seeded backbone (the rule does not depend on the model) on one non-test fold
+def test_the_threshold_accepts_the_calibrated_fraction_of_impostors(small_lfw_data: Path) -> None:
+    # Prepare: a cheap seeded backbone (the rule does not depend on the model) on one non-test fold,
+    # its first 80 people (149 real faces)
     from facecore.eval.lfw import load_lfw_faces
     from facecore.eval.metrics import all_pairs_scores
     from facecore.models.checkpoint import load_backbone
@@ -33,16 +34,16 @@ def test_the_threshold_accepts_the_calibrated_fraction_of_impostors(real_data: P
 
     model = load_backbone("random", backbone="mobilefacenet_s")
     # Execute
-    calibrated = calibrate_threshold(model, real_data / "lfw", (1,), far=1e-2)
+    calibrated = calibrate_threshold(model, small_lfw_data / "lfw", (1,), far=1e-2)
     # Assert: at most 1% of the fold's impostor pairs score above it, and just barely
-    data = load_lfw_faces(real_data / "lfw", (1,))
+    data = load_lfw_faces(small_lfw_data / "lfw", (1,))
     _, impostor = all_pairs_scores(embed_faces(model, data.faces), data.identities)
     accepted = float(np.mean(impostor > calibrated["threshold"]))
     assert 0.009 <= accepted <= 0.01
     assert calibrated["far"] == 1e-2 and "LFW folds 1-1" in calibrated["calibration"]
     # a FAR finer than the fold's impostor pairs can resolve is refused, not answered with NaN
     with pytest.raises(FaceCoreError, match=f"give {impostor.size:,}: calibrate on more folds"):
-        calibrate_threshold(model, real_data / "lfw", (1,), far=0.1 / impostor.size)
+        calibrate_threshold(model, small_lfw_data / "lfw", (1,), far=0.1 / impostor.size)
     # and a model that trained on the fold's people has nobody left to calibrate on
     with pytest.raises(FaceCoreError, match="fewer than 2 people the model did not train on"):
-        calibrate_threshold(model, real_data / "lfw", (1,), exclude=set(data.identities.tolist()))
+        calibrate_threshold(model, small_lfw_data / "lfw", (1,), exclude=set(data.identities.tolist()))

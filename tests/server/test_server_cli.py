@@ -148,36 +148,15 @@ def test_round_commands_against_a_real_server(server: ServerProcess) -> None:
 
 
 @pytest.mark.slow
-def _small_lfw_root(real_data: Path, root: Path, people_per_fold: int) -> Path:
-    """A data root whose LFW keeps the first people of each real fold and no pairs: the same real
-    faces through the same detector, in a tenth of the alignment time of a whole fold."""
-    from facecore.data.lfw import LFW
-
-    lfw = LFW(real_data / "lfw")
-    (root / "lfw").mkdir(parents=True)
-    (root / "lfw" / lfw.images_dir.name).symlink_to(lfw.images_dir)
-    lines = ["10"]
-    for fold in lfw.people_folds():
-        kept = list(fold.items())[:people_per_fold]
-        lines += [str(len(kept)), *(f"{name}\t{count}" for name, count in kept)]
-    (root / "lfw" / "people.txt").write_text("\n".join(lines) + "\n")
-    (root / "lfw" / "pairs.txt").write_text("10\t0\n")
-    return root
-
-
-def test_model_calibrate_publishes_the_threshold_of_the_downloaded_version(
-    server: ServerProcess, real_data: Path, tmp_path: Path
-) -> None:
-    # Prepare: the first 80 people of each LFW fold (a whole fold takes minutes to align on a busy
-    # machine); three of fold 1's are not public, 151 impostor pairs, enough for a FAR of 1%
-    real_data = _small_lfw_root(real_data, tmp_path / "small", people_per_fold=80)
+def test_model_calibrate_publishes_the_threshold_of_the_downloaded_version(server: ServerProcess, small_lfw_data: Path) -> None:
+    # Prepare: the first 80 people of each LFW fold; 151 impostor pairs, enough for a FAR of 1%
     # Execute: list; calibrate the current version on LFW fold 1 (FAR 1%, to keep it short); list again;
     # then ask for the test folds and for a version that does not exist
     before = _admin(server, "model", "list")
-    calibrated = _admin(server, "model", "calibrate", "--folds", "1", "--far", "0.01", "--data", str(real_data), "--json")
+    calibrated = _admin(server, "model", "calibrate", "--folds", "1", "--far", "0.01", "--data", str(small_lfw_data), "--json")
     after = _admin(server, "model", "list")
-    test_folds = _admin(server, "model", "calibrate", "--folds", "5-6", "--data", str(real_data))
-    unknown = _admin(server, "model", "calibrate", "ffff", "--data", str(real_data))
+    test_folds = _admin(server, "model", "calibrate", "--folds", "5-6", "--data", str(small_lfw_data))
+    unknown = _admin(server, "model", "calibrate", "ffff", "--data", str(small_lfw_data))
     # Assert: what was published is the core's threshold for exactly the server's bytes, public people left out
     from facecore.eval.calibration import calibrate_threshold, public_people
     from facecore.models.checkpoint import load_backbone
@@ -188,7 +167,7 @@ def test_model_calibrate_publishes_the_threshold_of_the_downloaded_version(
     blob = httpx.get(f"{server.url}/v1/admin/models/{published['version']}/backbone", headers={"Authorization": f"Bearer {token}"}).content
     (server.data_dir.parent / "v.pt").write_bytes(blob)
     expected = calibrate_threshold(
-        load_backbone(server.data_dir.parent / "v.pt"), real_data / "lfw", (1,), 0.01, exclude=public_people(real_data))
+        load_backbone(server.data_dir.parent / "v.pt"), small_lfw_data / "lfw", (1,), 0.01, exclude=public_people(small_lfw_data))
     assert (published["verify_threshold"], published["verify_far"], published["calibration"]) == (
         expected["threshold"], 0.01, expected["calibration"])
     assert "the model never trained on" in published["calibration"]
