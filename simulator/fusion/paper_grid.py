@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from simulator.fusion.config import PRESETS, FusionConfig
-from simulator.fusion.data import load_npz, resolve_data
+from simulator.fusion.data import ImageSet, load_npz, resolve_data
 from simulator.fusion.run import report_name, run_fusion, save_report
 from simulator.fusion.seed_stats import PAPER_BEST
 
@@ -77,11 +77,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(1)
     started = time.perf_counter()
     runs = planned_runs()[index::count]
+    loaded: dict[str, ImageSet] = {}  # each data set is read once per process, not once per run
     for data, config in reversed(runs) if args.reverse else runs:
         target = report_path(args.out, data, config)
         if target.is_file() and json.loads(target.read_text())["config"] == config.to_dict():
             continue
-        report = run_fusion(config, load_npz(resolve_data(data)))
+        if data not in loaded:
+            loaded[data] = load_npz(resolve_data(data))
+        report = run_fusion(config, loaded[data])
         report["preset"], report["data"]["source"] = "paper (sized: paper_grid.SIZED)", data
         save_report(report, target.parent)
         print(f"{data} seed {config.seed} {config.partition}/{config.fusion}: final {report['final_acc']:.4f}, "

@@ -60,11 +60,6 @@ def interval(values: Sequence[float]) -> tuple[float, float, float, float]:
     return mean, std, mean - half, mean + half
 
 
-def mb_to(report: dict[str, Any], target: float) -> float | None:
-    reached = rounds_to(report, target)
-    return None if reached is None else reached * report["bytes_per_round"] / 1e6
-
-
 def saving_rows(
     grid: Mapping[Key, Mapping[int, dict[str, Any]]], targets: Mapping[tuple[str, str], Sequence[float]],
 ) -> list[dict[str, Any]]:
@@ -74,14 +69,15 @@ def saving_rows(
     for (data, partition, fusion), runs in sorted(grid.items()):
         base = grid.get((data, partition, "none"), {})
         for target in targets.get((data, partition), ()):
-            rounds = [r for r in (rounds_to(run, target) for run in runs.values()) if r is not None]
-            mb = [m for m in (mb_to(run, target) for run in runs.values()) if m is not None]
+            reached = {seed: rounds_to(run, target) for seed, run in runs.items()}
+            rounds = [r for r in reached.values() if r is not None]
+            mb = [r * runs[seed]["bytes_per_round"] / 1e6 for seed, r in reached.items() if r is not None]
             savings, same_rounds = [], []
-            for seed, run in runs.items():
-                mine, ref = mb_to(run, target), mb_to(base[seed], target) if seed in base else None
+            for seed, mine in reached.items():
+                ref = rounds_to(base[seed], target) if seed in base else None
                 if mine is not None and ref is not None:
-                    savings.append(1 - mine / ref)
-                    same_rounds.append(rounds_to(run, target) == rounds_to(base[seed], target))
+                    savings.append(1 - (mine * runs[seed]["bytes_per_round"]) / (ref * base[seed]["bytes_per_round"]))
+                    same_rounds.append(mine == ref)
             rows.append({
                 "data": data, "partition": partition, "fusion": fusion, "target": target, "seeds": len(runs),
                 "reached": len(rounds), "rounds": interval(rounds), "mb": interval(mb),
