@@ -217,6 +217,7 @@ class SpreadoutConfig:
     steps: int = 10
     lr: float = 0.01
     momentum: float = 0.9
+    center: bool = False
 
     def __post_init__(self) -> None:
         if not -1.0 <= self.nu <= 1.0:
@@ -229,10 +230,29 @@ class SpreadoutConfig:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
 
 
+def center_embeddings(W: Tensor) -> Tensor:
+    """The unit rows of ``W`` less their mean, each scaled back to its row's norm.
+
+    A positive-only loss pulls each owner's faces towards that owner's embedding. Whatever
+    direction all embeddings share, every device pulls towards it at once, and FedAvg adds those
+    pulls up while the owners' own directions partly cancel: the backbone learns to move every face
+    the same way. With the shared direction taken out, each pull is, like a softmax gradient, its
+    own class against the mean of all. One row has nothing to be centred against and is returned as is.
+    """
+    _check_matrix(W)
+    if W.shape[0] < 2:
+        return W.detach().clone()
+    norms = W.norm(dim=1, keepdim=True)
+    unit = F.normalize(W, dim=1)
+    centred = unit - unit.mean(dim=0, keepdim=True)
+    return (F.normalize(centred, dim=1) * norms).detach()
+
+
 def spreadout_optimize(
-    W: Tensor, steps: int = 10, lr: float = 0.01, momentum: float = 0.9, nu: float = 0.3
+    W: Tensor, steps: int = 10, lr: float = 0.01, momentum: float = 0.9, nu: float = 0.3, center: bool = False
 ) -> Tensor:
-    """FedFace server step: ``steps`` of SGD with momentum on ``spreadout_loss(W, nu)``.
+    """FedFace server step: ``steps`` of SGD with momentum on ``spreadout_loss(W, nu)``, after
+    :func:`center_embeddings` when ``center``.
 
     Uses PyTorch's SGD convention (``v = momentum * v + g``, ``W -= lr * v``, with
     ``v`` starting at the first gradient). Returns an updated detached copy in
@@ -241,8 +261,8 @@ def spreadout_optimize(
     lets clients continue from the exact averaged parameters.
     """
     _check_matrix(W)
-    SpreadoutConfig(nu=nu, steps=steps, lr=lr, momentum=momentum)  # validates
-    current = W.detach().clone()
+    SpreadoutConfig(nu=nu, steps=steps, lr=lr, momentum=momentum, center=center)  # validates
+    current = center_embeddings(W) if center else W.detach().clone()
     velocity: Tensor | None = None
     with torch.enable_grad():
         for _ in range(steps):

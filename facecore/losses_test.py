@@ -6,12 +6,14 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from facecore.losses import (
     ArcFaceHead,
     CosFaceHead,
     MarginHead,
     SpreadoutConfig,
+    center_embeddings,
     cosface_loss,
     impostor_loss,
     make_margin_head,
@@ -258,12 +260,32 @@ def test_spreadout_optimize_zero_steps_returns_copy() -> None:
     assert torch.equal(updated, W) and updated.data_ptr() != W.data_ptr()
 
 
+def test_centering_takes_out_the_shared_direction_and_keeps_each_rows_norm() -> None:
+    # Prepare: 50 embeddings that all lean towards one direction, with norms 1 to 3.
+    generator = torch.Generator().manual_seed(0)
+    shared = torch.zeros(16)
+    shared[0] = 2.0
+    W = (torch.randn(50, 16, generator=generator) + shared) * torch.linspace(1, 3, 50)[:, None]
+    mean_cos = lambda M: (F.normalize(M, dim=1) @ F.normalize(M, dim=1).T)[~torch.eye(len(M), dtype=torch.bool)].mean()  # noqa: E731
+
+    # Execute
+    centred = center_embeddings(W)
+    through_the_server_step = spreadout_optimize(W, steps=0, center=True)
+
+    # Assert
+    assert mean_cos(W) > 0.15
+    assert abs(float(mean_cos(centred))) < 0.05
+    torch.testing.assert_close(centred.norm(dim=1), W.norm(dim=1))
+    torch.testing.assert_close(through_the_server_step, centred)
+    assert torch.equal(center_embeddings(W[:1]), W[:1])
+
+
 def test_spreadout_config_defaults_and_frozen() -> None:
     # Prepare
     cfg = SpreadoutConfig()
 
     # Execute / Assert
-    assert dataclasses.asdict(cfg) == {"nu": 0.3, "steps": 10, "lr": 0.01, "momentum": 0.9}
+    assert dataclasses.asdict(cfg) == {"nu": 0.3, "steps": 10, "lr": 0.01, "momentum": 0.9, "center": False}
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.steps = 3  # type: ignore[misc]
 

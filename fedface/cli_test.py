@@ -147,10 +147,14 @@ def test_usage_errors_exit_2_and_name_the_flag(capsys: pytest.CaptureFixture[str
     too_few_err = capsys.readouterr().err
     two = main(["admin", "round", "open", "--lr", "0", "--trim-beta", "0.7", "--server", "http://127.0.0.1:9"])
     two_err = capsys.readouterr().err
+    spreadout = main(["admin", "round", "open", "--spreadout-lr", "0", "--trainable-blocks", "-1", "--server", "http://127.0.0.1:9"])
+    spreadout_err = capsys.readouterr().err
     # Assert: checked before any request (nothing listens on port 9), named by flag, never by API field
     assert bad_choice.value.code == 2
     assert too_few == 2 and too_few_err == "fedface admin: error: --min must not exceed --target\n"
     assert two == 2 and "--lr 0.0: should be greater than 0; --trim-beta 0.7: should be less than 0.5" in two_err
+    assert spreadout == 2 and "--trainable-blocks -1: should be greater than or equal to 0" in spreadout_err
+    assert "--spreadout-lr 0.0: should be greater than 0" in spreadout_err
     assert "participants" not in too_few_err + two_err and "{" not in too_few_err + two_err
 
 

@@ -36,6 +36,7 @@ class SpreadoutSettings(StrictModel):
     steps: int = Field(default=10, ge=0, le=10_000)
     lr: float = Field(default=0.01, gt=0, le=100)
     momentum: float = Field(default=0.9, ge=0, lt=1)
+    center: bool = Field(default=False, description="take the direction all class embeddings share out of them before spreadout")
 
 
 class AggregationSettings(StrictModel):

@@ -46,6 +46,20 @@ def _open_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--lr", type=float, default=0.01, metavar="RATE", help="the devices' local learning rate")
     parser.add_argument(
+        "--trainable-blocks", type=int, default=None, metavar="K",
+        help="devices train only the backbone's last K blocks and its head (default: all of it)",
+    )
+    parser.add_argument(
+        "--spreadout-nu", type=float, default=0.3, metavar="COS", help="spreadout pushes class embeddings below this cosine"
+    )
+    parser.add_argument(
+        "--spreadout-lr", type=float, default=0.01, metavar="RATE", help="the server's learning rate on the class embeddings"
+    )
+    parser.add_argument(
+        "--spreadout-center", action="store_true",
+        help="take the direction all class embeddings share out of them before spreadout",
+    )
+    parser.add_argument(
         "--aggregation",
         choices=AGGREGATIONS,
         default="fedavg",
@@ -174,7 +188,8 @@ def _round_config(args: argparse.Namespace) -> dict[str, Any]:
         "target_participants": args.target,
         "deadline_s": args.deadline,
         "selection_window_s": args.selection_window,
-        "local": {"epochs": args.local_epochs, "lr": args.lr},
+        "local": {"epochs": args.local_epochs, "lr": args.lr, "trainable_blocks": args.trainable_blocks},
+        "spreadout": {"nu": args.spreadout_nu, "lr": args.spreadout_lr, "center": args.spreadout_center},
         "aggregation": {
             "method": args.aggregation,
             "trim_beta": args.trim_beta,

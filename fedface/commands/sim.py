@@ -44,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cd.add_argument("--spreadout-nu", type=float, default=None, help="spreadout: class embeddings are pushed below this cosine (paper: 0.3)")
     cd.add_argument("--spreadout-lr", type=float, default=None, help="spreadout: the server's SGD learning rate on the embeddings (paper: 0.01)")
     cd.add_argument("--spreadout-steps", type=int, default=None, help="spreadout: SGD steps per round (paper: 10)")
+    cd.add_argument("--spreadout-center", type=_on_off, default=None, metavar="{on,off}",
+                    help="spreadout: first take the direction all class embeddings share out of them (default: off, as the paper)")
     cd.add_argument("--dp-epsilon", type=float, default=None,
                     help="DP-FedAvg on the backbone: noise calibrated so the whole run spends this epsilon (inf: clipping only)")
     cd.add_argument("--dp-clip", type=float, default=1.0, help="DP-FedAvg: L2 bound on each device's delta")
@@ -162,7 +164,7 @@ def _cross_device(args: argparse.Namespace) -> int:
         backend=args.backend, ray_address=args.ray_address, owner_holdout=args.owner_holdout, public_negatives=args.public_negatives,
         public_rehearsal=args.public_rehearsal,
         server_spreadout=SpreadoutConfig(**{k: v for k, v in (("nu", args.spreadout_nu), ("steps", args.spreadout_steps),
-                                                               ("lr", args.spreadout_lr)) if v is not None}),
+                                                               ("lr", args.spreadout_lr), ("center", args.spreadout_center)) if v is not None}),
     )
     out = Path(args.out)
     manifest = SplitManifest.load(args.split) if args.split else None

@@ -17,6 +17,7 @@ SEEDINGS = ("live", "per_device")
 # What a checkpoint written before a field existed ran with, so it resumes with its own meaning.
 LEGACY_DEFAULTS: dict[str, Any] = {"selection": "uniform", "wire": "fp32", "seeding": "per_device", "public_negatives": 0, "public_rehearsal": False}
 LEGACY_LOCAL_DEFAULTS: dict[str, Any] = {"negative_scale": 64.0, "negative_margin": 0.35}
+LEGACY_SPREADOUT_DEFAULTS: dict[str, Any] = {"center": False}
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,13 @@ from facecore.federation.wire import as_received, backbone_deltas, update_tensor
 from facecore.models.checkpoint import atomic_torch_save
 from facecore.models.preprocess import embed_faces
 from facecore.models.registry import embedding_dim_of
-from simulator.cross_device.config import EXECUTION_FIELDS, LEGACY_DEFAULTS, LEGACY_LOCAL_DEFAULTS, CrossDeviceConfig
+from simulator.cross_device.config import (
+    EXECUTION_FIELDS,
+    LEGACY_DEFAULTS,
+    LEGACY_LOCAL_DEFAULTS,
+    LEGACY_SPREADOUT_DEFAULTS,
+    CrossDeviceConfig,
+)
 from simulator.cross_device.negatives import PublicNegatives
 from simulator.cross_device.population import Population
 from simulator.cross_device.workers import DevicePool, DeviceTask
@@ -165,7 +171,8 @@ class CrossDeviceSimulation:
         def key(c: dict[str, Any]) -> dict[str, Any]:
             # DP noise is calibrated to the number of rounds, so a DP run cannot be extended
             free = ("eval_every", "target_accuracy", *EXECUTION_FIELDS, *(("rounds",) if c.get("dp_epsilon") is None else ()))
-            c = {**LEGACY_DEFAULTS, **c, "local": {**LEGACY_LOCAL_DEFAULTS, **c["local"]}}
+            c = {**LEGACY_DEFAULTS, **c, "local": {**LEGACY_LOCAL_DEFAULTS, **c["local"]},
+                 "server_spreadout": {**LEGACY_SPREADOUT_DEFAULTS, **c["server_spreadout"]}}
             return {k: v for k, v in c.items() if k not in free}
 
         if key(saved["config"]) != key(self.config.to_dict()):

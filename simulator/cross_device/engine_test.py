@@ -182,12 +182,14 @@ def test_ray_backend_without_ray_is_one_clear_error(model: torch.nn.Module, monk
 
 
 def test_a_checkpoint_from_before_the_live_rules_resumes_with_uniform_fp32_only(model: torch.nn.Module, tmp_path: Path) -> None:
-    # Prepare: a one-round run whose checkpoint is rewritten as an older simulator wrote it (no selection or wire)
+    # Prepare: a one-round run whose checkpoint is rewritten as an older simulator wrote it (no selection, wire
+    # or spreadout centring)
     old = _config(method="fedavg", rounds=1, selection="uniform", wire="fp32", seeding="per_device")
     CrossDeviceSimulation(old, _population(), model, tmp_path).run(resume=False)
     saved = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     for key in ("selection", "wire", "seeding"):
         del saved["config"][key]
+    del saved["config"]["server_spreadout"]["center"]
     del saved["last_selected"]
     torch.save(saved, tmp_path / "checkpoint.pt")
     # Execute

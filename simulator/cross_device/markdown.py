@@ -74,10 +74,20 @@ def fold_gain(report: dict[str, Any], far: str = "1e-3") -> tuple[float, float, 
     start, end = report.get("initial_tar_at_far_per_fold"), report.get("tar_at_far_per_fold")
     if not start or not end or far not in start or far not in end:
         return None
-    gains = [100 * (b - a) for a, b in zip(start[far], end[far], strict=True)]
+    return paired_gain(start[far], end[far])
+
+
+def paired_gain(start: Sequence[float], end: Sequence[float]) -> tuple[float, float, int]:
+    """(mean, standard deviation, how many gained) of `end - start` in points, pair by pair."""
+    gains = [100 * (b - a) for a, b in zip(start, end, strict=True)]
     mean = sum(gains) / len(gains)
     std = (sum((g - mean) ** 2 for g in gains) / (len(gains) - 1)) ** 0.5 if len(gains) > 1 else 0.0
     return mean, std, sum(g > 0 for g in gains)
+
+
+def beyond_noise(mean: float, std: float, pairs: int) -> bool:
+    """A paired gain (or loss) counts when its mean exceeds twice its standard error."""
+    return pairs >= 2 and abs(mean) > 2 * std / pairs ** 0.5
 
 
 def _owner_cell(report: dict[str, Any], key: str) -> str:
@@ -97,7 +107,7 @@ def gain_table(reports: Sequence[dict[str, Any]]) -> str:
     for r in reports:
         g3, g4 = fold_gain(r, "1e-3"), fold_gain(r, "1e-4")
         folds = len((r.get("tar_at_far_per_fold") or {}).get("1e-3", []))
-        beyond = "n/a" if g3 is None or folds < 2 else ("yes" if g3[0] > 2 * g3[1] / folds ** 0.5 else "no")
+        beyond = "n/a" if g3 is None or folds < 2 else ("yes" if g3[0] > 0 and beyond_noise(g3[0], g3[1], folds) else "no")
         rows.append("| " + " | ".join([
             label(r), "n/a" if g3 is None else f"{g3[0]:+.2f} ± {g3[1]:.2f}", "n/a" if g3 is None else f"{g3[2]}/{folds}",
             "n/a" if g4 is None else f"{g4[0]:+.2f} ± {g4[1]:.2f}", beyond, _owner_cell(r, "owners"), _owner_cell(r, "owners_recalibrated"),

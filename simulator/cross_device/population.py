@@ -44,17 +44,23 @@ def load_population(
     manifest: SplitManifest, root: Path, requested: int, seed: int = 0, min_faces: int = 2, geometry: FaceGeometry = ARCFACE_112,
     holdout: float | None = None,
 ) -> Population:
-    data = load_labelled_faces(manifest.images("devices", root), FaceAligner(geometry=geometry), desc="aligning device faces")
-    devices = []
-    for label, identity in enumerate(data.classes):
-        faces = data.faces[data.labels == label]
-        if len(faces) >= min_faces:
-            devices.append((identity, faces))
-    if len(devices) > requested:
-        keep = sorted(np.random.default_rng(seed).choice(len(devices), requested, replace=False))
-        devices = [devices[i] for i in keep]
+    devices, _, excluded = device_people(manifest, root, requested, seed, min_faces, geometry)
     if holdout is None:
         chosen = tuple(SimDevice(i, identity, faces) for i, (identity, faces) in enumerate(devices))
     else:
         chosen = tuple(SimDevice(i, identity, *holdout_split(faces, holdout, seed, i)) for i, (identity, faces) in enumerate(devices))
-    return Population(chosen, requested, len(data.excluded))
+    return Population(chosen, requested, excluded)
+
+
+def device_people(
+    manifest: SplitManifest, root: Path, requested: int, seed: int = 0, min_faces: int = 2, geometry: FaceGeometry = ARCFACE_112,
+) -> tuple[list[tuple[str, np.ndarray]], list[tuple[str, np.ndarray]], int]:
+    """(simulated, left out, photos with no detected face): the split's device identities with at least
+    `min_faces` faces, `requested` of them chosen by `seed`; the rest are on no device of the run."""
+    data = load_labelled_faces(manifest.images("devices", root), FaceAligner(geometry=geometry), desc="aligning device faces")
+    people = [(identity, data.faces[data.labels == label]) for label, identity in enumerate(data.classes)]
+    people = [(identity, faces) for identity, faces in people if len(faces) >= min_faces]
+    keep = set(range(len(people)))
+    if len(people) > requested:
+        keep = set(np.random.default_rng(seed).choice(len(people), requested, replace=False).tolist())
+    return [p for i, p in enumerate(people) if i in keep], [p for i, p in enumerate(people) if i not in keep], len(data.excluded)

@@ -122,8 +122,10 @@ def test_round_commands_against_a_real_server(server: ServerProcess) -> None:
     # Execute: list with no rounds; open; status into a pipe nobody reads; close; list again
     empty = _admin(server, "round", "list")
     opened = _admin(
-        server, "round", "open", "--target", "3", "--min", "2", "--deadline", "120", "--selection-window", "0"
+        server, "round", "open", "--target", "3", "--min", "2", "--deadline", "120", "--selection-window", "0",
+        "--trainable-blocks", "2", "--lr", "0.1", "--spreadout-nu", "0", "--spreadout-lr", "10", "--spreadout-center",
     )
+    shown = _admin(server, "round", "status", "--json")
     read_end, write_end = os.pipe()
     os.close(read_end)  # `fedface admin round status | head -0`: the reader is gone before the first line
     piped = _admin(server, "round", "status", stdout=write_end)
@@ -133,6 +135,9 @@ def test_round_commands_against_a_real_server(server: ServerProcess) -> None:
     # Assert
     assert empty.returncode == 0 and "no rounds yet" in empty.stdout
     assert opened.returncode == 0 and opened.stdout.startswith("round 1: open (fedface, fedavg)")
+    config = json.loads(shown.stdout)["config"]
+    assert (config["local"]["trainable_blocks"], config["local"]["lr"]) == (2, 0.1)
+    assert {k: config["spreadout"][k] for k in ("nu", "lr", "center")} == {"nu": 0.0, "lr": 10.0, "center": True}
     assert piped.returncode == cli.EXIT_BROKEN_PIPE and piped.stderr == ""
     assert closed.returncode == 0, closed.stderr
     assert (
