@@ -189,7 +189,7 @@ def test_admin_auth_and_round_config_validation(client: TestClient, admin: dict)
     assert no_token.json() == {"detail": "missing or wrong admin token", "code": ErrorCode.AUTHENTICATION_FAILED}
     assert [r.status_code for r in (unknown, nested_unknown, inverted, out_of_bounds)] == [422] * 4
     assert {r.json()["code"] for r in (unknown, nested_unknown, inverted, out_of_bounds)} == {ErrorCode.INVALID_INPUT}
-    assert first.status_code == 201 and first.json()["config"]["spreadout"] == {"nu": 0.3, "steps": 10, "lr": 0.01, "momentum": 0.9}
+    assert first.status_code == 201 and first.json()["config"]["spreadout"] == {"nu": 0.3, "steps": 10, "lr": 0.01, "momentum": 0.9, "center": False}
     assert first.json()["config"]["local"]["margin"] == 0.9
     assert second.status_code == 409 and f"round {first.json()['id']} is still open" in second.json()["detail"]
     assert second.json()["code"] == ErrorCode.CONFLICT
