@@ -22,10 +22,9 @@ from typing import Any
 import numpy as np
 
 from facecore.eval.plots import save_line_plot
+from simulator.fusion.config import PAPER_BEST, TARGETS
 from simulator.fusion.report import rounds_to
 
-# The fusion the paper reports best on each partition (FEDFUSION.md, "Which paper claims hold").
-PAPER_BEST = {"pathological": "multi", "user-specific": "conv"}
 PAPER_SAVING = 0.60
 # Two-sided 95% Student t quantiles by degrees of freedom; more seeds than this use the normal's.
 _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
@@ -242,8 +241,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("runs", type=Path)
     parser.add_argument("--plots", type=Path, default=None)
     args = parser.parse_args(argv)
-    from simulator.fusion.paper_grid import TARGETS
-
     grid = load_grid(args.runs)
     if args.plots:
         for path in write_plots(grid, args.plots):
