@@ -24,15 +24,14 @@ from pathlib import Path
 
 import numpy as np
 
-from facecore.align.geometry import geometry_of
 from facecore.align.pipeline import FaceAligner
 from facecore.data.lfw import parse_folds
 from facecore.errors import FaceCoreError
 from facecore.eval.folder import embed_with_progress
 from facecore.eval.lfw import load_lfw_faces
 from facecore.eval.metrics import all_pairs_scores, threshold_at_far
-from facecore.models.checkpoint import load_backbone
 from facecore.paths import data_root
+from simulator.cross_device.left_out import models_of_one_crop
 
 
 @dataclass(frozen=True)
@@ -118,10 +117,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None, help="also write every person's figures here")
     args = parser.parse_args(argv)
-    models = [load_backbone(args.before), load_backbone(args.after)]
-    geometry = geometry_of(models[0])
-    if geometry_of(models[1]) != geometry:
-        parser.error("the two models use different crops")
+    try:
+        models, geometry = models_of_one_crop([args.before, args.after])
+    except FaceCoreError as error:
+        parser.error(str(error))
     data = load_lfw_faces((args.data or data_root()) / "lfw", parse_folds(args.folds), aligner=FaceAligner(geometry=geometry))
     assert data.face_fold is not None  # all_people loads every person's fold
     before, after = (embed_with_progress(m, data.faces, desc=f"embedding for {spec}") for m, spec in zip(models, (args.before, args.after)))

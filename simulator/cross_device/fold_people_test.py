@@ -5,7 +5,7 @@ import pytest
 
 from facecore.errors import FaceCoreError
 from facecore.eval.metrics import all_pairs_scores, tar_at_far
-from simulator.cross_device.fold_people import fold_changes, markdown
+from simulator.cross_device.fold_people import fold_changes, main, markdown
 
 
 def _normalised(x: np.ndarray) -> np.ndarray:
@@ -61,3 +61,16 @@ def test_mismatched_inputs_are_one_clear_error() -> None:
     before, identities, face_fold, _ = _two_folds()
     with pytest.raises(FaceCoreError, match="same faces"):
         fold_changes(before, before[:-1], identities, face_fold)
+
+
+def test_models_with_different_crops_are_refused_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    # Prepare: `mobile` crops 112x112, the default dlib model 150x150.
+    specs = ["mobile", "default"]
+
+    # Execute
+    with pytest.raises(SystemExit) as exit_info:
+        main(specs)
+
+    # Assert
+    assert exit_info.value.code == 2
+    assert "the models use different crops" in capsys.readouterr().err

@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
-from facecore.align.geometry import geometry_of
+from facecore.align.geometry import FaceGeometry, geometry_of
 from facecore.data.split import SplitConfig, build_split
 from facecore.errors import FaceCoreError
 from facecore.eval.folder import embed_with_progress
@@ -75,6 +75,15 @@ def score(embeddings: np.ndarray, people: LeftOutPeople) -> dict[str, Any]:
             "genuine_pairs": int(genuine.size), "impostor_pairs": int(impostor.size)}
 
 
+def models_of_one_crop(specs: Sequence[str]) -> tuple[list[torch.nn.Module], FaceGeometry]:
+    """The backbones `specs` name, and the one crop they share: scores compare only on the same faces."""
+    models = [load_backbone(spec) for spec in specs]
+    geometries = {geometry_of(m) for m in models}
+    if len(geometries) != 1:
+        raise FaceCoreError("the models use different crops; score one crop at a time")
+    return models, geometries.pop()
+
+
 def gain_text(per_group: Sequence[float], base: Sequence[float]) -> str:
     mean, std, up = paired_gain(base, per_group)
     verdict = ", beyond noise" if beyond_noise(mean, std, len(base)) else ""
@@ -92,11 +101,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     root = args.data or data_root()
     manifest = build_split(root, SplitConfig(seed=0))
-    models = [load_backbone(spec) for spec in args.models]
-    geometries = {geometry_of(m) for m in models}
-    if len(geometries) != 1:
-        sys.exit("the models use different crops; score one crop at a time")
-    _, left_out, _ = device_people(manifest, root, args.devices, args.seed, geometry=geometries.pop())
+    try:
+        models, geometry = models_of_one_crop(args.models)
+    except FaceCoreError as error:
+        parser.error(str(error))
+    _, left_out, _ = device_people(manifest, root, args.devices, args.seed, geometry=geometry)
     people = left_out_people(left_out, args.groups, args.seed)
     results = [score(embed_with_progress(m, people.faces, desc=f"embedding for {spec}"), people) for spec, m in zip(args.models, models)]
     first = results[0]
