@@ -149,12 +149,17 @@ def test_usage_errors_exit_2_and_name_the_flag(capsys: pytest.CaptureFixture[str
     two_err = capsys.readouterr().err
     spreadout = main(["admin", "round", "open", "--spreadout-lr", "0", "--trainable-blocks", "-1", "--server", "http://127.0.0.1:9"])
     spreadout_err = capsys.readouterr().err
+    weighting = main(["admin", "round", "open", "--weighting", "devices", "--aggregation", "median", "--local-steps", "0",
+                      "--server", "http://127.0.0.1:9"])
+    weighting_err = capsys.readouterr().err
     # Assert: checked before any request (nothing listens on port 9), named by flag, never by API field
     assert bad_choice.value.code == 2
     assert too_few == 2 and too_few_err == "fedface admin: error: --min must not exceed --target\n"
     assert two == 2 and "--lr 0.0: should be greater than 0; --trim-beta 0.7: should be less than 0.5" in two_err
     assert spreadout == 2 and "--trainable-blocks -1: should be greater than or equal to 0" in spreadout_err
     assert "--spreadout-lr 0.0: should be greater than 0" in spreadout_err
+    assert weighting == 2 and "--local-steps 0: should be greater than or equal to 1" in weighting_err
+    assert "weighting 'devices' is fedavg's; median weighs updates its own way" in weighting_err
     assert "participants" not in too_few_err + two_err and "{" not in too_few_err + two_err
 
 
@@ -172,3 +177,15 @@ def test_server_validation_errors_are_translated_to_flag_names() -> None:
     text = admin_client.flag_errors(detail, {"aggregation": {"trim_beta": 0.9}})
     # Assert
     assert text == "--trim-beta 0.9: should be less than 0.5; --selection-window must be shorter than --deadline"
+
+
+def test_sim_cross_device_refuses_bad_settings_in_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # Execute: settings only the simulator's configs refuse, before any data is read
+    both = main(["sim", "cross-device", "--weighting", "devices", "--dp-epsilon", "1", "--out", str(tmp_path)])
+    both_err = capsys.readouterr().err
+    steps = main(["sim", "cross-device", "--local-steps", "0", "--out", str(tmp_path)])
+    steps_err = capsys.readouterr().err
+    # Assert
+    assert both == 2 and both_err == "fedface sim: error: weighting devices is FedAvg's: DP-FedAvg weighs every device once already\n"
+    assert steps == 2 and steps_err == "fedface sim: error: steps must be >= 1\n"
+    assert list(tmp_path.iterdir()) == []

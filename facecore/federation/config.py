@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+Weighting = Literal["samples", "devices"]  # FedAvg's: by each update's training photos, or each device once
+
 
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -43,13 +45,24 @@ class AggregationSettings(StrictModel):
     """How backbone updates are combined. ``fedavg`` streams; ``median`` and ``trimmed_mean``
     resist a minority of malicious devices but hold the round's updates in memory;
     ``norm_bounded`` clips each delta to ``max_update_norm`` and still streams; ``dp_fedavg`` clips
-    to ``max_update_norm``, averages with equal weights and adds Gaussian noise (user-level DP)."""
+    to ``max_update_norm``, averages with equal weights and adds Gaussian noise (user-level DP).
+    ``weighting`` is fedavg's: by each update's training photos (McMahan et al.), or each device once,
+    so that an owner with a hundred photos does not steer the shared model alone."""
 
     method: Literal["fedavg", "median", "trimmed_mean", "norm_bounded", "dp_fedavg"] = "fedavg"
+    weighting: Weighting = Field(
+        default="samples", description="fedavg: each update counts by its training photos (samples) or once (devices)",
+    )
     trim_beta: float = Field(default=0.2, ge=0, lt=0.5, description="trimmed_mean: fraction dropped at each end")
     max_update_norm: float = Field(default=1.0, gt=0, le=1e6, description="norm_bounded and dp_fedavg: L2 bound on each delta")
     dp_noise_multiplier: float = Field(default=1.0, ge=0, le=1000, description="dp_fedavg: noise std / clip norm (z)")
     dp_delta: float = Field(default=1e-5, gt=0, lt=1, description="dp_fedavg: the delta epsilon is reported at")
+
+    @model_validator(mode="after")
+    def _weighting_applies(self) -> AggregationSettings:
+        if self.weighting == "devices" and self.method != "fedavg":
+            raise ValueError(f"weighting 'devices' is fedavg's; {self.method} weighs updates its own way")
+        return self
 
 
 class SecureAggregationSettings(StrictModel):
@@ -94,6 +107,8 @@ class RoundConfig(StrictModel):
         if self.secure_aggregation.enabled:
             if self.aggregation.method != "fedavg":
                 raise ValueError(f"secure aggregation hides each update, so only fedavg can combine them, not {self.aggregation.method}")
+            if self.aggregation.weighting != "samples":
+                raise ValueError("secure aggregation sums updates the devices weighted by their photos: use weighting 'samples'")
             if self.min_participants < 2:
                 raise ValueError("secure aggregation needs min_participants >= 2: the sum of one update is that update")
             if self.selection_window_s + 2 * self.secure_aggregation.key_phase_s >= self.deadline_s:

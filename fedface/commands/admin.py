@@ -44,6 +44,9 @@ def _open_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--local-epochs", type=int, default=1, metavar="N", help="epochs each device trains over its own photos"
     )
+    parser.add_argument(
+        "--local-steps", type=int, default=None, metavar="N", help="cap on each device's optimiser steps a round (default: whole epochs)"
+    )
     parser.add_argument("--lr", type=float, default=0.01, metavar="RATE", help="the devices' local learning rate")
     parser.add_argument(
         "--trainable-blocks", type=int, default=None, metavar="K",
@@ -64,6 +67,10 @@ def _open_arguments(parser: argparse.ArgumentParser) -> None:
         choices=AGGREGATIONS,
         default="fedavg",
         help="backbone aggregation: fedavg, a robust one against malicious devices, or dp_fedavg (user-level DP)",
+    )
+    parser.add_argument(
+        "--weighting", choices=("samples", "devices"), default="samples",
+        help="fedavg counts each device's update by its training photos, or every device once",
     )
     parser.add_argument(
         "--trim-beta", type=float, default=0.2, metavar="FRACTION", help="trimmed_mean: fraction dropped at each end"
@@ -188,10 +195,11 @@ def _round_config(args: argparse.Namespace) -> dict[str, Any]:
         "target_participants": args.target,
         "deadline_s": args.deadline,
         "selection_window_s": args.selection_window,
-        "local": {"epochs": args.local_epochs, "lr": args.lr, "trainable_blocks": args.trainable_blocks},
+        "local": {"epochs": args.local_epochs, "steps": args.local_steps, "lr": args.lr, "trainable_blocks": args.trainable_blocks},
         "spreadout": {"nu": args.spreadout_nu, "lr": args.spreadout_lr, "center": args.spreadout_center},
         "aggregation": {
             "method": args.aggregation,
+            "weighting": args.weighting,
             "trim_beta": args.trim_beta,
             "max_update_norm": args.max_update_norm,
             "dp_noise_multiplier": args.dp_noise,

@@ -30,6 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cd.add_argument("--model", default="default", help="starting backbone: default, PATH or random")
     cd.add_argument("--local-epochs", type=int, default=1, metavar="N", help="epochs each selected device trains")
     cd.add_argument("--local-lr", type=float, default=0.01, metavar="RATE", help="the devices' learning rate")
+    cd.add_argument("--local-steps", type=int, default=None, metavar="N", help="cap on each device's optimiser steps a round (default: whole epochs)")
+    cd.add_argument("--weighting", choices=("samples", "devices"), default="samples",
+                    help="FedAvg counts each device's update by its training photos (the paper's) or every device once")
     cd.add_argument("--margin", type=float, default=0.9, help="margin m of the positive-only FedFace loss")
     cd.add_argument("--trainable-blocks", type=int, default=None, help="frozen-prefix option: train only the last K blocks + head")
     cd.add_argument("--public-negatives", type=int, default=0, metavar="K",
@@ -150,22 +153,26 @@ def _cross_device(args: argparse.Namespace) -> int:
     from facecore.data.split import SplitManifest
     from facecore.losses import SpreadoutConfig
     from facecore.paths import data_root
+    from fedface.cli import UsageError
     from simulator.cross_device.config import CrossDeviceConfig
     from simulator.cross_device.run import run_cross_device
 
-    local = LocalTrainingConfig(epochs=args.local_epochs, lr=args.local_lr, margin=args.margin, trainable_blocks=args.trainable_blocks,
-                                negative_scale=args.negative_scale, negative_margin=args.negative_margin)
-    config = CrossDeviceConfig(
-        devices=args.devices, rounds=args.rounds, per_round=args.per_round, method=args.method, init=args.init,
-        spreadout=args.spreadout, seed=args.seed, model=args.model, eval_every=args.eval_every,
-        eval_folds=parse_folds(args.folds), target_accuracy=args.target, local=local,
-        dp_epsilon=args.dp_epsilon, dp_clip=args.dp_clip, dp_delta=args.dp_delta, template_noise_cos=args.template_noise_cos, workers=args.workers,
-        selection=args.selection, wire=args.wire, seeding=args.seeding,
-        backend=args.backend, ray_address=args.ray_address, owner_holdout=args.owner_holdout, public_negatives=args.public_negatives,
-        public_rehearsal=args.public_rehearsal,
-        server_spreadout=SpreadoutConfig(**{k: v for k, v in (("nu", args.spreadout_nu), ("steps", args.spreadout_steps),
-                                                               ("lr", args.spreadout_lr), ("center", args.spreadout_center)) if v is not None}),
-    )
+    try:
+        local = LocalTrainingConfig(epochs=args.local_epochs, steps=args.local_steps, lr=args.local_lr, margin=args.margin,
+                                    trainable_blocks=args.trainable_blocks, negative_scale=args.negative_scale, negative_margin=args.negative_margin)
+        config = CrossDeviceConfig(
+            devices=args.devices, rounds=args.rounds, per_round=args.per_round, method=args.method, init=args.init,
+            spreadout=args.spreadout, seed=args.seed, model=args.model, eval_every=args.eval_every,
+            eval_folds=parse_folds(args.folds), target_accuracy=args.target, local=local,
+            dp_epsilon=args.dp_epsilon, dp_clip=args.dp_clip, dp_delta=args.dp_delta, template_noise_cos=args.template_noise_cos, workers=args.workers,
+            selection=args.selection, wire=args.wire, seeding=args.seeding, weighting=args.weighting,
+            backend=args.backend, ray_address=args.ray_address, owner_holdout=args.owner_holdout, public_negatives=args.public_negatives,
+            public_rehearsal=args.public_rehearsal,
+            server_spreadout=SpreadoutConfig(**{k: v for k, v in (("nu", args.spreadout_nu), ("steps", args.spreadout_steps),
+                                                                   ("lr", args.spreadout_lr), ("center", args.spreadout_center)) if v is not None}),
+        )
+    except ValueError as error:  # the configs' own checks: one line, not a traceback
+        raise UsageError(str(error)) from None
     out = Path(args.out)
     manifest = SplitManifest.load(args.split) if args.split else None
     report = run_cross_device(config, data_root(args.data), out, manifest, resume=not args.fresh)

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 from device_sdk.training import LocalTrainingConfig
-from facecore.federation.config import AggregationSettings, LocalSettings, RoundConfig, SpreadoutSettings
+from facecore.federation.config import AggregationSettings, LocalSettings, RoundConfig, SpreadoutSettings, Weighting
 from facecore.federation.wire import PRECISIONS, Precision
 from facecore.losses import SpreadoutConfig
 
@@ -14,8 +14,10 @@ BACKENDS = ("process", "ray")
 EXECUTION_FIELDS = ("workers", "backend", "ray_address")  # where devices train, not what the run means
 SELECTIONS = ("least_recent", "uniform")
 SEEDINGS = ("live", "per_device")
+WEIGHTINGS = get_args(Weighting)
 # What a checkpoint written before a field existed ran with, so it resumes with its own meaning.
-LEGACY_DEFAULTS: dict[str, Any] = {"selection": "uniform", "wire": "fp32", "seeding": "per_device", "public_negatives": 0, "public_rehearsal": False}
+LEGACY_DEFAULTS: dict[str, Any] = {"selection": "uniform", "wire": "fp32", "seeding": "per_device", "public_negatives": 0, "public_rehearsal": False,
+                                   "weighting": "samples"}
 LEGACY_LOCAL_DEFAULTS: dict[str, Any] = {"negative_scale": 64.0, "negative_margin": 0.35}
 LEGACY_SPREADOUT_DEFAULTS: dict[str, Any] = {"center": False}
 
@@ -56,6 +58,8 @@ class CrossDeviceConfig:
     wire: Precision = "fp16"
     # "live": every device trains a round with the SDK's seed for it (training_seed); "per_device": earlier runs' seeds.
     seeding: str = "live"
+    # FedAvg's weights: each device's update by its training photos (the paper's), or every device once.
+    weighting: Weighting = "samples"
     # Device training in this many persistent processes (simulator/cross_device/workers.py); 1: in process.
     workers: int = 1
     # "process": the workers above on this machine; "ray": that many Ray actors (ray_backend.py), on
@@ -80,6 +84,8 @@ class CrossDeviceConfig:
                 (f"selection must be one of {SELECTIONS}", self.selection not in SELECTIONS),
                 (f"wire must be one of {PRECISIONS}", self.wire not in PRECISIONS),
                 (f"seeding must be one of {SEEDINGS}", self.seeding not in SEEDINGS),
+                (f"weighting must be one of {WEIGHTINGS}", self.weighting not in WEIGHTINGS),
+                ("weighting devices is FedAvg's: DP-FedAvg weighs every device once already", self.weighting == "devices" and self.dp_epsilon is not None),
                 ("public_negatives must be >= 0", self.public_negatives < 0),
                 ("public_rehearsal needs public_negatives", self.public_rehearsal and not self.public_negatives),
                 ("public negatives are for fedface and fedavg", self.public_negatives > 0 and self.method not in ("fedavg", "fedface")),
@@ -107,7 +113,7 @@ class CrossDeviceConfig:
                                 batch_size=self.local.batch, trainable_blocks=self.local.trainable_blocks),
             spreadout=SpreadoutSettings(**asdict(self.server_spreadout)),
             aggregation=AggregationSettings(
-                method="fedavg" if self.dp_epsilon is None else "dp_fedavg", max_update_norm=self.dp_clip,
+                method="fedavg" if self.dp_epsilon is None else "dp_fedavg", weighting=self.weighting, max_update_norm=self.dp_clip,
                 dp_noise_multiplier=dp_noise_multiplier, dp_delta=self.dp_delta,
             ),
         )

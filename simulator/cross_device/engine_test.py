@@ -10,7 +10,7 @@ import torch
 from device_sdk.training import LocalTrainingConfig, train_local
 from facecore.data.synthetic import synthetic_faces
 from facecore.errors import CheckpointError
-from facecore.federation.config import training_seed
+from facecore.federation.config import Weighting, training_seed
 from facecore.federation.selection import least_recently_selected
 from facecore.federation.strategies import ClientUpdate, FedAvg
 from facecore.federation.wire import Precision, as_received, backbone_deltas, update_tensors
@@ -25,9 +25,11 @@ def model() -> torch.nn.Module:
     return calibrated_backbone("mobilefacenet_s", seed=0)
 
 
-def _population(devices: int = 4) -> Population:
+def _population(devices: int = 4, photos: tuple[int, ...] | None = None) -> Population:
+    """`devices` synthetic owners with 4 photos each, or with `photos[i]` of them."""
     faces, labels = synthetic_faces(devices, 4, seed=9)
-    return Population(tuple(SimDevice(i, f"syn:{i}", faces[labels == i]) for i in range(devices)), devices, 0)
+    counts = photos or (4,) * devices
+    return Population(tuple(SimDevice(i, f"syn:{i}", faces[labels == i][: counts[i]]) for i in range(devices)), devices, 0)
 
 
 def _config(**overrides: object) -> CrossDeviceConfig:
@@ -35,13 +37,15 @@ def _config(**overrides: object) -> CrossDeviceConfig:
     return CrossDeviceConfig(**{"devices": 4, "rounds": 2, "per_round": 2, "eval_every": 1, "local": local, **overrides})  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("selection", "wire", "seeding"), [("least_recent", "fp16", "live"), ("uniform", "fp32", "per_device")])
+@pytest.mark.parametrize(("selection", "wire", "seeding", "weighting"), [
+    ("least_recent", "fp16", "live", "samples"), ("uniform", "fp32", "per_device", "samples"), ("least_recent", "fp16", "live", "devices"),
+])
 def test_a_simulated_round_is_sdk_updates_through_the_wire_aggregated_by_the_server_strategy(
-    model: torch.nn.Module, tmp_path: Path, selection: str, wire: Precision, seeding: str,
+    model: torch.nn.Module, tmp_path: Path, selection: str, wire: Precision, seeding: str, weighting: Weighting,
 ) -> None:
-    # Prepare
-    population = _population()
-    config = _config(method="fedavg", rounds=1, selection=selection, wire=wire, seeding=seeding)
+    # Prepare: owners with unequal photo counts, so the two weightings differ
+    population = _population(photos=(4, 2, 4, 3))
+    config = _config(method="fedavg", rounds=1, selection=selection, wire=wire, seeding=seeding, weighting=weighting)
     sim = CrossDeviceSimulation(config, population, model, tmp_path)
     # Execute
     state = sim.run(resume=False)
@@ -62,7 +66,8 @@ def test_a_simulated_round_is_sdk_updates_through_the_wire_aggregated_by_the_ser
         tensors = update_tensors({k: (u.state_dict[k] - received.state_dict()[k]).numpy() for k in base}, u.embedding.numpy(), wire)
         updates.append(ClientUpdate(backbone_deltas(tensors), u.n_samples))
         np.testing.assert_allclose(state.W[i], u.embedding.numpy(), rtol=1e-6)
-    expected = FedAvg().aggregate_train(1, base, updates).weights
+    expected = FedAvg(weighting).aggregate_train(1, base, updates).weights
+    assert len({u.n_samples for u in updates}) == 2  # the weightings differ on this round
     assert state.last_selected == [1 if i in chosen else None for i in range(4)]
     for key, value in expected.items():
         np.testing.assert_allclose(sim.model.state_dict()[key].numpy(), value, rtol=1e-5, atol=1e-7)
@@ -187,7 +192,7 @@ def test_a_checkpoint_from_before_the_live_rules_resumes_with_uniform_fp32_only(
     old = _config(method="fedavg", rounds=1, selection="uniform", wire="fp32", seeding="per_device")
     CrossDeviceSimulation(old, _population(), model, tmp_path).run(resume=False)
     saved = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
-    for key in ("selection", "wire", "seeding"):
+    for key in ("selection", "wire", "seeding", "weighting"):
         del saved["config"][key]
     del saved["config"]["server_spreadout"]["center"]
     del saved["last_selected"]

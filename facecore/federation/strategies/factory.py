@@ -16,7 +16,7 @@ def backbone_aggregator(settings: AggregationSettings, expected_clients: int, se
     """The backbone step `settings` asks for. `expected_clients` is DP-FedAvg's fixed denominator (the
     round's target participants); `seed` fixes its noise (None: fresh randomness, as a live server wants)."""
     if settings.method == "fedavg":
-        return FedAvg()
+        return FedAvg(settings.weighting)
     if settings.method == "median":
         return CoordinateMedian()
     if settings.method == "trimmed_mean":

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
+from facecore.federation.config import Weighting
 from facecore.federation.strategies.base import (
     AggregateResult,
     ClientUpdate,
@@ -74,13 +75,20 @@ def cast_like(value: np.ndarray, like: np.ndarray) -> np.ndarray:
 
 
 class FedAvg(Strategy):
-    """Sample-weighted mean of client models (or of their deltas added to the base)."""
+    """Weighted mean of client models (or of their deltas added to the base): by each client's
+    samples, or with ``weighting="devices"`` every client once."""
 
     name = "fedavg"
+    each_client_once = False  # subclasses that do not call __init__ weigh by samples
+
+    def __init__(self, weighting: Weighting = "samples") -> None:
+        if weighting not in ("samples", "devices"):
+            raise ValueError(f"weighting must be samples or devices, got {weighting!r}")
+        self.each_client_once = weighting == "devices"
 
     def _weight(self, update: ClientUpdate) -> float:
         """How much one update counts; subclasses (FV's weighted FedAvg) override only this."""
-        return float(update.n_samples)
+        return 1.0 if self.each_client_once else float(update.n_samples)
 
     def _prepare(self, update: ClientUpdate) -> Mapping[str, np.ndarray]:
         """The weights that enter the mean; norm-bounded FedAvg clips them here."""
