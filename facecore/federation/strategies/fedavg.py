@@ -6,6 +6,7 @@ number of participants, because the server feeds updates one at a time from stor
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import get_args
 
 import numpy as np
 
@@ -82,7 +83,7 @@ class FedAvg(Strategy):
     each_client_once = False  # subclasses that do not call __init__ weigh by samples
 
     def __init__(self, weighting: Weighting = "samples") -> None:
-        if weighting not in ("samples", "devices"):
+        if weighting not in get_args(Weighting):
             raise ValueError(f"weighting must be samples or devices, got {weighting!r}")
         self.each_client_once = weighting == "devices"
 
