@@ -8,6 +8,7 @@ from facecore.errors import DataRootMissing
 
 DATA_ENV = "FEDFACE_DATA"
 CACHE_ENV = "FEDFACE_CACHE"
+PACKAGES_ENV = "FEDFACE_PACKAGES"
 
 
 def data_root(explicit: str | os.PathLike[str] | None = None) -> Path:
@@ -36,3 +37,10 @@ def cache_root() -> Path:
     root = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "fedface")
     root.mkdir(parents=True, exist_ok=True)
     return root
+
+
+def packages_root() -> Path:
+    """FEDFACE_PACKAGES, else `packages/` in the cache root: published weights and the detectors built from
+    them outlive a private face cache set for a test."""
+    explicit = os.environ.get(PACKAGES_ENV)
+    return Path(explicit) if explicit else cache_root() / "packages"

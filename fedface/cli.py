@@ -159,6 +159,21 @@ def build_parser(every_command: bool = False) -> Parser:
     return parser
 
 
+def add_detector_option(parser: argparse.ArgumentParser) -> None:
+    """`--detector NAME` for a command that detects faces. `main` exports the choice as $FEDFACE_DETECTOR,
+    so every aligner of the command, and every process it starts (a server, device workers), uses it."""
+    from facecore.align.detectors import DETECTOR_HELP, DETECTORS
+
+    parser.add_argument("--detector", choices=DETECTORS, default=None, help=DETECTOR_HELP)
+
+
+def _export_detector(args: argparse.Namespace) -> None:
+    from facecore.align.detectors import DETECTOR_ENV
+
+    if getattr(args, "detector", None):
+        os.environ[DETECTOR_ENV] = args.detector
+
+
 def _silence_stdout() -> None:
     # Python flushes stdout again at exit; pointing it at /dev/null keeps that flush quiet too.
     devnull = os.open(os.devnull, os.O_WRONLY)
@@ -170,6 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         command = f"fedface {args.command}"
+        _export_detector(args)
         code = int(importlib.import_module(args._module).run(args) or 0)
         sys.stdout.flush()
         return code

@@ -13,7 +13,6 @@ Invariants:
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -21,13 +20,14 @@ import numpy as np
 from facecore.align.detector import Detection, DetectorConfig, pick_face
 from facecore.digest import file_sha256
 from facecore.errors import FaceCoreError
-from facecore.paths import cache_root
+from facecore.paths import packages_root
 
 SOURCE = "facenet-pytorch 2.6.0"
 FORMAT = "fedface-mtcnn-onnx/1"
 NETS = ("pnet", "rnet", "onet")
 PYRAMID_FACTOR = 0.709  # facenet-pytorch's default, which MTCNNDetector keeps
 FETCH_HINT = "fedface models fetch"
+MTCNN_VERSION = "mtcnn-facenet2.6"
 
 
 class DetectorMissing(FaceCoreError):
@@ -39,12 +39,8 @@ class DetectorCorrupt(FaceCoreError):
 
 
 def detector_dir() -> Path:
-    """Beside the published weights (FEDFACE_PACKAGES, else FEDFACE_CACHE/packages, as
-    `facecore.models.published.packages_root`, which imports torch): a private face cache set for
-    a test does not lose them."""
-    explicit = os.environ.get("FEDFACE_PACKAGES")
-    root = Path(explicit) if explicit else cache_root() / "packages"
-    return root / "mtcnn-onnx-facenet-pytorch-2.6.0"
+    """Beside the published weights: a private face cache set for a test does not lose them."""
+    return packages_root() / "mtcnn-onnx-facenet-pytorch-2.6.0"
 
 
 def detector_files(folder: Path | None = None) -> dict[str, Path]:
@@ -186,6 +182,9 @@ def _normalise(pixels: np.ndarray) -> np.ndarray:
 class OnnxMTCNN:
     """Drop-in for `MTCNNDetector` (`detect(images) -> [Detection | None]`) on onnxruntime."""
 
+    name = "mtcnn"
+    version = MTCNN_VERSION
+
     def __init__(self, config: DetectorConfig = DetectorConfig(), folder: Path | None = None, threads: int = 1) -> None:
         import onnxruntime as ort
 
@@ -294,6 +293,6 @@ def _grid_boxes(offsets: np.ndarray, probability: np.ndarray, scale: float, thre
 
 
 __all__ = [
-    "DetectorCorrupt", "DetectorMissing", "IntegralImage", "OnnxMTCNN", "area_resize", "detector_dir", "detector_files",
+    "MTCNN_VERSION", "DetectorCorrupt", "DetectorMissing", "IntegralImage", "OnnxMTCNN", "area_resize", "detector_dir", "detector_files",
     "nms", "nms_min",
 ]

@@ -7,7 +7,7 @@ photos of the same size; that crop is marked `fallback` and callers decide wheth
 to use it (evaluation does and counts it; training does not).
 
 Detection does not depend on the geometry, so a geometry's cache misses first reuse the
-landmarks (and statuses) that the 112x112 ArcFace cache already holds; MTCNN runs only on
+landmarks (and statuses) that the same detector's 112x112 ArcFace cache already holds; the detector runs only on
 photos no cache has seen.
 """
 from __future__ import annotations
@@ -29,13 +29,12 @@ from facecore.align.cache import (
     AlignedFaceCache,
     CacheEntry,
 )
-from facecore.align.detector import Detection, MTCNNDetector
+from facecore.align.detector import Detection
+from facecore.align.detectors import FaceDetector, detector_name, detector_version, load_detector
 from facecore.align.geometry import ARCFACE_112, FaceGeometry
 from facecore.align.template import warp_to_template
 from facecore.paths import cache_root
 
-DETECTOR_VERSION = "mtcnn-facenet2.6"
-ALIGNER_VERSION = f"{DETECTOR_VERSION}-{ARCFACE_112.key}-v1"
 MIN_DETECTIONS_FOR_FALLBACK = 8
 
 
@@ -57,12 +56,13 @@ class AlignedSet:
         )
 
 
-def aligner_version(geometry: FaceGeometry = ARCFACE_112) -> str:
-    return f"{DETECTOR_VERSION}-{geometry.key}-v1"
+def aligner_version(geometry: FaceGeometry = ARCFACE_112, detector: str | None = None) -> str:
+    """Names a crop: the detector's version (nets and settings) and the geometry."""
+    return f"{detector_version(detector)}-{geometry.key}-v1"
 
 
-def default_cache(geometry: FaceGeometry = ARCFACE_112) -> AlignedFaceCache:
-    return AlignedFaceCache(cache_root() / f"aligned-{aligner_version(geometry)}", size=geometry.size)
+def default_cache(geometry: FaceGeometry = ARCFACE_112, detector: str | None = None) -> AlignedFaceCache:
+    return AlignedFaceCache(cache_root() / f"aligned-{aligner_version(geometry, detector)}", size=geometry.size)
 
 
 def file_key(path: Path) -> str:
@@ -79,13 +79,15 @@ def load_rgb(path: Path) -> np.ndarray | None:
 
 class FaceAligner:
     def __init__(
-        self, cache: AlignedFaceCache | None = None, detector: MTCNNDetector | None = None, batch_size: int = 64,
+        self, cache: AlignedFaceCache | None = None, detector: FaceDetector | str | None = None, batch_size: int = 64,
         geometry: FaceGeometry = ARCFACE_112, landmark_source: AlignedFaceCache | None = None,
     ) -> None:
+        """`detector`: a loaded detector, or a name (see `facecore.align.detectors`), loaded on first use."""
         if cache is not None and cache.row_shape != geometry.row_shape:
             raise ValueError(f"cache rows {cache.row_shape} do not fit geometry {geometry.key} {geometry.row_shape}")
         self._cache = cache
-        self._detector = detector
+        self.detector_name = detector.name if detector is not None and not isinstance(detector, str) else detector_name(detector)
+        self._detector = None if detector is None or isinstance(detector, str) else detector
         self.batch_size = batch_size
         self.geometry = geometry
         self._landmark_source = landmark_source
@@ -96,27 +98,27 @@ class FaceAligner:
     def cache(self) -> AlignedFaceCache:
         # Lazy: a device that only aligns in memory (align_image) never creates a cache on disk.
         if self._cache is None:
-            self._cache = default_cache(self.geometry)
+            self._cache = default_cache(self.geometry, self.detector_name)
         return self._cache
 
     @property
     def landmark_source(self) -> AlignedFaceCache | None:
         """The ArcFace 112 cache beside this one, whose detections a new geometry reuses."""
         if self._landmark_source is None and self._reuse_default_detections:
-            self._landmark_source = default_cache(ARCFACE_112)
+            self._landmark_source = default_cache(ARCFACE_112, self.detector_name)
         return self._landmark_source
 
     @property
-    def detector(self) -> MTCNNDetector:
+    def detector(self) -> FaceDetector:
         if self._detector is None:
-            self._detector = MTCNNDetector()
+            self._detector = load_detector(self.detector_name)
         return self._detector
 
     def with_geometry(self, geometry: FaceGeometry) -> FaceAligner:
         """This aligner for another crop, sharing its loaded detector (in-memory use: no cache)."""
         if geometry == self.geometry:
             return self
-        return FaceAligner(detector=self._detector, batch_size=self.batch_size, geometry=geometry)
+        return FaceAligner(detector=self._detector or self.detector_name, batch_size=self.batch_size, geometry=geometry)
 
     def align_image(self, image: np.ndarray) -> tuple[np.ndarray, Detection] | None:
         """One in-memory RGB image -> (aligned face, detection), uncached; None if no face."""

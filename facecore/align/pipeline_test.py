@@ -1,4 +1,4 @@
-"""Alignment on real LFW photos through the real MTCNN detector."""
+"""Alignment on real LFW photos through each real detector."""
 from pathlib import Path
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 from PIL import Image
 
 from facecore.align.cache import AlignedFaceCache
-from facecore.align.detector import MTCNNDetector
+from facecore.align.detectors import DETECTORS, FaceDetector, load_detector
 from facecore.align.pipeline import FaceAligner, file_key
 from facecore.align.template import ARCFACE_TEMPLATE, apply_transform, similarity_transform
 
@@ -21,22 +21,24 @@ LFW_SAMPLES = [
 
 
 class RefusingDetector:
-    """Stands in for MTCNN where the test asserts that no detection happens."""
+    """Stands in for a detector where the test asserts that no detection happens."""
+
+    name, version = "tinyface", "refusing"
 
     def detect(self, images: list[np.ndarray]) -> list[None]:
         raise AssertionError("the detector ran although every image was cached")
 
 
-@pytest.fixture(scope="module")
-def detector() -> MTCNNDetector:
-    return MTCNNDetector()
+@pytest.fixture(scope="module", params=DETECTORS)
+def detector(request: pytest.FixtureRequest) -> FaceDetector:
+    return load_detector(request.param)
 
 
 def _samples(real_data: Path) -> list[Path]:
     return [real_data / "lfw" / "lfw-deepfunneled" / name for name in LFW_SAMPLES]
 
 
-def test_aligned_landmarks_lie_within_3px_of_the_template(real_data: Path, tmp_path: Path, detector: MTCNNDetector) -> None:
+def test_aligned_landmarks_lie_within_3px_of_the_template(real_data: Path, tmp_path: Path, detector: FaceDetector) -> None:
     # Prepare
     cache = AlignedFaceCache(tmp_path)
     paths = _samples(real_data)
@@ -48,15 +50,15 @@ def test_aligned_landmarks_lie_within_3px_of_the_template(real_data: Path, tmp_p
     warped = [apply_transform(similarity_transform(np.array(e.landmarks), ARCFACE_TEMPLATE), np.array(e.landmarks)) for e in entries.values()]
     errors = [float(np.linalg.norm(w - ARCFACE_TEMPLATE, axis=1).mean()) for w in warped]
     assert float(np.mean(errors)) < 3.0, errors
-    # ... and the pixels agree: MTCNN run again on the crops (padded, since it misplaces points on
-    # faces that fill the frame) finds the landmarks near the template too
+    # ... and the pixels agree: the detector run again on the crops (padded, since a face that fills the
+    # frame is larger than either detector expects) finds the landmarks near the template too
     pad = 56
     redetected = detector.detect([np.pad(f, ((pad, pad), (pad, pad), (0, 0)), mode="edge") for f in aligned.faces])
     again = [float(np.linalg.norm(d.landmarks - pad - ARCFACE_TEMPLATE, axis=1).mean()) for d in redetected if d is not None]
     assert len(again) == len(LFW_SAMPLES) and float(np.mean(again)) < 4.0, again
 
 
-def test_second_pass_reads_the_cache_without_detecting(real_data: Path, tmp_path: Path, detector: MTCNNDetector) -> None:
+def test_second_pass_reads_the_cache_without_detecting(real_data: Path, tmp_path: Path, detector: FaceDetector) -> None:
     # Prepare
     first = FaceAligner(AlignedFaceCache(tmp_path), detector).align_paths(_samples(real_data)[:3], progress=False)
     # Execute: a fresh aligner whose detector fails if called
@@ -66,7 +68,7 @@ def test_second_pass_reads_the_cache_without_detecting(real_data: Path, tmp_path
 
 
 def test_faceless_and_corrupt_images_are_listed_and_the_run_continues(
-    real_data: Path, tmp_path: Path, detector: MTCNNDetector
+    real_data: Path, tmp_path: Path, detector: FaceDetector
 ) -> None:
     # Prepare
     blank = tmp_path / "blank_wall.jpg"

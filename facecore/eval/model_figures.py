@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from facecore.align.detectors import detector_version
 from facecore.align.geometry import geometry_of
 from facecore.align.pipeline import FaceAligner
 from facecore.data.split import SplitConfig, build_split
@@ -29,7 +30,8 @@ def fp16_bytes(model: torch.nn.Module) -> int:
 
 
 def measure(spec: str, root: Path, progress: bool = True) -> dict[str, Any]:
-    """Threshold (folds 1-5), LFW folds 6-10, CelebA owners at that threshold, size and crop."""
+    """Threshold (folds 1-5), LFW folds 6-10, CelebA owners at that threshold, size, crop and the detector
+    every photo was aligned with ($FEDFACE_DETECTOR or the default)."""
     model = load_backbone(spec)
     split = build_split(root, SplitConfig(seed=0))
     seen = split.sets["public"] if trained_on_public(model) else ()
@@ -43,7 +45,7 @@ def measure(spec: str, root: Path, progress: bool = True) -> dict[str, Any]:
     return {
         "name": spec, "backbone": model.name, "embedding_dim": int(embedding_dim_of(model)), "weights": model_source(spec),
         "parameters": sum(p.numel() for p in model.parameters()), "fp16_bytes": fp16_bytes(model),
-        "geometry": geometry_of(model).to_json(),
+        "geometry": geometry_of(model).to_json(), "detector": detector_version(),
         "verification": verification, "lfw": lfw, "celeba_owners": owners,
     }
 

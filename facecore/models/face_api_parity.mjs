@@ -1,11 +1,13 @@
-// The published face-api model run by the package's own JavaScript (tf.js, pure-JS CPU backend),
-// for the torch port's parity test:
-//   node face_api_parity.mjs PACKAGE_DIR INPUT.f32 N OUTPUT.f32
-// INPUT holds N RGB faces of 150x150x3 float32 pixels in [0, 255] (NHWC); OUTPUT gets N x 128
-// float32 descriptors, exactly as FaceRecognitionNet computes them. Nothing is downloaded.
+// A published face-api net run by the package's own JavaScript (tf.js, pure-JS CPU backend), for the
+// parity tests of its ports (the torch recognition model, the ONNX detector and landmark nets):
+//   node face_api_parity.mjs PACKAGE_DIR NET INPUT.f32 N OUTPUT.f32
+// NET: recognition (150x150 faces -> N x 128 descriptors), detector (224x224 photos -> N x 7 x 7 x 25
+// TinyFaceDetector grids) or landmarks (112x112 face boxes -> N x 136 FaceLandmark68Net outputs).
+// INPUT holds N RGB images of float32 pixels in [0, 255] (NHWC); OUTPUT gets the float32 outputs, as
+// the net's forward computes them before any decoding. Nothing is downloaded.
 import fs from 'fs';
 
-const [, , packageDir, inputPath, count, outputPath] = process.argv;
+const [, , packageDir, netName, inputPath, count, outputPath] = process.argv;
 // The bundle is built for browsers: it stubs node's `util`, so it must not detect node while it
 // initialises. tf.js then gets a minimal platform, and face-api an environment without a canvas.
 const nodeProcess = globalThis.process;
@@ -30,15 +32,23 @@ faceapi.env.setEnv({
 await tf.setBackend('cpu');
 await tf.ready();
 
-const manifest = JSON.parse(fs.readFileSync(`${packageDir}/model/face_recognition_model-weights_manifest.json`));
-const weights = fs.readFileSync(`${packageDir}/model/face_recognition_model.bin`);
-const net = new faceapi.FaceRecognitionNet();
+const nets = {
+  recognition: { file: 'face_recognition_model', size: 150, make: () => new faceapi.FaceRecognitionNet(), run: (net, input) => net.forwardInput(input) },
+  detector: { file: 'tiny_face_detector_model', size: 224, make: () => new faceapi.TinyFaceDetector(), run: (net, input) => net.forwardInput(input, 224) },
+  landmarks: { file: 'face_landmark_68_model', size: 112, make: () => new faceapi.FaceLandmark68Net(), run: (net, input) => net.runNet(input) },
+};
+const chosen = nets[netName];
+if (!chosen) throw new Error(`unknown net ${netName}: one of ${Object.keys(nets).join(', ')}`);
+const manifest = JSON.parse(fs.readFileSync(`${packageDir}/model/${chosen.file}-weights_manifest.json`));
+const weights = fs.readFileSync(`${packageDir}/model/${chosen.file}.bin`);
+const net = chosen.make();
 net.loadFromWeightMap(tf.io.decodeWeights(
   weights.buffer.slice(weights.byteOffset, weights.byteOffset + weights.byteLength), manifest[0].weights,
 ));
 const n = Number(count);
+const side = chosen.size;
 const pixels = fs.readFileSync(inputPath);
-const faces = tf.tensor4d(new Float32Array(pixels.buffer, pixels.byteOffset, n * 150 * 150 * 3), [n, 150, 150, 3]);
-const descriptors = net.forwardInput(await faceapi.toNetInput(tf.unstack(faces)));
-fs.writeFileSync(outputPath, Buffer.from((await descriptors.data()).buffer));
-console.log(`face-api ${faceapi.version} on tf.js ${tf.version_core} (${tf.getBackend()}): ${n} descriptors`);
+const images = tf.tensor4d(new Float32Array(pixels.buffer, pixels.byteOffset, n * side * side * 3), [n, side, side, 3]);
+const output = chosen.run(net, await faceapi.toNetInput(tf.unstack(images)));
+fs.writeFileSync(outputPath, Buffer.from((await output.data()).buffer));
+console.log(`face-api ${faceapi.version} on tf.js ${tf.version_core} (${tf.getBackend()}): ${netName} on ${n} images`);

@@ -38,7 +38,7 @@ def test_torch_port_matches_face_api_javascript_on_real_faces(real_data: Path, i
     faces.astype("<f4").tofile(tmp_path / "faces.f32")
     # Execute: the package's JavaScript under node, and the torch port
     done = subprocess.run(
-        ["node", str(HARNESS), str(published.FACE_API.folder), str(tmp_path / "faces.f32"), str(len(faces)), str(tmp_path / "out.f32")],
+        ["node", str(HARNESS), str(published.FACE_API.folder), "recognition", str(tmp_path / "faces.f32"), str(len(faces)), str(tmp_path / "out.f32")],
         capture_output=True, text=True, timeout=300, check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from facecore.data.split import ROLES, SplitConfig, SplitManifest, build_split
 from facecore.paths import data_root
+from fedface.cli import add_detector_option
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,6 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     align.add_argument("--role", choices=(*ROLES, "all"), default="all",
                        help="align only this set of the --split manifest")
     align.add_argument("--report", default=None, help="write the per-file status list (JSON) here")
+    add_detector_option(align)
 
     stats = actions.add_parser("stats", help="print the sizes of a split manifest")
     stats.add_argument("manifest", help="a manifest written by `fedface data split`")

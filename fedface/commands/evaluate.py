@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedface.cli import add_detector_option
+
 CLASSICAL = ("lbp", "pca")
 
 
@@ -37,6 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     lfw.add_argument("--max-pairs-per-fold", type=int, default=None, help="score fewer pairs (quick look only)")
     lfw.add_argument("--pairs-only", action="store_true", help="TAR@FAR from the pairs only, not all people of the folds")
     lfw.add_argument("--json", action="store_true", help="print one JSON object (one per model, keyed by model) on stdout")
+    add_detector_option(lfw)
     folder = targets.add_parser(
         "folder", help="all-pairs verification on your own photos: DIR/<person>/<photos>",
         description="Score every pair of photos in DIR (one subfolder per person, any image format Pillow reads): "
@@ -49,6 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="'default' (the dlib ResNet), 'mobile' (the compact model), 'random' (untrained), or a checkpoint PATH (default: default)",
     )
     folder.add_argument("--json", action="store_true", help="print one JSON object on stdout (skipped files listed by name)")
+    add_detector_option(folder)
     crop = targets.add_parser(
         "geometry", help="choose a backbone's crop on LFW folds 1-5 (never the test folds 6-10)",
         description="Score crops of the ArcFace template scaled about the crop centre and moved up, on LFW folds that "
@@ -61,6 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     crop.add_argument("--shifts", default="12,18,24,30", help="comma-separated upward shifts in pixels of the crop")
     crop.add_argument("--data", help="data root (default: FEDFACE_DATA or ../shared/data)")
     crop.add_argument("--json", action="store_true", help="print the ranked candidates as JSON")
+    add_detector_option(crop)
     from fedface.commands import evaluate_owners
 
     evaluate_owners.add_arguments(targets.add_parser(

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 
+from fedface.cli import add_detector_option
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -16,6 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     measure.add_argument("name", choices=("default", "mobile"), help="the named model to measure")
     measure.add_argument("--data", help="data root (default: FEDFACE_DATA or ../shared/data)")
     measure.add_argument("--write", action="store_true", help="store the figures in facecore/weights/<model>.json")
+    add_detector_option(measure)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -29,6 +32,9 @@ def run(args: argparse.Namespace) -> int:
         from export.mtcnn_onnx import export_mtcnn_onnx  # devices detect faces with these, without torch
 
         print(f"MTCNN (facenet-pytorch) as ONNX: verified in {export_mtcnn_onnx(force=args.force)}")
+        from export.tinyface_onnx import export_tinyface_onnx  # the default detector, from the same npm package
+
+        print(f"TinyFaceDetector and 68-landmark net (face-api) as ONNX: verified in {export_tinyface_onnx(force=args.force)}")
         return 0
     if args.action == "measure":
         return _measure(args)

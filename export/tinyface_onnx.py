@@ -1,0 +1,174 @@
+"""Build face-api.js's TinyFaceDetector and 68-landmark net as ONNX files, from the npm package's weights.
+
+Run by `fedface models fetch`, beside the recognition weights of the same package. The graphs are
+written op by op from face-api.js 1.7.15's source (`src/tinyYolov2`, `src/faceFeatureExtractor`):
+
+- detector: conv 3x3 'valid' + leaky ReLU (0.1), then five depthwise-separable convs (padded by one,
+  leaky), each followed by a 2x2 max pool ('same'; stride 2, the last stride 1), and a 1x1 conv to
+  5 anchors x (x, y, w, h, score). Input (N, S, S, 3) uint8 RGB, S any multiple of 32; the graph
+  feeds the nets (RGB - MEAN_RGB) / 255, as face-api.js does.
+- landmarks: four dense blocks (a stride-2 conv, then three separable convs whose inputs are the
+  ReLU of the running sum), a 7x7 average pool and a fully connected layer to 68 (x, y) pairs in
+  [0, 1] of the 112x112 input. Input (N, 112, 112, 3) uint8 RGB, fed as (RGB - LANDMARK_MEAN_RGB) / 255.
+
+TF's 'same' padding puts the odd pixel at the bottom and right: ONNX's SAME_UPPER. Nothing here
+needs torch; the folder is written beside the final one and moved in whole, its manifest recording
+each file's sha256 (which loading checks).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from facecore.align.tiny_detector import (
+    FORMAT,
+    LANDMARK_MEAN_RGB,
+    MEAN_RGB,
+    NETS,
+    SOURCE,
+    TinyFaceCorrupt,
+    TinyFaceMissing,
+    tinyface_dir,
+    tinyface_files,
+)
+from facecore.digest import file_sha256
+from facecore.models.published import FACE_API, read_face_api_tensors
+
+OPSET = 17
+LEAK = 0.10000000149011612  # face-api.js's leaky ReLU slope, as float32
+
+
+class _Graph:
+    """Accumulates nodes and initialisers; names are generated in order."""
+
+    def __init__(self, tensors: dict[str, np.ndarray]) -> None:
+        self.tensors, self.nodes, self.weights = tensors, [], []  # type: ignore[var-annotated]
+        self._count = 0
+
+    def _name(self, hint: str) -> str:
+        self._count += 1
+        return f"{hint}_{self._count}"
+
+    def constant(self, hint: str, value: np.ndarray) -> str:
+        name = self._name(hint)
+        self.weights.append(numpy_helper.from_array(np.ascontiguousarray(value, np.float32), name))
+        return name
+
+    def op(self, kind: str, inputs: list[str], **attributes: object) -> str:
+        out = self._name(kind.lower())
+        self.nodes.append(helper.make_node(kind, inputs, [out], **attributes))
+        return out
+
+    def conv(self, x: str, filters_hwio: np.ndarray, bias: np.ndarray | None, stride: int = 1, padding: str = "valid",
+             pads: tuple[int, int, int, int] | None = None) -> str:
+        weight = self.constant("w", filters_hwio.transpose(3, 2, 0, 1))
+        inputs = [x, weight] + ([self.constant("b", bias)] if bias is not None else [])
+        attributes: dict[str, object] = {"strides": [stride, stride]}
+        if pads is not None:
+            attributes["pads"] = list(pads)
+        elif padding == "same":
+            attributes["auto_pad"] = "SAME_UPPER"
+        return self.op("Conv", inputs, **attributes)
+
+    def separable(self, x: str, prefix: str, stride: int = 1, padding: str = "same",
+                  pads: tuple[int, int, int, int] | None = None) -> str:
+        depthwise = self.tensors[f"{prefix}/depthwise_filter"]  # (3, 3, C, 1)
+        channels = depthwise.shape[2]
+        weight = self.constant("dw", depthwise.transpose(2, 3, 0, 1))  # (C, 1, 3, 3), one group per channel
+        attributes: dict[str, object] = {"strides": [stride, stride], "group": channels}
+        if pads is not None:
+            attributes["pads"] = list(pads)
+        else:
+            attributes["auto_pad"] = "SAME_UPPER" if padding == "same" else "VALID"
+        out = self.op("Conv", [x, weight], **attributes)
+        return self.conv(out, self.tensors[f"{prefix}/pointwise_filter"], self.tensors[f"{prefix}/bias"])
+
+    def pixels(self, mean: np.ndarray) -> str:
+        """The uint8 (N, H, W, 3) input as face-api.js feeds its nets: (RGB - mean) / 255, channels first."""
+        as_float = self.op("Cast", ["image"], to=TensorProto.FLOAT)
+        centred = self.op("Sub", [as_float, self.constant("mean", mean.reshape(1, 1, 1, 3))])
+        scaled = self.op("Div", [centred, self.constant("range", np.array(255.0))])
+        return self.op("Transpose", [scaled], perm=[0, 3, 1, 2])
+
+    def model(self, inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto], name: str) -> onnx.ModelProto:
+        graph = helper.make_graph(self.nodes, name, inputs, outputs, self.weights)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="fedface")
+        onnx.checker.check_model(model)
+        return model
+
+
+def detector_graph(tensors: dict[str, np.ndarray]) -> onnx.ModelProto:
+    g = _Graph(tensors)
+    out = g.op("LeakyRelu", [g.conv(g.pixels(MEAN_RGB), tensors["conv0/filters"], tensors["conv0/bias"])], alpha=LEAK)
+    for index in range(1, 6):
+        out = g.op("MaxPool", [out], kernel_shape=[2, 2], strides=[2, 2], auto_pad="SAME_UPPER")
+        out = g.op("LeakyRelu", [g.separable(out, f"conv{index}", pads=(1, 1, 1, 1))], alpha=LEAK)
+    out = g.op("MaxPool", [out], kernel_shape=[2, 2], strides=[1, 1], auto_pad="SAME_UPPER")
+    last = g.conv(out, tensors["conv8/filters"], tensors["conv8/bias"])
+    g.nodes.append(helper.make_node("Identity", [last], ["grid"]))
+    image = helper.make_tensor_value_info("image", TensorProto.UINT8, ["batch", "height", "width", 3])
+    grid = helper.make_tensor_value_info("grid", TensorProto.FLOAT, ["batch", 25, "rows", "cols"])
+    return g.model([image], [grid], "tinyface_detector")
+
+
+def landmark_graph(tensors: dict[str, np.ndarray]) -> onnx.ModelProto:
+    g = _Graph(tensors)
+    out = g.pixels(LANDMARK_MEAN_RGB)
+    for block in range(4):
+        prefix = f"dense{block}"
+        if block == 0:
+            first = g.conv(out, tensors[f"{prefix}/conv0/filters"], tensors[f"{prefix}/conv0/bias"], stride=2, padding="same")
+        else:
+            first = g.separable(out, f"{prefix}/conv0", stride=2)
+        running = g.op("Relu", [first])
+        for conv in range(1, 4):
+            step = g.separable(running if conv == 1 else g.op("Relu", [running]), f"{prefix}/conv{conv}")
+            running = g.op("Add", [running, step])
+        out = g.op("Relu", [running])
+    pooled = g.op("AveragePool", [out], kernel_shape=[7, 7], strides=[2, 2])
+    flat = g.op("Flatten", [pooled], axis=1)
+    fc = g.op("Gemm", [flat, g.constant("fc", tensors["fc/weights"]), g.constant("fc_bias", tensors["fc/bias"])])
+    g.nodes.append(helper.make_node("Identity", [fc], ["landmarks"]))
+    image = helper.make_tensor_value_info("image", TensorProto.UINT8, ["batch", 112, 112, 3])
+    landmarks = helper.make_tensor_value_info("landmarks", TensorProto.FLOAT, ["batch", 136])
+    return g.model([image], [landmarks], "face_landmark_68")
+
+
+def export_tinyface_onnx(folder: Path | None = None, force: bool = False) -> Path:
+    """The folder holding detector.onnx, landmarks.onnx and manifest.json; built only when missing,
+    corrupt or `force`d."""
+    folder = folder or tinyface_dir()
+    if not force:
+        try:
+            tinyface_files(folder)
+            return folder
+        except (TinyFaceMissing, TinyFaceCorrupt):
+            pass
+    graphs = {
+        "detector": detector_graph(read_face_api_tensors("tiny_face_detector_model")),
+        "landmarks": landmark_graph(read_face_api_tensors("face_landmark_68_model")),
+    }
+    assert set(graphs) == set(NETS)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder.parent, prefix=".tinyface-staging-") as scratch:
+        staging = Path(scratch) / "tinyface"
+        staging.mkdir()
+        files = {}
+        for name, graph in graphs.items():
+            path = staging / f"{name}.onnx"
+            onnx.save(graph, str(path))
+            files[name] = {"path": path.name, "sha256": file_sha256(path), "bytes": path.stat().st_size}
+        manifest = {"format": FORMAT, "source": SOURCE, "package": FACE_API.spec, "opset": OPSET, "files": files}
+        (staging / "manifest.json").write_text(json.dumps(manifest, indent=1))
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(staging, folder)
+    tinyface_files(folder)
+    return folder

@@ -1,0 +1,223 @@
+"""The default face detector: face-api.js's TinyFaceDetector for the box, its 68-landmark net for the points.
+
+Invariants:
+- onnxruntime, numpy and PIL only, never torch. The two ONNX files are built once from the
+  `@vladmandic/face-api` package's weights by `fedface models fetch` (`export.tinyface_onnx`); each
+  is checked against the sha256 its folder's manifest records.
+- A photo is padded to a square at its bottom and right and resized to `input_size` (a multiple of
+  32), as face-api.js does; the 5 x 5 boxes per grid cell are decoded as its `extractBoxes`, kept
+  above `score_threshold`, and suppressed at IoU 0.4; the best face is `pick_face`'s.
+- The landmark net sees the box as a centred square of side max(w, h) (zeros outside the photo),
+  resized to 112 x 112. The five points are the two eye centres (means of iBUG points 36-41 and
+  42-47), the nose tip (30) and the mouth corners (48, 54): image-left first, as MTCNN's.
+- All photos of one `detect` call share one detector run and one landmark run (batched).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from facecore.align.detector import Detection, pick_face
+from facecore.digest import file_sha256
+from facecore.errors import FaceCoreError
+from facecore.paths import packages_root
+
+SOURCE = "@vladmandic/face-api 1.7.15: tiny_face_detector_model, face_landmark_68_model"
+FORMAT = "fedface-tinyface-onnx/2"
+NETS = ("detector", "landmarks")
+FETCH_HINT = "fedface models fetch"
+# The pixel means each net was trained with; the ONNX graphs subtract them (export.tinyface_onnx).
+MEAN_RGB = np.array([117.001, 114.697, 97.404], np.float32)
+LANDMARK_MEAN_RGB = np.array([122.782, 117.001, 104.298], np.float32)
+LANDMARK_SIZE = 112
+ANCHORS = np.array([[1.603231, 2.094468], [6.041143, 7.080126], [2.882459, 3.518061], [4.266906, 5.178857],
+                    [9.041765, 10.66308]], np.float32)
+IOU_THRESHOLD = 0.4
+
+
+@dataclass(frozen=True)
+class TinyFaceConfig:
+    """face-api.js defaults to 416 and 0.5; 160 and 0.3 missed about a tenth as many faces on LFW folds 1-5 and
+    CelebA photos (README "Face detection"): a face that fills a 250px photo is large for the net's anchors."""
+
+    input_size: int = 160
+    score_threshold: float = 0.3
+
+    def __post_init__(self) -> None:
+        if self.input_size < 64 or self.input_size % 32:
+            raise ValueError(f"input_size must be a multiple of 32 and at least 64, got {self.input_size}")
+        if not 0 < self.score_threshold < 1:
+            raise ValueError(f"score_threshold must lie in (0, 1), got {self.score_threshold}")
+
+    @property
+    def key(self) -> str:
+        return f"s{self.input_size}-t{self.score_threshold:g}"
+
+
+def tinyface_version(config: TinyFaceConfig) -> str:
+    return f"tinyface-faceapi1.7.15-{config.key}"
+
+
+TINYFACE_VERSION = tinyface_version(TinyFaceConfig())
+
+
+class TinyFaceMissing(FaceCoreError):
+    """The ONNX files of the default detector have not been built yet."""
+
+
+class TinyFaceCorrupt(FaceCoreError):
+    """An ONNX file of the default detector whose content is not what its manifest records."""
+
+
+def tinyface_dir() -> Path:
+    return packages_root() / "tinyface-onnx-face-api-1.7.15"
+
+
+def tinyface_files(folder: Path | None = None) -> dict[str, Path]:
+    """{net: path} of the built nets, each checked against the manifest's sha256."""
+    folder = folder or tinyface_dir()
+    manifest_path = folder / "manifest.json"
+    if not manifest_path.is_file():
+        raise TinyFaceMissing(f"the face detector is not in {folder}: run `{FETCH_HINT}` (it builds it once)")
+    manifest = json.loads(manifest_path.read_text())
+    if manifest.get("format") != FORMAT:
+        raise TinyFaceCorrupt(f"{manifest_path} is not a {FORMAT} manifest: run `{FETCH_HINT} --force`")
+    files = {}
+    for net in NETS:
+        entry = manifest["files"][net]
+        path = folder / entry["path"]
+        if not path.is_file():
+            raise TinyFaceMissing(f"{path} is missing: run `{FETCH_HINT} --force`")
+        if file_sha256(path) != entry["sha256"]:
+            raise TinyFaceCorrupt(f"{path} does not match the sha256 in {manifest_path}: run `{FETCH_HINT} --force`")
+        files[net] = path
+    return files
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.clip(x, -60.0, 60.0)))
+
+
+def decode_grid(grid: np.ndarray, score_threshold: float) -> tuple[np.ndarray, np.ndarray]:
+    """One image's (25, g, g) output -> boxes (K, 4) as x1, y1, x2, y2 in [0, 1] of the square input, scores (K,)."""
+    cells = grid.shape[-1]
+    cell = grid.reshape(len(ANCHORS), 5, cells, cells)
+    scores = _sigmoid(cell[:, 4])
+    anchor, row, col = np.nonzero(scores > score_threshold)
+    t = cell[anchor, :, row, col]
+    centre_x = (col + _sigmoid(t[:, 0])) / cells
+    centre_y = (row + _sigmoid(t[:, 1])) / cells
+    width = np.exp(t[:, 2]) * ANCHORS[anchor, 0] / cells
+    height = np.exp(t[:, 3]) * ANCHORS[anchor, 1] / cells
+    boxes = np.stack([centre_x - width / 2, centre_y - height / 2, centre_x + width / 2, centre_y + height / 2], axis=1)
+    return boxes.astype(np.float64), scores[anchor, row, col].astype(np.float64)
+
+
+def suppress(boxes: np.ndarray, scores: np.ndarray, threshold: float = IOU_THRESHOLD) -> np.ndarray:
+    """Indices kept by greedy non-maximum suppression, highest score first."""
+    areas = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+    order, keep = np.argsort(-scores, kind="stable"), []
+    while order.size:
+        best, rest = order[0], order[1:]
+        keep.append(best)
+        width = np.clip(np.minimum(boxes[best, 2], boxes[rest, 2]) - np.maximum(boxes[best, 0], boxes[rest, 0]), 0, None)
+        height = np.clip(np.minimum(boxes[best, 3], boxes[rest, 3]) - np.maximum(boxes[best, 1], boxes[rest, 1]), 0, None)
+        inter = width * height
+        order = rest[inter / (areas[best] + areas[rest] - inter) <= threshold]
+    return np.asarray(keep, np.int64)
+
+
+def square_input(image: np.ndarray, size: int) -> tuple[np.ndarray, float]:
+    """The photo padded to a square at its bottom and right, resized to `size`: (size, size, 3) uint8, and
+    the scale from photo pixels to input pixels."""
+    height, width = image.shape[:2]
+    side = max(height, width)
+    scale = size / side
+    resized = Image.fromarray(image).resize((max(1, round(width * scale)), max(1, round(height * scale))),
+                                            Image.Resampling.BILINEAR)
+    canvas = np.zeros((size, size, 3), np.uint8)
+    canvas[: resized.height, : resized.width] = np.asarray(resized, np.uint8)
+    return canvas, scale
+
+
+def square_crop(image: np.ndarray, box: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """The box as a centred square of side max(w, h), zeros outside the photo, resized to `size`:
+    (size, size, 3) uint8, the square's top-left corner in photo pixels, and its side."""
+    x1, y1, x2, y2 = (float(v) for v in box)
+    side = max(x2 - x1, y2 - y1, 1.0)
+    left, top = (x1 + x2 - side) / 2, (y1 + y2 - side) / 2
+    corner = np.floor([left, top]).astype(int)
+    span = int(np.ceil(side))
+    height, width = image.shape[:2]
+    canvas = np.zeros((span, span, 3), np.uint8)
+    sx0, sy0 = max(corner[0], 0), max(corner[1], 0)
+    sx1, sy1 = min(corner[0] + span, width), min(corner[1] + span, height)
+    if sx1 > sx0 and sy1 > sy0:
+        canvas[sy0 - corner[1] : sy1 - corner[1], sx0 - corner[0] : sx1 - corner[0]] = image[sy0:sy1, sx0:sx1]
+    resized = np.asarray(Image.fromarray(canvas).resize((size, size), Image.Resampling.BILINEAR), np.uint8)
+    return resized, corner.astype(np.float64), float(span)
+
+
+def five_points(landmarks68: np.ndarray) -> np.ndarray:
+    """(68, 2) iBUG points -> (5, 2): image-left eye, other eye, nose tip, image-left mouth corner, other."""
+    return np.stack([landmarks68[36:42].mean(0), landmarks68[42:48].mean(0), landmarks68[30], landmarks68[48],
+                     landmarks68[54]])
+
+
+class TinyFaceDetector:
+    """`detect(images) -> [Detection | None]` on onnxruntime (see the module's invariants)."""
+
+    name = "tinyface"
+
+    def __init__(self, config: TinyFaceConfig = TinyFaceConfig(), folder: Path | None = None, threads: int = 1) -> None:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        self.config = config
+        self.version = tinyface_version(config)
+        self._sessions = {net: ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+                          for net, path in tinyface_files(folder).items()}
+
+    def detect(self, images: list[np.ndarray]) -> list[Detection | None]:
+        if not images:
+            return []
+        size = self.config.input_size
+        inputs, scales = zip(*(square_input(np.asarray(image, np.uint8), size) for image in images))
+        (grids,) = self._sessions["detector"].run(None, {"image": np.stack(inputs)})
+        boxes: list[tuple[np.ndarray, float] | None] = []
+        for image, grid, scale in zip(images, grids, scales):
+            found, scores = decode_grid(grid, self.config.score_threshold)
+            if not len(found):
+                boxes.append(None)
+                continue
+            kept = suppress(found, scores)
+            height, width = image.shape[:2]
+            candidates = [Detection(found[k] * size / scale, float(scores[k]), np.zeros((5, 2))) for k in kept]
+            best = pick_face(candidates, width, height)
+            boxes.append((best.box, best.score))
+        return self._with_landmarks(images, boxes)
+
+    def _with_landmarks(self, images: list[np.ndarray], boxes: list[tuple[np.ndarray, float] | None]) -> list[Detection | None]:
+        found = [i for i, b in enumerate(boxes) if b is not None]
+        results: list[Detection | None] = [None] * len(images)
+        if not found:
+            return results
+        crops = [square_crop(np.asarray(images[i], np.uint8), boxes[i][0], LANDMARK_SIZE) for i in found]  # type: ignore[index]
+        (points,) = self._sessions["landmarks"].run(None, {"image": np.stack([c for c, _, _ in crops])})
+        for i, (_, corner, side), relative in zip(found, crops, points):
+            box, score = boxes[i]  # type: ignore[misc]
+            landmarks68 = corner + relative.reshape(68, 2).astype(np.float64) * side
+            results[i] = Detection(np.asarray(box, np.float64), score, five_points(landmarks68))
+        return results
+
+
+__all__ = [
+    "TINYFACE_VERSION", "TinyFaceConfig", "TinyFaceCorrupt", "TinyFaceDetector", "TinyFaceMissing", "decode_grid",
+    "five_points", "square_crop", "square_input", "tinyface_dir", "tinyface_files",
+]
