@@ -4,11 +4,17 @@ Only `register()` creates local state; every other call needs a registered state
 server names (model versions, URLs, device ids) is validated before it touches a path or a request, and
 server refusals are explained by what was asked and the HTTP status or the body's `code`, not by the
 wording of the server's message.
+
+Torch is imported only by the calls that train: `train_round`, `personalize` (and `_load_backbone`, which
+both use), through device_sdk.round_files, device_sdk.training and device_sdk.personal, inside those
+methods. Importing this module, and register, enroll, verify (also with `personal`), status, unenroll and
+reset, need numpy, PIL, onnxruntime, httpx and cryptography only (tests/device/test_device_torch_free.py
+checks `sys.modules` in a subprocess): a command that trains nothing must not pay torch's ~2 s and ~0.7 GB.
+Pydantic's round messages are imported where a round reads or writes them, for the same reason.
 """
 from __future__ import annotations
 
 import base64
-import io
 import re
 import secrets
 import time
@@ -17,14 +23,13 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
-import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
-from pydantic import BaseModel, ValidationError
 
+from device_sdk.embedding import mean_feature_embedding
 from device_sdk.errors import (
     AuthError,
     BadServerResponse,
@@ -40,29 +45,23 @@ from device_sdk.errors import (
     StateError,
 )
 from device_sdk.inference import OnnxEmbedder
-from device_sdk.personal import (
-    PersonalConfig,
-    PersonalVerifier,
-    load_verifier,
-    save_verifier,
-    saved_model_version,
-    train_personal_verifier,
-)
-from device_sdk.secure_round import SecureRound
 from device_sdk.state import DeviceState, check_device_id, check_version
-from device_sdk.training import LocalTrainingConfig, mean_feature_embedding, train_local, wire_arrays
 from device_sdk.transport import Transport
-from facecore import tensorfile
 from facecore.align.geometry import FaceGeometry, geometry_of
 from facecore.align.pipeline import FaceAligner, load_rgb
 from facecore.data.folders import list_photos
-from facecore.federation.config import training_seed
-from facecore.federation.messages import CheckinPublic, EmbeddingPublic, UpdateMeta
-from facecore.federation.protocol import CONTENT_SHA256_HEADER, EMBEDDING_KEY, MASKED_KEY, METADATA_KEY
+from facecore.federation.protocol import CONTENT_SHA256_HEADER
 from facecore.federation.status import CHOSEN_STATUSES, ParticipationStatus
 from facecore.federation.template_noise import noisy_template, sigma_for_cosine
-from facecore.federation.wire import Precision, update_tensors
-from facecore.models.registry import get_backbone
+
+if TYPE_CHECKING:  # the types only: importing these modules imports torch or pydantic's models
+    from pydantic import BaseModel
+    from torch import nn
+
+    from device_sdk.personal import PersonalConfig
+    from device_sdk.personal_file import PersonalFile
+    from facecore.federation.messages import CheckinPublic
+    from facecore.federation.wire import Precision
 
 # A path on the round server: "/v1/" then segments that cannot be "." or "..", no scheme, no host, no query.
 SERVER_PATH = re.compile(r"/v1(/[A-Za-z0-9_~-][A-Za-z0-9._~-]*)+")
@@ -76,11 +75,13 @@ def server_path(url: object) -> str:
     return url
 
 
-Body = TypeVar("Body", bound=BaseModel)
+Body = TypeVar("Body", bound="BaseModel")
 
 
 def server_body(model: type[Body], body: object) -> Body:
     """A response body read as the protocol defines it (facecore.federation.messages), or a one-line error."""
+    from pydantic import ValidationError  # loaded with `model`'s module anyway
+
     try:
         return model.model_validate(body)
     except ValidationError as error:
@@ -279,6 +280,13 @@ class FaceDevice:
         """Send an update an earlier call saved, else check in (waiting up to `wait` seconds for a
         round and a slot; None: until the round this device joins ends), train, upload once.
         `progress` hears each step as it starts."""
+        # Training's modules, here and not at the top: they import torch (see the module's docstring).
+        from device_sdk.round_files import update_file
+        from device_sdk.secure_round import SecureRound
+        from device_sdk.training import LocalTrainingConfig, train_local
+        from facecore.federation.config import training_seed
+        from facecore.federation.messages import EmbeddingPublic
+
         say = progress or (lambda _: None)
         self._identity()
         faces = self.state.faces()
@@ -306,13 +314,15 @@ class FaceDevice:
         if faces.shape[1:] != geometry_of(backbone).row_shape:
             raise NotEnrolled(f"the server's model crops faces as {geometry_of(backbone).key}, this device's faces "
                               "were cropped for another model: enroll again")
-        template = server_body(EmbeddingPublic, self._request("GET", server_path(checkin.embedding_url)).json())
-        embedding = np.asarray(template.embedding, np.float32)
+        held = server_body(EmbeddingPublic, self._request("GET", server_path(checkin.embedding_url)).json())
+        embedding = np.asarray(held.embedding, np.float32)
         config = LocalTrainingConfig.from_round(checkin.local)
         say(f"training locally for round {round_id}")
         with self._training_slot:
             update = train_local(backbone, embedding, faces, config, seed=training_seed(round_id))
-        body = self._update_file(backbone, update, checkin.base_version, secure)
+        precision: Precision = "fp16" if self.upload_fp16 else "fp32"
+        template = self._shared_template(update.embedding.numpy())
+        body = update_file(backbone, update, checkin.base_version, template, precision, secure)
         meta = {"round_id": round_id, "key": f"{self._identity()[0]}-{round_id}-{secrets.token_hex(8)}",
                 "url": server_path(checkin.upload_url), "deadline_at": checkin.deadline_at.isoformat(),
                 "loss_before": update.loss_before, "loss_after": update.loss_after, "steps": update.steps}
@@ -335,6 +345,8 @@ class FaceDevice:
         """Opt-in: train the fused personal verifier (FedFusion) on the owner's faces, on the
         current global model. `cohort`: aligned public impostor faces to train against. Nothing
         is sent to the server; the result is stored encrypted and used by verify(personal=True)."""
+        from device_sdk.personal import save_verifier, train_personal_verifier  # torch: it trains
+
         self._identity()
         faces = self.state.faces()
         if faces is None or not self.state.info().get("enrolled"):
@@ -357,33 +369,38 @@ class FaceDevice:
         template = self.state.template()
         if template is None:
             raise NotEnrolled()
-        model = self._model()
-        faces, rejected = self._align([photo], self._geometry(model))
+        if personal:
+            # The personal file's own ONNX graph, template and crop (device_sdk.personal_file): no torch, and the
+            # crop of the global model it was trained on, which a newer server model does not change.
+            saved = self._personal_file()
+            embedder, geometry, template = OnnxEmbedder(saved.onnx), saved.geometry, saved.template
+            calibrated: float | None = saved.threshold.threshold if saved.threshold is not None else None
+            missing = "the personal verifier has no calibrated threshold: run personalize again or pass --threshold"
+        else:
+            model = self._model()
+            embedder, geometry = self._embedder(model), self._geometry(model)
+            calibrated = model.get("verify_threshold")
+            missing = "the server publishes no verification threshold for the current model: pass --threshold"
+        faces, rejected = self._align([photo], geometry)
         if len(faces) == 0:
             if "not an image" in rejected.values():
                 raise NotAnImage(str(photo))
             raise NoFaceFound(list(rejected))
-        if personal:
-            verifier = self._personal_verifier()
-            calibrated = verifier.threshold.threshold if verifier.threshold is not None else None
-            missing = "the personal verifier has no calibrated threshold: run personalize again or pass --threshold"
-            score = float(verifier.score(faces)[0])
-        else:
-            calibrated = model.get("verify_threshold")
-            missing = "the server publishes no verification threshold for the current model: pass --threshold"
-            score = float(self._embedder(model).embed(faces)[0] @ (template / np.linalg.norm(template)))
+        score = float(embedder.embed(faces)[0] @ (template / np.linalg.norm(template)))
         threshold = calibrated if threshold is None else threshold
         if threshold is None:
             raise DeviceError(missing)
         return VerifyResult(score, score >= threshold, float(threshold), personal)
 
-    def _personal_verifier(self) -> PersonalVerifier:
+    def _personal_file(self) -> PersonalFile:
+        from device_sdk.personal_file import read_personal  # zipfile and the personal format: only when asked
+
         payload = self.state.personal()
         if payload is None:
             raise NotEnrolled("this device has no personalised verifier: run personalize first")
-        version = check_version(saved_model_version(payload))
-        backbone = self._load_backbone(f"/v1/models/{version}/backbone", version)
-        return load_verifier(payload, backbone)
+        saved = read_personal(payload)  # a file of an earlier version: NotEnrolled, "run personalize again"
+        check_version(saved.model_version)
+        return saved
 
     def unenroll(self) -> None:
         device_id, _ = self._identity()
@@ -425,6 +442,8 @@ class FaceDevice:
     # ---- rounds ----------------------------------------------------------------------------
     def _checkin_until_selected(self, wait: float | None, poll: float) -> CheckinPublic:
         """`wait` None: until the round this device sees ends; else up to `wait` seconds."""
+        from facecore.federation.messages import CheckinPublic  # pydantic's models: only when a round is asked for
+
         deadline = time.monotonic() + (wait or 0.0)
         seen_round: int | None = None
         enrollment_checked = False
@@ -510,38 +529,19 @@ class FaceDevice:
                                 f"{refused.detail}", refused.code) from None
         self.state.clear_pending()
 
-    def _load_backbone(self, url: str, version: str) -> torch.nn.Module:
+    def _load_backbone(self, url: str, version: str) -> nn.Module:
+        """The round's torch backbone (for training: it imports torch), downloaded once per version."""
+        from device_sdk.round_files import load_backbone_file
+
         dtype = "fp16" if self.upload_fp16 else "fp32"
         path = self._fetch_model(f"{server_path(url)}?dtype={dtype}", check_version(version), f"{dtype}.pt")
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-        model = get_backbone(payload["backbone"], embedding_dim=payload["embedding_dim"])
-        model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in payload["state_dict"].items()})
-        return model.eval()
+        return load_backbone_file(path)
 
     def _shared_template(self, embedding: np.ndarray) -> np.ndarray:
         """The template as the server may see it: blurred when the owner asked for template noise."""
         if self.template_noise_cos is None:
             return np.asarray(embedding, np.float32)
         return noisy_template(embedding, self.template_noise_cos, np.random.default_rng(secrets.randbits(128)))
-
-    def _update_file(
-        self, backbone: torch.nn.Module, update: Any, base_version: str, secure: SecureRound | None = None,
-    ) -> bytes:
-        base = backbone.state_dict()
-        # an entry training left out (a frozen prefix) did not move: its delta is zero
-        trained = update.state_dict
-        deltas = {name: trained[name] - value if name in trained else torch.zeros_like(value) for name, value in base.items()}
-        template = self._shared_template(update.embedding.numpy())
-        if secure is not None:
-            tensors = {MASKED_KEY: secure.masked(wire_arrays(deltas, "fp32"), update.n_samples).view(np.int32), EMBEDDING_KEY: template}
-        else:
-            precision: Precision = "fp16" if self.upload_fp16 else "fp32"
-            tensors = update_tensors(wire_arrays(deltas, precision), template, precision)
-        meta = UpdateMeta(base_version=base_version, n_samples=update.n_samples,
-                          metrics={"loss": update.loss_after, "loss_before": update.loss_before})
-        buffer = io.BytesIO()
-        tensorfile.write(buffer, tensors, {METADATA_KEY: meta.model_dump_json()})
-        return buffer.getvalue()
 
 
 def _query(path: str) -> str:

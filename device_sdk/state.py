@@ -13,6 +13,8 @@ Invariants:
 - A cached model is used only while its sha256 matches the one recorded when it was downloaded
   (which the server's `X-Content-SHA256` or the version hash itself vouched for).
 - Every file is written to a temporary name and renamed: a crash never leaves a half-written file.
+- Importing this module does not import numpy (only reading or writing the template or the faces does):
+  `fedface device status` reads nothing but metadata and the identity, and need not pay numpy's ~0.1 s.
 """
 from __future__ import annotations
 
@@ -26,15 +28,17 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from device_sdk.errors import BadServerResponse, NotRegistered, StateError
 from facecore.digest import file_sha256
+
+if TYPE_CHECKING:
+    import numpy as np
 
 KEY_ENV = "FEDFACE_DEVICE_KEY"
 KEY_BYTES = 32
@@ -239,18 +243,26 @@ class DeviceState:
 
     # ---- template and faces ------------------------------------------------------------
     def save_template(self, embedding: np.ndarray) -> None:
+        import numpy as np  # here, not at the top: see the module's docstring
+
         self._seal("template", np.asarray(embedding, np.float32).tobytes())
 
     def template(self) -> np.ndarray | None:
+        import numpy as np
+
         raw = self._open("template")
         return None if raw is None else np.frombuffer(raw, np.float32).copy()
 
     def save_faces(self, faces: np.ndarray) -> None:
+        import numpy as np
+
         buffer = io.BytesIO()
         np.save(buffer, np.asarray(faces, np.uint8), allow_pickle=False)
         self._seal("faces", buffer.getvalue())
 
     def faces(self) -> np.ndarray | None:
+        import numpy as np
+
         raw = self._open("faces")
         return None if raw is None else np.load(io.BytesIO(raw), allow_pickle=False)
 

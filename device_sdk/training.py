@@ -22,6 +22,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+# Re-exported: the simulator and the personal verifier take the template's start from here, with the training.
+from device_sdk.embedding import mean_feature_embedding  # noqa: F401
 from facecore.errors import FaceCoreError
 from facecore.federation.wire import Precision
 from facecore.losses import cosface_loss, impostor_loss, positive_loss, public_negatives_loss
@@ -87,16 +89,6 @@ class LocalUpdate:
     loss_after: float
     steps: int
     seconds: float
-
-
-def mean_feature_embedding(features: np.ndarray | Tensor) -> np.ndarray:
-    """FedFace's class-embedding initialisation: the L2-normalised mean of the L2-normalised features."""
-    f = np.asarray(features, dtype=np.float64)
-    if f.ndim != 2 or len(f) == 0:
-        raise FaceCoreError(f"need (N, D) features of at least one face, got shape {f.shape}")
-    f = f / np.linalg.norm(f, axis=1, keepdims=True)
-    mean = f.mean(0)
-    return (mean / np.linalg.norm(mean)).astype(np.float32)
 
 
 def split_backbone(model: nn.Module, trainable_blocks: int | None) -> tuple[nn.Module, nn.Module]:

@@ -3,9 +3,9 @@
 Invariants:
 - Imports numpy, PIL, onnxruntime, httpx and cryptography, never torch (a test checks
   `sys.modules` in a subprocess): a one-photo verify must not pay torch's import (~3 s, ~0.9 GB).
-- A photo is cropped as enrollment crops it: MTCNN's five landmarks (`OnnxMTCNN`, the same nets and
-  cascade as the torch detector) warped by `warp_to_template` onto the model's `FaceGeometry`,
-  the warp `FaceAligner.warp` uses.
+- A photo is cropped as enrollment crops it: the five landmarks of the detector enrollment's `FaceAligner`
+  loads (`facecore.align.detectors.load_detector()`: the default, or $FEDFACE_DETECTOR; never a name fixed
+  here) warped by `warp_to_template` onto the model's `FaceGeometry`, the warp `FaceAligner.warp` uses.
 - The threshold is the caller's, else, with `personal`, the one calibrated with the personal
   verifier, else the model's published one; the result says which, with its FAR when known.
 - Every photo gets a result, in input order: a score, or why it has none (not an image, no face).
@@ -23,8 +23,8 @@ from device_sdk.errors import BadServerResponse, NotEnrolled, ServerUnavailable
 from device_sdk.inference import OnnxEmbedder
 from device_sdk.state import DeviceState, check_version
 from device_sdk.transport import Transport
+from facecore.align.detectors import FaceDetector, load_detector
 from facecore.align.geometry import FaceGeometry
-from facecore.align.onnx_detector import OnnxMTCNN
 from facecore.align.pipeline import load_rgb
 from facecore.align.template import warp_to_template
 from facecore.errors import FaceCoreError
@@ -67,12 +67,12 @@ class PhotoVerifier:
     """Detect, align, embed (in batches) and compare with the owner's template."""
 
     def __init__(self, embedder: Embedder, template: np.ndarray, geometry: FaceGeometry, threshold: Threshold,
-                 model_version: str, detector: OnnxMTCNN | None = None, batch: int = 16) -> None:
+                 model_version: str, detector: FaceDetector | None = None, batch: int = 16) -> None:
         template = np.asarray(template, np.float32)
         self.embedder, self.geometry, self.threshold, self.batch = embedder, geometry, threshold, batch
         self.model_version = model_version
         self.template = template / np.linalg.norm(template)
-        self.detector = detector or OnnxMTCNN()
+        self.detector = detector or load_detector()
 
     def align(self, image: np.ndarray) -> np.ndarray | None:
         (found,) = self.detector.detect([image])
@@ -146,7 +146,7 @@ def device_model(state: DeviceState, transport: Transport) -> DeviceModel:
 
 
 def open_verifier(state: DeviceState, model: DeviceModel, personal: bool = False, threshold: float | None = None,
-                  detector: OnnxMTCNN | None = None) -> PhotoVerifier:
+                  detector: FaceDetector | None = None) -> PhotoVerifier:
     """A verifier for the enrolled owner: the global model with the enrollment template, or, with
     `personal`, the personal verifier's own graph, template, crop and threshold (it carries the
     global model it was trained on, so it does not follow a newer one)."""

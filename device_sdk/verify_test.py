@@ -11,7 +11,7 @@ from device_sdk.personal import PersonalConfig, save_verifier, train_personal_ve
 from device_sdk.state import DeviceState
 from device_sdk.training import LocalTrainingConfig
 from device_sdk.verify import NO_FACE, NOT_AN_IMAGE, DeviceModel, PhotoVerifier, Threshold, open_verifier
-from export.mtcnn_onnx import export_mtcnn_onnx
+from export.detectors import export_detectors
 from export.onnx_model import export_fp32
 from facecore.align.geometry import ARCFACE_112, geometry_of
 from facecore.align.onnx_detector import OnnxMTCNN
@@ -56,7 +56,7 @@ def test_scores_match_the_torch_path_within_1e_3(real_data: Path, default_model:
 
     template = torch_embeddings(owner).mean(0)
     expected = torch_embeddings(probes) @ (template / np.linalg.norm(template))
-    export_mtcnn_onnx()
+    export_detectors()
     verifier = PhotoVerifier(OnnxEmbedder(onnx_path), template, geometry, Threshold(0.926, "given"), "test")
     # Execute
     results = verifier.verify(probes)
@@ -79,7 +79,7 @@ def test_a_file_that_is_no_image_and_a_photo_without_a_face_are_reported_in_orde
     blank = tmp_path / "wall.png"
     Image.new("RGB", (200, 200), (120, 120, 120)).save(blank)
     photo = _lfw(real_data, OWNER[:1])[0]
-    export_mtcnn_onnx()
+    export_detectors()
     verifier = PhotoVerifier(OnnxEmbedder(onnx_path), np.ones(128, np.float32), geometry_of(model),
                              Threshold(0.5, "given"), "test", detector=OnnxMTCNN())
     # Execute

@@ -8,6 +8,10 @@ Invariants:
   refusing server, a bad file), printed as one line; 2 a usage error (argparse, or a UsageError
   raised by a command about its flags); 130 interrupted; 141 the reader of stdout went away
   (`fedface ... | head`), quietly, as a command killed by SIGPIPE.
+- SIGTERM and SIGHUP unwind a command as Ctrl-C does (facecore.lifetime.stopped_by_signals), so the
+  servers, worker processes and scratch folders it made go first; then it says so in one line and dies of
+  that signal (a shell shows 143 or 129). A command module that sets `OWN_SIGNALS` is left to handle them
+  itself (the server: uvicorn shuts down gracefully on them).
 - Every option's help shows its default in one style, `(default: X)`, and metavars are upper case.
 """
 
@@ -21,6 +25,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from facecore.errors import FaceCoreError
+from facecore.lifetime import Stopped, die_of, stopped_by_signals
 
 # command -> (module with `add_arguments(parser)` and `run(args) -> int`, help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -168,9 +173,9 @@ def add_detector_option(parser: argparse.ArgumentParser) -> None:
 
 
 def _export_detector(args: argparse.Namespace) -> None:
-    from facecore.align.detectors import DETECTOR_ENV
+    if getattr(args, "detector", None):  # imported only then: the module brings numpy, which `status` does not need
+        from facecore.align.detectors import DETECTOR_ENV
 
-    if getattr(args, "detector", None):
         os.environ[DETECTOR_ENV] = args.detector
 
 
@@ -186,7 +191,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         command = f"fedface {args.command}"
         _export_detector(args)
-        code = int(importlib.import_module(args._module).run(args) or 0)
+        module = importlib.import_module(args._module)
+        with stopped_by_signals(enabled=not getattr(module, "OWN_SIGNALS", False)):
+            code = int(module.run(args) or 0)
         sys.stdout.flush()
         return code
     except UsageError as error:
@@ -198,6 +205,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         _silence_stdout()
         return EXIT_BROKEN_PIPE
+    except Stopped as stopped:
+        print(f"{command}: stopped by {stopped.name}", file=sys.stderr)
+        die_of(stopped.signum)
     except KeyboardInterrupt:
         print(f"{command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -4,7 +4,9 @@ Each figure is the median of several repetitions in one run; the first call of e
 warm-up (model download, ONNX session, MTCNN weights) and is reported separately. The verify
 section (`bench_verify`) runs `fedface device verify` as a user does, a fresh process each time,
 next to the SDK's in-process `FaceDevice.verify` started the same way, and reads each process's
-own peak RSS from wait4.
+own peak RSS from wait4. The commands section (`bench_commands`) runs `fedface device register`, `enroll`
+(10 photos of a person no run has seen, with a private FEDFACE_CACHE) and `verify` (one photo) as a user
+does, each a fresh process, and says for each whether its goal (COMMAND_GOALS) is met.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -79,10 +81,12 @@ MEASURE = (
 )
 
 
-def run_measured(command: Sequence[str]) -> tuple[float, float, float]:
+def run_measured(command: Sequence[str], env: Mapping[str, str] | None = None) -> tuple[float, float, float]:
     """(wall seconds, CPU seconds, peak RSS in MB) of one run of `command`, which must succeed. CPU
-    seconds (user + system) are what a shared machine's load does not inflate."""
-    done = subprocess.run([sys.executable, "-c", MEASURE, *command], capture_output=True, text=True, check=True)
+    seconds (user + system) are what a shared machine's load does not inflate. `env`: the command's
+    environment (default: this process's)."""
+    done = subprocess.run([sys.executable, "-c", MEASURE, *command], capture_output=True, text=True, check=True,
+                          env=None if env is None else dict(env))
     seconds, cpu, rss_kb, status = done.stdout.split()
     if int(status) != 0:
         raise RuntimeError(f"{' '.join(command[:6])} ... exited {status}: {done.stderr[-500:]}")
@@ -130,3 +134,77 @@ def bench_verify(server_url: str, state_dir: Path, enroll_photos: list[Path], pr
         "cold_cli_verify_s_all": [round(c[0], 3) for c in cold], "warm_photos_per_s_all": [round(w, 1) for w in warm],
         "goals": VERIFY_GOALS, "repeats": repeats, "cpus": os.cpu_count(), "load_average": os.getloadavg(),
     }
+
+
+# The cold CLI commands' goals on an idle 2-core machine: wall seconds and peak RSS (MB) of one fresh process.
+COMMAND_GOALS: dict[str, dict[str, float]] = {
+    "register": {"wall_s": 1.0, "peak_rss_mb": 200},
+    "enroll": {"wall_s": 2.0, "peak_rss_mb": 300},  # 10 photos no cache has seen
+    "verify": {"wall_s": 0.4, "peak_rss_mb": 200},  # one photo
+}
+COMMAND_PHOTOS = 10
+
+
+def bench_commands(server_url: str, scratch: Path, people: Sequence[Sequence[Path]], repeats: int = 3) -> dict[str, Any]:
+    """`fedface device register`, `enroll` and `verify`, each a fresh process, as a user runs them: per repeat a
+    new device enrolls COMMAND_PHOTOS photos of a person of its own (`people[k]`: at least COMMAND_PHOTOS + 1
+    photos, the last one the probe to verify) and verifies one more, then unenrolls (measured, without a goal).
+
+    Each repeat has its own FEDFACE_CACHE, so no aligned-face cache can help, while FEDFACE_PACKAGES keeps
+    naming the packages folder that holds the detector's and the models' files. Enroll includes what a first
+    enroll on a new device does: downloading the server's ONNX model into the new state folder. One more
+    person first runs the same commands unmeasured, to warm the OS file cache as a second launch of an app
+    would find it. Medians over `repeats`."""
+    from facecore.paths import CACHE_ENV, PACKAGES_ENV, packages_root
+
+    if len(people) < repeats + 1 or any(len(photos) < COMMAND_PHOTOS + 1 for photos in people):
+        raise ValueError(f"need {repeats + 1} people with at least {COMMAND_PHOTOS + 1} photos each")
+    packages = str(packages_root())
+    # This process's settings of the device's own CLI (a server, a key) must not change what is measured.
+    base = {k: v for k, v in os.environ.items() if k not in ("FEDFACE_SERVER", "FEDFACE_DEVICE_KEY")}
+    runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in (*COMMAND_GOALS, "unenroll")}
+    for k, photos in enumerate(people[: repeats + 1]):
+        env = base | {CACHE_ENV: str(scratch / f"cache{k}"), PACKAGES_ENV: packages}
+        device = [sys.executable, "-m", "fedface", "device"]
+        where = ["--server", server_url, "--state", str(scratch / f"device{k}")]
+        commands = {
+            "register": [*device, "register", *where],
+            "enroll": [*device, "enroll", *where, "--photos", *map(str, photos[:COMMAND_PHOTOS])],
+            "verify": [*device, "verify", *where, str(photos[COMMAND_PHOTOS])],
+            "unenroll": [*device, "unenroll", *where],
+        }
+        for name, command in commands.items():
+            measured = run_measured(command, env)
+            if k > 0:  # the first person warms the file cache
+                runs[name].append(measured)
+    median = statistics.median
+    result: dict[str, Any] = {"photos": COMMAND_PHOTOS, "repeats": repeats, "cpus": os.cpu_count()}
+    for name, rows in runs.items():
+        row: dict[str, Any] = {
+            "wall_s": median(r[0] for r in rows), "cpu_s": median(r[1] for r in rows),
+            "peak_rss_mb": median(r[2] for r in rows), "wall_s_all": [round(r[0], 3) for r in rows],
+            "peak_rss_mb_all": [round(r[2], 1) for r in rows],
+        }
+        goal = COMMAND_GOALS.get(name)
+        if goal is not None:
+            row |= {"goal": goal, "met": row["wall_s"] <= goal["wall_s"] and row["peak_rss_mb"] <= goal["peak_rss_mb"]}
+        result[name] = row
+    result["met"] = all(result[name]["met"] for name in COMMAND_GOALS)
+    result["load_average"] = os.getloadavg()
+    return result
+
+
+def describe_commands(result: Mapping[str, Any]) -> str:
+    """One line per command: median wall seconds (CPU seconds), median peak RSS, its goal and whether it is met."""
+    lines = [f"cold CLI commands, medians of {result['repeats']} fresh processes each ({result['cpus']} CPUs, load "
+             f"average {result['load_average'][0]:.1f} at the end): wall seconds (CPU seconds), peak RSS"]
+    labels = {"register": "register", "enroll": f"enroll, {result['photos']} new photos", "verify": "verify, 1 photo",
+              "unenroll": "unenroll"}
+    for name, label in labels.items():
+        row = result[name]
+        line = f"  fedface device {label + ':':<24} {row['wall_s']:.2f} s ({row['cpu_s']:.2f}), {row['peak_rss_mb']:.0f} MB"
+        if "goal" in row:
+            goal = row["goal"]
+            line += f" (goals {goal['wall_s']:g} s, {goal['peak_rss_mb']:.0f} MB): {'met' if row['met'] else 'NOT met'}"
+        lines.append(line)
+    return "\n".join(lines)

@@ -8,6 +8,8 @@ Invariants:
   `fedface models fetch` and each is checked against the sha256 its manifest records.
 - `version` names the detector's nets and settings; the aligned-face cache is keyed by it, so a
   crop made by one detector is never read back as another's.
+- `tinyface`, the default, hands the photos it still misses to MTCNN (`ThenOnMisses`): a few in a
+  thousand in-the-wild photos, which MTCNN's slower cascade finds more often than not.
 - A miss is retried on the photo inside a black border, at two widths (`TightCropRetry`): photos
   cropped tightly to the face (ID photos, many face data sets) show a face larger than a detector
   trained on whole scenes looks for. The retry's landmarks are mapped back to the photo's own
@@ -18,6 +20,7 @@ Invariants:
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -28,8 +31,8 @@ from facecore.errors import FaceCoreError
 DETECTOR_ENV = "FEDFACE_DETECTOR"
 DEFAULT_DETECTOR = "tinyface"
 DETECTORS = ("tinyface", "mtcnn")
-DETECTOR_HELP = (f"face detector: tinyface (face-api.js's TinyFaceDetector and 68-landmark net, the default) or mtcnn "
-                 f"(facenet-pytorch's); default ${DETECTOR_ENV} else {DEFAULT_DETECTOR}")
+DETECTOR_HELP = (f"face detector: tinyface (face-api.js's TinyFaceDetector and 68-landmark net, MTCNN for what it "
+                 f"misses) or mtcnn (facenet-pytorch's); default ${DETECTOR_ENV} else {DEFAULT_DETECTOR}")
 
 
 class FaceDetector(Protocol):
@@ -57,22 +60,41 @@ def detector_version(name: str | None = None) -> str:
     from facecore.align.onnx_detector import MTCNN_VERSION
     from facecore.align.tiny_detector import TINYFACE_VERSION
 
-    return f"{({'tinyface': TINYFACE_VERSION, 'mtcnn': MTCNN_VERSION})[detector_name(name)]}-{RETRY_KEY}"
+    if detector_name(name) == "mtcnn":
+        return f"{MTCNN_VERSION}-{RETRY_KEY}"
+    return f"{TINYFACE_VERSION}-{RETRY_KEY}-then-{MTCNN_VERSION}"
 
 
 def load_detector(name: str | None = None, threads: int = 1) -> FaceDetector:
-    """The named detector on onnxruntime, with the tight-crop retry around it."""
-    chosen = detector_name(name)
-    inner: FaceDetector
-    if chosen == "tinyface":
-        from facecore.align.tiny_detector import TinyFaceDetector
+    """The named detector on onnxruntime, with the tight-crop retry around it; `tinyface` hands what it
+    still misses to MTCNN."""
+    from facecore.align.onnx_detector import OnnxMTCNN
 
-        inner = TinyFaceDetector(threads=threads)
-    else:
-        from facecore.align.onnx_detector import OnnxMTCNN
+    if detector_name(name) == "mtcnn":
+        return TightCropRetry(OnnxMTCNN(threads=threads))
+    from facecore.align.tiny_detector import TinyFaceDetector
 
-        inner = OnnxMTCNN(threads=threads)
-    return TightCropRetry(inner)
+    return ThenOnMisses(TightCropRetry(TinyFaceDetector(threads=threads)), lambda: OnnxMTCNN(threads=threads), OnnxMTCNN.version)
+
+
+class ThenOnMisses:
+    """`first`, then the detector `make_second` builds (on the first miss only) for the photos `first` misses;
+    `second_version` is that detector's version, known before it is built."""
+
+    def __init__(self, first: FaceDetector, make_second: Callable[[], FaceDetector], second_version: str) -> None:
+        self.first, self._make_second = first, make_second
+        self._second: FaceDetector | None = None
+        self.name = first.name
+        self.version = f"{first.version}-then-{second_version}"
+
+    def detect(self, images: list[np.ndarray]) -> list[Detection | None]:
+        found = self.first.detect(images)
+        misses = [i for i, f in enumerate(found) if f is None]
+        if misses:
+            self._second = self._second or self._make_second()
+            for i, detection in zip(misses, self._second.detect([images[i] for i in misses])):
+                found[i] = detection
+        return found
 
 
 # Border added on every side, as a fraction of the photo's longer side, tried in order after a miss.
@@ -112,6 +134,7 @@ def shifted(detection: Detection, offset: float) -> Detection:
 
 
 __all__ = [
-    "DEFAULT_DETECTOR", "DETECTORS", "DETECTOR_ENV", "DETECTOR_HELP", "FaceDetector", "TightCropRetry", "UnknownDetector",
+    "DEFAULT_DETECTOR", "DETECTORS", "DETECTOR_ENV", "DETECTOR_HELP", "FaceDetector", "ThenOnMisses", "TightCropRetry",
+    "UnknownDetector",
     "detector_name", "detector_version", "load_detector", "pad_photo",
 ]

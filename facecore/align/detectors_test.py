@@ -7,6 +7,7 @@ import pytest
 from facecore.align.detector import Detection
 from facecore.align.detectors import (
     DETECTOR_ENV,
+    ThenOnMisses,
     TightCropRetry,
     UnknownDetector,
     detector_name,
@@ -102,3 +103,28 @@ def test_each_detector_aligns_into_a_cache_of_its_own(real_data: Path, isolated_
     assert by_tiny.statuses == by_mtcnn.statuses == ("ok", "ok")
     gap = np.abs(by_tiny.faces.astype(int) - by_mtcnn.faces.astype(int)).mean()
     assert 0 < gap < 40
+
+
+def test_what_the_first_detector_misses_goes_to_the_second_built_on_first_need() -> None:
+    # Prepare: a first detector that finds only roomy faces, a second that finds anything, built lazily
+    tight = np.full((40, 40, 3), 255, np.uint8)
+    roomy = np.zeros((100, 100, 3), np.uint8)
+    roomy[30:50, 30:50] = 255
+    built: list[OnlySmallFaces] = []
+
+    class FindsAll(OnlySmallFaces):
+        def detect(self, images: list[np.ndarray]) -> list[Detection | None]:
+            return [Detection(np.zeros(4), 0.5, np.zeros((5, 2))) for _ in images]
+
+    def make() -> FindsAll:
+        built.append(FindsAll())
+        return built[-1]
+
+    chain = ThenOnMisses(OnlySmallFaces(), make, "all-1")
+    # Execute
+    first_only = chain.detect([roomy])
+    both = chain.detect([roomy, tight])
+    # Assert: nothing built until a miss; then only the miss is passed on
+    assert first_only[0] is not None and first_only[0].score == 0.9
+    assert len(built) == 1 and both[0].score == 0.9 and both[1].score == 0.5  # type: ignore[union-attr]
+    assert chain.version == "fake-1-then-all-1"

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
-from tqdm import tqdm
 
 from facecore.align.cache import (
     STATUS_FALLBACK,
@@ -141,6 +140,8 @@ class FaceAligner:
         if todo and self.landmark_source is not None:
             entries.update(self.cache.add(self._rewarp_known([files[i] for i in todo], [keys[i] for i in todo])))
             todo = [i for i in todo if keys[i] not in entries]
+        from tqdm import tqdm  # here: a device's verify imports this module for `load_rgb` alone
+
         bar = tqdm(total=len(todo), desc=desc, unit="img", disable=not progress or not todo)
         for start in range(0, len(todo), self.batch_size):
             chunk = todo[start : start + self.batch_size]

@@ -210,10 +210,10 @@ class TinyFaceDetector:
             return results
         crops = [square_crop(np.asarray(images[i], np.uint8), boxes[i][0], LANDMARK_SIZE) for i in found]  # type: ignore[index]
         (points,) = self._sessions["landmarks"].run(None, {"image": np.stack([c for c, _, _ in crops])})
-        for i, (_, corner, side), relative in zip(found, crops, points):
+        relative = np.stack([five_points(p.reshape(68, 2).astype(np.float64)) for p in points])
+        for i, (_, corner, side), five in zip(found, crops, relative):
             box, score = boxes[i]  # type: ignore[misc]
-            landmarks68 = corner + relative.reshape(68, 2).astype(np.float64) * side
-            results[i] = Detection(np.asarray(box, np.float64), score, five_points(landmarks68))
+            results[i] = Detection(np.asarray(box, np.float64), score, corner + five * side)
         return results
 
 

@@ -31,7 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--drop", type=float, default=0.1,
                         help="--secure: fraction of devices dropping after sharing keys")
     server.add_argument("--json", action="store_true", help="print one JSON object on stdout (progress stays on stderr)")
-    device = targets.add_parser("device", help="enroll / one local round / verify on this CPU, against a local server")
+    device = targets.add_parser("device", help="enroll / one local round / verify on this CPU, and the cold `fedface device` "
+                                "commands, against a local server")
     device.add_argument("--model", default="default")
     device.add_argument("--data")
     device.add_argument("--repeats", type=int, default=3)
@@ -39,6 +40,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cold `fedface device verify` runs per path")
     device.add_argument("--verify-only", action="store_true",
                         help="only the verify section: cold CLI, SDK, warm photos/s")
+    device.add_argument("--commands-repeats", type=int, default=3,
+                        help="fresh-process runs of `fedface device register`, `enroll` (10 new photos) and `verify` "
+                             "(1 photo), each with a new device and person, after one unmeasured run")
+    device.add_argument("--commands-only", action="store_true",
+                        help="only the cold commands section: register, enroll, verify, against their goals")
     device.add_argument("--json", action="store_true")
     sim = targets.add_parser("sim", help="one simulated FedFace round vs the compute floor (same images and steps as one stream)")
     sim.add_argument("--devices", default="10,100,1000", help="comma-separated device counts")
@@ -53,6 +59,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "and MobileFaceNet keeps them comparable with earlier runs and affordable on a CPU")
     sim.add_argument("--data", help="data root (default: $FEDFACE_DATA, else ../shared/data)")
     sim.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    detect = targets.add_parser("detect", help="photos/s for detection plus alignment per detector, side by side, "
+                                "and LFW photos cut to their face box that each still finds")
+    detect.add_argument("--photos", type=int, default=320, help="LFW photos decoded, detected and aligned per timed pass")
+    detect.add_argument("--rounds", type=int, default=5, help="timed passes per detector and batch size, interleaved")
+    detect.add_argument("--tight", type=int, default=1000, help="LFW photos cut to MTCNN's face box for the tight-crop count (0: skip)")
+    detect.add_argument("--data", help="data root (default: $FEDFACE_DATA, else ../shared/data)")
+    detect.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     secagg = targets.add_parser("secagg", help="secure aggregation's bytes and seconds per round (Bonawitz et al.)")
     secagg.add_argument("--devices", default="100,1000", help="comma-separated device counts")
     secagg.add_argument("--dim", type=int, default=1_022_720, help="parameters per update (default: mobilefacenet's 1,022,720 floats)")
@@ -62,7 +75,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    return {"export": _export, "server": _server, "device": _device, "sim": _sim, "secagg": _secagg}[args.target](args)
+    return {"export": _export, "server": _server, "device": _device, "sim": _sim, "secagg": _secagg,
+            "detect": _detect}[args.target](args)
+
+
+def _detect(args: argparse.Namespace) -> int:
+    from fedface.cli import UsageError
+
+    if args.photos < 16 or args.rounds < 1 or args.tight < 0:
+        raise UsageError("--photos must be at least 16, --rounds at least 1 and --tight at least 0")
+    from facecore.paths import data_root
+    from fedface_bench.detect import describe, run_detect_bench
+
+    report = run_detect_bench(data_root(args.data), photos=args.photos, rounds=args.rounds, tight=args.tight)
+    print(json.dumps(report) if args.json else describe(report))
+    return 0
 
 
 def _secagg(args: argparse.Namespace) -> int:
@@ -106,19 +133,29 @@ def _sim(args: argparse.Namespace) -> int:
 
 
 def _device(args: argparse.Namespace) -> int:
-    """Real photos of one device identity (20 to enroll and train on, one more to verify), and a
-    folder of real LFW photos for the verify throughput."""
-    from export.mtcnn_onnx import export_mtcnn_onnx
+    """Real photos of one device identity (20 to enroll and train on, one more to verify), a folder
+    of real LFW photos for the verify throughput, and LFW people of 11 or more photos for the cold
+    commands (10 to enroll, one to verify)."""
+    from export.detectors import export_detectors
     from facecore.data.split import SplitConfig, build_split
     from facecore.paths import data_root
-    from fedface_bench.device import bench_device, bench_verify
+    from fedface_bench.device import COMMAND_PHOTOS, bench_commands, bench_device, bench_verify, describe_commands
     from server_api.launcher import MANY_DEVICES_ON_LOOPBACK, LocalServer
 
+    if args.verify_only and args.commands_only:
+        raise SystemExit("fedface bench device: --verify-only and --commands-only exclude each other")
+    if min(args.repeats, args.verify_repeats, args.commands_repeats) < 1:
+        raise SystemExit("fedface bench device: --repeats, --verify-repeats and --commands-repeats must be at least 1")
     root = data_root(args.data)
     split = build_split(root, SplitConfig(seed=0))
     photos = next([root / p for p in paths] for identity, paths in sorted(split.sets["devices"].items()) if identity.startswith("celeba:") and len(paths) >= 21)
     lfw = sorted((root / "lfw" / "lfw-deepfunneled").glob("*/*.jpg"))
-    export_mtcnn_onnx()  # what `fedface models fetch` made; the torch-free verify needs it
+    by_person: dict[str, list[Path]] = {}
+    for photo in lfw:
+        by_person.setdefault(photo.parent.name, []).append(photo)
+    # A new person for each run of the cold commands (and one for the unmeasured first run), in name order.
+    people = [p for p in by_person.values() if len(p) >= COMMAND_PHOTOS + 1][: args.commands_repeats + 1]
+    export_detectors()  # what `fedface models fetch` made; the torch-free verify needs it
     with tempfile.TemporaryDirectory() as scratch, LocalServer(
         Path(scratch) / "server", model=args.model, env=MANY_DEVICES_ON_LOOPBACK, log=Path(scratch) / "server.log",
     ) as server:
@@ -141,17 +178,26 @@ def _device(args: argparse.Namespace) -> int:
         folder.mkdir()
         for index in range(0, len(lfw), len(lfw) // 40)[:40]:  # 40 photos spread over all of LFW
             (folder / lfw[index].name).symlink_to(lfw[index])
-        result = {} if args.verify_only else bench_device(
+        only = args.verify_only or args.commands_only
+        result = {} if only else bench_device(
             server.url, Path(scratch) / "device", photos[:20], photos[20], open_round, args.repeats)
-        result["verify"] = bench_verify(
-            server.url, Path(scratch) / "verifier", photos[:20], photos[20], folder, args.verify_repeats)
+        if not args.commands_only:
+            result["verify"] = bench_verify(
+                server.url, Path(scratch) / "verifier", photos[:20], photos[20], folder, args.verify_repeats)
+        if not args.verify_only:
+            commands_dir = Path(scratch) / "commands"
+            commands_dir.mkdir()
+            result["commands"] = bench_commands(server.url, commands_dir, people, args.commands_repeats)
     if args.json:
         print(json.dumps(result))
     else:
         for key, value in result.items():
-            if key != "verify":
+            if key not in ("verify", "commands"):
                 print(f"{key:>28}: {value}")
-        print(_describe_verify(result["verify"]))
+        if "verify" in result:
+            print(_describe_verify(result["verify"]))
+        if "commands" in result:
+            print(describe_commands(result["commands"]))
     return 0
 
 

@@ -4,12 +4,18 @@
 defaults to a per-user data folder. Only `register` creates state: every other action refuses a
 folder that is not a registered device. Every failure is one line (a FaceCoreError) that says
 what to do about it.
+
+Only `train` and `personalize` import torch (device_sdk.device's docstring); register, enroll, verify,
+status, unenroll and reset run on numpy and onnxruntime, and FastAPI is never imported
+(tests/device/test_device_torch_free.py). A command starts cold each time, so its imports are most of
+what it costs: `fedface bench device` measures each against its goal.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -116,7 +122,22 @@ _ACTION_ARGUMENTS = {
 }
 
 
+def tls_verify(server: str, cacert: str | None) -> bool | str:
+    """What the transport checks a server's certificate against: `cacert`, else the system's CA bundle, for an
+    https server; nothing for a plain-http one, which has no certificate (loading the bundle costs ~20 ms)."""
+    return (cacert or True) if server.startswith("https:") else False
+
+
+def _skip_httpx_cli() -> None:
+    """httpx imports its own command-line client whenever click, rich and pygments are installed (other tools
+    install them): ~60 ms of a cold command, a sixth of a one-photo verify, for code this process never runs.
+    A None entry in sys.modules makes that import fail, and httpx takes its documented fallback (its `main`
+    then asks for `httpx[cli]`). It touches only this command's process, and nothing once httpx is loaded."""
+    sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]  # None: "do not import", as the import system reads it
+
+
 def run(args: argparse.Namespace) -> int:
+    _skip_httpx_cli()
     try:
         return _run(args)
     except OSError as error:  # an unreadable or unwritable state folder, a photo that vanished
@@ -136,7 +157,7 @@ def _run(args: argparse.Namespace) -> int:
     from device_sdk.device import FaceDevice
 
     device = FaceDevice(args.server, args.state, min_photos=getattr(args, "min_photos", 3),
-                        verify_tls=args.cacert or True)
+                        verify_tls=tls_verify(args.server, args.cacert))
     if args.action == "register":
         known = device.device_id
         device_id = device.register(args.enrollment_token)
@@ -213,7 +234,7 @@ def _reset(args: argparse.Namespace) -> int:
                          "pass --yes to confirm")
     from device_sdk.device import FaceDevice
 
-    done = FaceDevice(args.server, args.state, retries=1, timeout=10, verify_tls=args.cacert or True).reset()
+    done = FaceDevice(args.server, args.state, retries=1, timeout=10, verify_tls=tls_verify(args.server, args.cacert)).reset()
     print(f"server: {done.server}")
     print(f"deleted the local state in {args.state} ({', '.join(done.removed)})")
     return 0

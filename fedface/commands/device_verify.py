@@ -30,15 +30,14 @@ def run(args: argparse.Namespace) -> int:
     from device_sdk.verify import device_model, open_verifier
     from facecore.data.folders import list_photos
     from fedface.cli import UsageError
+    from fedface.commands.device import tls_verify
 
     if args.threshold is not None and not -1.0 <= args.threshold <= 1.0:
         raise UsageError(f"--threshold is a cosine in [-1, 1], got {args.threshold}")
     photos = list_photos(args.photos)
     state = DeviceState(args.state)
     # One quick retry: a verify should answer, not wait out a long backoff; offline it uses the cached model.
-    # A plain-http server needs no CA bundle, and loading one costs a tenth of a cold verify.
-    tls = args.cacert or True if args.server.startswith("https:") else False
-    transport = Transport(args.server, timeout=10.0, retries=1, verify=tls)
+    transport = Transport(args.server, timeout=10.0, retries=1, verify=tls_verify(args.server, args.cacert))
     model = device_model(state, transport)
     if model.offline:
         print(f"server unreachable: using model {model.version[:12]}, the one last seen", file=sys.stderr)

@@ -29,12 +29,10 @@ def run(args: argparse.Namespace) -> int:
 
         folder = fetch(FACE_API, force=args.force, tarball=Path(args.tarball) if args.tarball else None)
         print(f"{FACE_API.spec}: verified in {folder}")
-        from export.mtcnn_onnx import export_mtcnn_onnx  # devices detect faces with these, without torch
+        from export.detectors import export_detectors  # devices detect faces with these, without torch
 
-        print(f"MTCNN (facenet-pytorch) as ONNX: verified in {export_mtcnn_onnx(force=args.force)}")
-        from export.tinyface_onnx import export_tinyface_onnx  # the default detector, from the same npm package
-
-        print(f"TinyFaceDetector and 68-landmark net (face-api) as ONNX: verified in {export_tinyface_onnx(force=args.force)}")
+        for name, built in export_detectors(force=args.force).items():
+            print(f"face detector {name} as ONNX: verified in {built}")
         return 0
     if args.action == "measure":
         return _measure(args)

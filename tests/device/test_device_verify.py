@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,8 @@ from device_sdk.device import FaceDevice
 from device_sdk.errors import NotRegistered
 from device_sdk.personal import PersonalConfig
 from device_sdk.training import LocalTrainingConfig
-from export.mtcnn_onnx import export_mtcnn_onnx
+from export.detectors import export_detectors
+from facecore.align.detectors import DETECTOR_ENV
 from fedface.commands import device_verify
 from server_process import ServerProcess, free_port
 
@@ -39,7 +41,7 @@ LAUNCHER = (
 @pytest.fixture(scope="module")
 def owner_device(server: ServerProcess, owners: list[list[Path]],
                  tmp_path_factory: pytest.TempPathFactory) -> FaceDevice:
-    export_mtcnn_onnx()  # `fedface models fetch` makes these; a no-op when they verify
+    export_detectors()  # `fedface models fetch` makes these; a no-op when they verify
     device = FaceDevice(server.url, tmp_path_factory.mktemp("device"), retries=2)
     device.register()
     device.enroll(owners[0][:-2])  # the last two photos stay held out
@@ -48,8 +50,9 @@ def owner_device(server: ServerProcess, owners: list[list[Path]],
 
 def _verify(device: FaceDevice, server_url: str, *args: str) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-c", LAUNCHER, "--server", server_url, "--state", str(device.state.dir), *args]
-    # A bare environment: nothing from this test process (FEDFACE_* included) changes what the command does.
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
+    # A bare environment: nothing from this test process (FEDFACE_* included) changes what the command does, but the
+    # detector's choice, so that the command crops faces as this process's FaceDevice does.
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)} | {k: v for k, v in os.environ.items() if k == DETECTOR_ENV}
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
 
 
@@ -76,7 +79,7 @@ def test_verify_scores_every_photo_in_one_process_without_torch(server: ServerPr
 @pytest.mark.slow
 def test_verify_matches_the_torch_path_and_prints_far_and_version(server: ServerProcess, owner_device: FaceDevice,
                                                                   owners: list[list[Path]]) -> None:
-    # Prepare: the SDK's own verify (MTCNN in torch) on the same photos, as the reference
+    # Prepare: the SDK's own verify (FaceDevice.verify, in this process) on the same photos, as the reference
     probes = [owners[0][-1], owners[2][-1]]
     expected = [owner_device.verify(p).score for p in probes]
     # Execute

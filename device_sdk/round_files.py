@@ -1,0 +1,62 @@
+"""The torch side of a device's round: the backbone file it downloads, the update file it uploads.
+
+Invariants:
+- This is the only module of `FaceDevice` (device_sdk.device) that needs torch, with the training itself
+  (device_sdk.training) and the personal verifier's (device_sdk.personal). `FaceDevice` imports them inside
+  the methods that train (`train_round`, `personalize`, `_load_backbone`), never at the top, so
+  register, enroll, verify, status and unenroll run on numpy and onnxruntime alone.
+- A backbone file is read with `weights_only=True` (no pickled code runs) and loaded into the architecture
+  it names (`facecore.models.registry`), fp16 entries widened to fp32: training always runs in fp32.
+- An update file carries, for every entry of the base model's state_dict, the trained value minus the base
+  one (zero for an entry training left out), at the wire's precision or masked for secure aggregation,
+  plus the template as the server may see it; its layout is server_api/README.md's.
+"""
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from device_sdk.secure_round import SecureRound
+from device_sdk.training import LocalUpdate, wire_arrays
+from facecore import tensorfile
+from facecore.federation.messages import UpdateMeta
+from facecore.federation.protocol import EMBEDDING_KEY, MASKED_KEY, METADATA_KEY
+from facecore.federation.wire import Precision, update_tensors
+from facecore.models.registry import get_backbone
+
+
+def load_backbone_file(path: Path) -> nn.Module:
+    """The backbone a round downloaded (fp16 or fp32 torch file), in fp32 and eval mode."""
+    payload = torch.load(path, map_location="cpu", weights_only=True)
+    model = get_backbone(payload["backbone"], embedding_dim=payload["embedding_dim"])
+    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in payload["state_dict"].items()})
+    return model.eval()
+
+
+def update_file(
+    backbone: nn.Module, update: LocalUpdate, base_version: str, template: np.ndarray, precision: Precision,
+    secure: SecureRound | None = None,
+) -> bytes:
+    """The bytes to upload for `update`, trained from `backbone` (the round's base model). `template`:
+    the trained class embedding as the server may see it (blurred when the owner asked for noise)."""
+    base = backbone.state_dict()
+    # an entry training left out (a frozen prefix) did not move: its delta is zero
+    trained = update.state_dict
+    deltas = {name: trained[name] - value if name in trained else torch.zeros_like(value) for name, value in base.items()}
+    if secure is not None:
+        masked = secure.masked(wire_arrays(deltas, "fp32"), update.n_samples).view(np.int32)
+        tensors = {MASKED_KEY: masked, EMBEDDING_KEY: template}
+    else:
+        tensors = update_tensors(wire_arrays(deltas, precision), template, precision)
+    meta = UpdateMeta(base_version=base_version, n_samples=update.n_samples,
+                      metrics={"loss": update.loss_after, "loss_before": update.loss_before})
+    buffer = io.BytesIO()
+    tensorfile.write(buffer, tensors, {METADATA_KEY: meta.model_dump_json()})
+    return buffer.getvalue()
+
+
+__all__ = ["load_backbone_file", "update_file"]
