@@ -8,10 +8,10 @@ Invariants:
   refusing server, a bad file), printed as one line; 2 a usage error (argparse, or a UsageError
   raised by a command about its flags); 130 interrupted; 141 the reader of stdout went away
   (`fedface ... | head`), quietly, as a command killed by SIGPIPE.
-- SIGTERM and SIGHUP unwind a command as Ctrl-C does (facecore.lifetime.stopped_by_signals), so the
-  servers, worker processes and scratch folders it made go first; then it says so in one line and dies of
-  that signal (a shell shows 143 or 129). A command module that sets `OWN_SIGNALS` is left to handle them
-  itself (the server: uvicorn shuts down gracefully on them).
+- Ctrl-C (SIGINT), SIGTERM and SIGHUP unwind a command (facecore.lifetime.stopped_by_signals), so the
+  servers, worker processes and scratch folders it made go first; then it says so in one line
+  (`interrupted`, `stopped by SIGTERM`) and dies of that signal: a shell shows 130, 143 or 129. A command
+  module that sets `OWN_SIGNALS` is left to handle them itself (the server: uvicorn shuts down gracefully).
 - Every option's help shows its default in one style, `(default: X)`, and metavars are upper case.
 """
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -206,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _silence_stdout()
         return EXIT_BROKEN_PIPE
     except Stopped as stopped:
-        print(f"{command}: stopped by {stopped.name}", file=sys.stderr)
+        print(f"{command}: " + ("interrupted" if stopped.signum == signal.SIGINT else f"stopped by {stopped.name}"), file=sys.stderr)
         die_of(stopped.signum)
     except KeyboardInterrupt:
         print(f"{command}: interrupted", file=sys.stderr)

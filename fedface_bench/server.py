@@ -5,7 +5,8 @@ schema in that PostgreSQL database, dropped afterwards; ``--model random``)
 so the two peaks compare like with like: a 10-participant round first, then the N-participant
 round, and ``rss_growth_mb`` is the difference of the two peaks. The load comes from
 :mod:`fedface_bench.server_load` in a separate process; this process only starts and stops the
-server and samples its RSS, so sampling never steals the client's or the server's GIL.
+server and samples its RSS, so sampling never steals the client's or the server's GIL. The client
+ends with this process, however it ends (a lifeline, as the server's: facecore.lifetime).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from facecore.federation.status import RoundStatus
+from facecore.lifetime import Lifeline
 from server_api.errors import LaunchFailed
 from server_api.launcher import MANY_DEVICES_ON_LOOPBACK, LocalServer, scratch_database
 
@@ -105,6 +107,7 @@ def bench_round(
     with tempfile.TemporaryDirectory(prefix="fedface-bench-") as scratch, scratch_database(db_url) as database:
         server = bench_server(Path(scratch) / "data", backbone, workers, database).launch()
         client: subprocess.Popen[str] | None = None
+        lifeline = Lifeline()
         sampler = RssSampler(server.pid)
         sampler.start()
         try:
@@ -113,8 +116,9 @@ def bench_round(
             load = [sys.executable, "-m", "fedface_bench.server_load", "--url", server.url,
                     "--data-dir", str(server.data_dir), "--devices", str(devices), "--concurrency", str(concurrency),
                     "--drop-fraction", str(drop_fraction)] + (["--secure"] if secure else [])
-            client = subprocess.Popen(load, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
-                                      text=True)
+            client = subprocess.Popen(load, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), **lifeline.env()}, stdout=subprocess.PIPE,
+                                      text=True, pass_fds=lifeline.fds)
+            lifeline.handed_over()
             try:
                 server.wait_ready()
             except LaunchFailed as error:
@@ -129,6 +133,7 @@ def bench_round(
             if client is not None and client.poll() is None:
                 client.kill()  # only on an error path: the server died or was never ready
                 client.wait()
+            lifeline.cut()
             sampler.stopped.set()
             server.stop()
     result["peak_rss_mb"] = round(peak_mb, 1)

@@ -11,6 +11,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from facecore.lifetime import exit_with_parent
 from fedface_bench.server_client import run
 from fedface_bench.server_secure import run_secure
 
@@ -25,6 +26,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="devices that drop mid-upload (--secure: after sharing keys)")
     parser.add_argument("--secure", action="store_true", help="a secure-aggregation round")
     args = parser.parse_args(argv)
+    exit_with_parent("fedface bench client")  # a load on a server nobody measures any more is no use
     round_load = run_secure if args.secure else run
     result = asyncio.run(round_load(args.url, args.data_dir, args.devices, args.concurrency, args.drop_fraction))
     print(json.dumps(result))

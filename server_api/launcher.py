@@ -6,13 +6,18 @@ Invariants:
   processes too: SIGTERM to the whole group, then SIGKILL if it has not exited within `STOP_TIMEOUT_S`.
   `stop()` and `kill()` return only once no process of the group runs, not just the leader: a worker or
   a validation-pool child can outlive the leader by a moment, and a caller may reuse its port or files.
+- The child ends itself, and its whole group, once the process that launched it is gone for any reason,
+  SIGKILL included (a :class:`facecore.lifetime.Lifeline`: `fedface server` watches it from its first line).
+  `stop()` cuts that lifeline only once the group is gone, so it never cuts a graceful stop short; an
+  interrupted `stop()` cuts it anyway, and the server then SIGKILLs its group. A `start()` that does not
+  return (not ready, an error, Ctrl-C or a stop signal while waiting) kills what it launched.
 - The child imports the same code as this process: run from a source checkout, the checkout leads its
   PYTHONPATH (an installed package is found where it is installed).
 - `start()` returns only once `/readyz` answers 200. A child that exits first, or is not ready in time,
   is killed and :class:`~server_api.errors.LaunchFailed` names its log (one line; the log's end rides along).
-- This module imports nothing else from `server_api` but its errors (no FastAPI, SQLAlchemy or torch), so
-  a caller that only starts a server stays light; tests, benchmarks and the simulator import it, never
-  the reverse.
+- This module imports nothing else from `server_api` but its errors, nor from `facecore` but its lifetime
+  module (no FastAPI, SQLAlchemy or torch), so a caller that only starts a server stays light; tests,
+  benchmarks and the simulator import it, never the reverse.
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ from typing import Any
 
 import httpx
 
+from facecore.lifetime import Lifeline
 from server_api.errors import ConfigError, LaunchFailed
 
 CODE_ROOT = Path(__file__).resolve().parents[1]
@@ -48,7 +54,9 @@ def free_port() -> int:
 
 def group_running(pgid: int) -> bool:
     """Whether a process of group `pgid` still runs. Zombies (exited, waiting for init to reap them) do not
-    count; without /proc (not Linux), any member the kernel still knows counts."""
+    count, unless a thread of theirs is still ending: /proc shows a process's first thread, which can be a
+    zombie while the others still hold its sockets. Without /proc (not Linux), any member the kernel still
+    knows counts."""
     proc = Path("/proc")
     if not proc.is_dir():
         try:
@@ -63,8 +71,18 @@ def group_running(pgid: int) -> bool:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue  # ended while we looked
-        if int(fields[2]) == pgid and fields[0] != "Z":
+        if int(fields[2]) == pgid and (fields[0] != "Z" or _threads_running(entry)):
             return True
+    return False
+
+
+def _threads_running(process: Path) -> bool:
+    for task in process.glob("task/*"):
+        try:
+            if (task / "stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
+                return True
+        except (OSError, IndexError):
+            continue  # ended while we looked
     return False
 
 
@@ -93,6 +111,7 @@ class LocalServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log if log is not None else data_dir.parent / f"server-{self.port}.log"
         self.process: subprocess.Popen[bytes] | None = None
+        self._lifeline: Lifeline | None = None
 
     def command(self) -> list[str]:
         args = ["--dev", "--data-dir", str(self.data_dir), "--model", self.model, "--port", str(self.port)]
@@ -111,10 +130,18 @@ class LocalServer:
         its own start-up (a benchmark's client) with the server's."""
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         self.log.parent.mkdir(parents=True, exist_ok=True)
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen(
-                self.command(), env=self.child_env(), stdout=log, stderr=log, start_new_session=True,
-            )
+        self._cut_lifeline()  # a handle launched again lets its earlier process go
+        self._lifeline = lifeline = Lifeline()
+        try:
+            with self.log.open("ab") as log:
+                self.process = subprocess.Popen(
+                    self.command(), env=self.child_env() | lifeline.env(), stdout=log, stderr=log, start_new_session=True,
+                    pass_fds=lifeline.fds,
+                )
+        except BaseException:
+            lifeline.cut()
+            raise
+        lifeline.handed_over()
         return self
 
     def wait_ready(self, timeout_s: float | None = None) -> LocalServer:
@@ -135,32 +162,43 @@ class LocalServer:
         raise LaunchFailed(f"the local server was not ready after {timeout_s:g} s", self.log)
 
     def start(self) -> LocalServer:
-        return self.launch().wait_ready()
+        self.launch()
+        try:
+            return self.wait_ready()
+        except BaseException:
+            self.kill()  # `with` calls no __exit__ when __enter__ raises
+            raise
 
     def stop(self) -> int | None:
         """SIGTERM, then SIGKILL after STOP_TIMEOUT_S; the exit status (None if never launched)."""
         if self.process is None:
             return None
-        if self.process.poll() is None:
-            self._signal(signal.SIGTERM)
-            deadline = time.monotonic() + STOP_TIMEOUT_S
-            try:
-                self.process.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.kill()
-                return self.process.returncode
-            if not self._group_gone_by(deadline):
-                self.kill()
-        elif group_running(self.process.pid):
-            self.kill()  # the leader exited on its own; its children must not outlive the handle
+        try:
+            if self.process.poll() is None:
+                self._signal(signal.SIGTERM)
+                deadline = time.monotonic() + STOP_TIMEOUT_S
+                try:
+                    self.process.wait(timeout=STOP_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    self.kill()
+                    return self.process.returncode
+                if not self._group_gone_by(deadline):
+                    self.kill()
+            elif group_running(self.process.pid):
+                self.kill()  # the leader exited on its own; its children must not outlive the handle
+        finally:
+            self._cut_lifeline()
         return self.process.returncode
 
     def kill(self) -> None:
         """SIGKILL the whole process group at once (a crash, as far as the server can tell)."""
         process = self._started()
-        self._signal(signal.SIGKILL)
-        process.wait(timeout=STOP_TIMEOUT_S)
-        self._group_gone_by(time.monotonic() + STOP_TIMEOUT_S)
+        try:
+            self._signal(signal.SIGKILL)
+            process.wait(timeout=STOP_TIMEOUT_S)
+            self._group_gone_by(time.monotonic() + STOP_TIMEOUT_S)
+        finally:
+            self._cut_lifeline()
 
     def _group_gone_by(self, deadline: float) -> bool:
         while group_running(self._started().pid):
@@ -194,6 +232,11 @@ class LocalServer:
         if self.process is None:
             raise LaunchFailed("the local server was never launched", self.log)
         return self.process
+
+    def _cut_lifeline(self) -> None:
+        if self._lifeline is not None:
+            self._lifeline.cut()
+            self._lifeline = None
 
     def _signal(self, number: signal.Signals) -> None:
         try:

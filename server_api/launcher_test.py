@@ -1,6 +1,7 @@
 """The shared local-server launcher against a real `fedface server --dev` process."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -72,3 +73,32 @@ def test_a_server_that_cannot_start_is_one_line_naming_its_log(tmp_path: Path) -
     assert "\n" not in message and "exited with 1" in message and str(server.log) in message
     assert "missing.pt" in raised.value.log_tail
     assert not group_running(server.pid)
+
+
+HOLDER = """
+import json, sys, time
+from pathlib import Path
+from server_api.launcher import LocalServer
+server = LocalServer(Path(sys.argv[1]), env=json.loads(sys.argv[2]), inherit_settings=False).start()
+print(server.pid, server.port, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_server_ends_with_its_whole_group_when_the_process_that_started_it_is_killed(tmp_path: Path) -> None:
+    # Prepare: a process holding a ready server, as a test run, a benchmark or the demo would
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path / "data"), json.dumps(FAST)], cwd=CODE_ROOT, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None
+    pid, port = map(int, holder.stdout.readline().split())
+    running_before = group_running(pid)
+    # Execute
+    holder.kill()
+    holder.wait()
+    # Assert: within seconds, nothing of the server's group runs and nothing listens on its port
+    deadline = time.monotonic() + 5
+    while group_running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert running_before and not group_running(pid)
+    with pytest.raises(httpx.ConnectError):  # refused: nothing listens
+        httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5)
+    assert "the process that started it" in (tmp_path / f"server-{port}.log").read_text()

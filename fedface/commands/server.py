@@ -2,6 +2,8 @@
 
 Everything that can fail (flags, the port, secrets, migrations, the first model) is checked before
 the banner and before uvicorn starts, so a failure is one line and no half-started server.
+Stop signals are uvicorn's (`OWN_SIGNALS`: SIGTERM is a graceful shutdown); started by the launcher,
+the server ends with its whole process group once the launching process is gone.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import sys
 from server_api.errors import ConfigError
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+OWN_SIGNALS = True  # fedface.cli leaves SIGTERM and SIGHUP alone: uvicorn handles them
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -100,8 +103,10 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from facecore.lifetime import exit_with_parent
     from fedface.cli import UsageError
 
+    exit_with_parent("fedface server")  # first: a launcher that dies during our start-up must not leave us running
     if bool(args.ssl_certfile) != bool(args.ssl_keyfile):
         raise UsageError("--ssl-certfile and --ssl-keyfile go together")
     if args.workers < 1:

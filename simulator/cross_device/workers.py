@@ -8,6 +8,8 @@ gets the weights that train (the suffix, with a frozen prefix) and its devices' 
 seeds, runs the SDK's own `train_local` per device, and streams back deltas in its task order; the
 simulator reads them in the round's device order, so the strategy sees the same sequence as in
 process. Updates match the in-process ones to float rounding (thread counts change summation order).
+Workers end when the pool closes, at once if a round is still out (nobody wants it any more), and on
+their own within a second of the simulator's death, however it died (facecore.lifetime.exit_with_parent).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import numpy as np
 import torch
 
 from device_sdk.training import LocalTrainingConfig, PrefixCache, Workspace, train_local
+from facecore.lifetime import exit_with_parent
 from facecore.models.checkpoint import load_backbone, save_backbone
 
 
@@ -83,6 +86,7 @@ class DeviceWorker:
 
 
 def _serve(conn: Connection, backbone_path: str, local: dict[str, Any], threads: int) -> None:
+    exit_with_parent("fedface device worker")  # a killed simulator would otherwise leave it training its share
     worker = DeviceWorker(load_backbone(backbone_path), local, threads)
     while (message := conn.recv()) is not None:
         for result in worker.train(*message):
@@ -132,11 +136,13 @@ class DevicePool:
             self._conns.append(ours)
             self._processes.append(process)
         self._assignment = Assignment(workers)
+        self._busy = False  # a round's shares are out and not all answered
 
     def train(self, weights: Mapping[str, np.ndarray], tasks: Sequence[DeviceTask]) -> Iterator[DeviceResult]:
         """Results in the order of `tasks`. Faces and caches are dropped from a task its worker has seen."""
         n = len(self._conns)
         plain = contiguous(weights)
+        self._busy = True
         for conn, share in zip(self._conns, self._assignment.split(tasks)):
             if share:
                 conn.send((plain, share))
@@ -148,8 +154,12 @@ class DevicePool:
             if result.index != task.index:
                 raise RuntimeError(f"worker answered for device {result.index}, expected {task.index}")
             yield result
+        self._busy = False
 
     def close(self) -> None:
+        if self._busy:  # closed mid-round (an error, Ctrl-C, a stop signal): nobody wants what they are training
+            for process in self._processes:
+                process.kill()
         for conn in self._conns:
             try:
                 conn.send(None)
