@@ -22,6 +22,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -61,7 +62,7 @@ class _Graph:
         self.weights.append(numpy_helper.from_array(np.ascontiguousarray(value, np.float32), name))
         return name
 
-    def op(self, kind: str, inputs: list[str], **attributes: object) -> str:
+    def op(self, kind: str, inputs: list[str], **attributes: Any) -> str:
         out = self._name(kind.lower())
         self.nodes.append(helper.make_node(kind, inputs, [out], **attributes))
         return out
@@ -70,7 +71,7 @@ class _Graph:
              pads: tuple[int, int, int, int] | None = None) -> str:
         weight = self.constant("w", filters_hwio.transpose(3, 2, 0, 1))
         inputs = [x, weight] + ([self.constant("b", bias)] if bias is not None else [])
-        attributes: dict[str, object] = {"strides": [stride, stride]}
+        attributes: dict[str, Any] = {"strides": [stride, stride]}
         if pads is not None:
             attributes["pads"] = list(pads)
         elif padding == "same":
@@ -82,7 +83,7 @@ class _Graph:
         depthwise = self.tensors[f"{prefix}/depthwise_filter"]  # (3, 3, C, 1)
         channels = depthwise.shape[2]
         weight = self.constant("dw", depthwise.transpose(2, 3, 0, 1))  # (C, 1, 3, 3), one group per channel
-        attributes: dict[str, object] = {"strides": [stride, stride], "group": channels}
+        attributes: dict[str, Any] = {"strides": [stride, stride], "group": channels}
         if pads is not None:
             attributes["pads"] = list(pads)
         else:

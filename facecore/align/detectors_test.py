@@ -110,11 +110,11 @@ def test_what_the_first_detector_misses_goes_to_the_second_built_on_first_need()
     tight = np.full((40, 40, 3), 255, np.uint8)
     roomy = np.zeros((100, 100, 3), np.uint8)
     roomy[30:50, 30:50] = 255
-    built: list[OnlySmallFaces] = []
-
     class FindsAll(OnlySmallFaces):
         def detect(self, images: list[np.ndarray]) -> list[Detection | None]:
             return [Detection(np.zeros(4), 0.5, np.zeros((5, 2))) for _ in images]
+
+    built: list[FindsAll] = []
 
     def make() -> FindsAll:
         built.append(FindsAll())

@@ -43,7 +43,7 @@ def test_landmarks_agree_with_mtcnns_on_real_lfw_photos(real_data: Path) -> None
     ours, theirs = load_detector("tinyface").detect(photos), OnnxMTCNN().detect(photos)
     # Assert: every face found, and the five points where MTCNN puts them, to a few pixels of a 250px photo
     assert all(found is not None for found in ours)
-    gaps = np.array([np.abs(a.landmarks - b.landmarks).max() for a, b in zip(ours, theirs) if a and b])  # type: ignore[union-attr]
+    gaps = np.array([np.abs(a.landmarks - b.landmarks).max() for a, b in zip(ours, theirs) if a and b])
     assert len(gaps) >= 38
     assert np.median(gaps) < 4.0 and gaps.max() < 12.0, gaps
 
