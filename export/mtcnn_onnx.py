@@ -9,24 +9,15 @@ whole, manifest (with each file's sha256, which loading checks) included.
 """
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 import torch
 
-from facecore.align.onnx_detector import (
-    FORMAT,
-    SOURCE,
-    DetectorCorrupt,
-    DetectorMissing,
-    detector_dir,
-    detector_files,
-)
+from export.detector_folder import install_folder
+from facecore.align.detector_files import DetectorCorrupt, DetectorMissing
+from facecore.align.onnx_detector import FORMAT, SOURCE, detector_dir, detector_files
 from facecore.digest import file_sha256
 from facecore.errors import FaceCoreError
 
@@ -53,22 +44,15 @@ def export_mtcnn_onnx(folder: Path | None = None, force: bool = False) -> Path:
         except (DetectorMissing, DetectorCorrupt):
             pass
     nets = _load_nets()
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=folder.parent, prefix=".mtcnn-staging-") as scratch:
-        staging = Path(scratch) / "mtcnn"
-        staging.mkdir()
-        files = {}
+
+    def write(staging: Path) -> dict[str, Path]:
         for name, net in nets.items():
-            path = staging / f"{name}.onnx"
-            _export(name, net, path)
-            _check_parity(name, net, path)
-            files[name] = {"path": path.name, "sha256": file_sha256(path), "bytes": path.stat().st_size}
-        manifest = {"format": FORMAT, "source": SOURCE, "source_sha256": SOURCE_SHA256, "opset": OPSET, "files": files,
-                    "input": "image: (N, 3, H, W) float32 RGB, (pixel - 127.5) / 128"}
-        (staging / "manifest.json").write_text(json.dumps(manifest, indent=1))
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(staging, folder)
+            _export(name, net, staging / f"{name}.onnx")
+            _check_parity(name, net, staging / f"{name}.onnx")
+        return {name: staging / f"{name}.onnx" for name in nets}
+
+    install_folder(folder, write, {"format": FORMAT, "source": SOURCE, "source_sha256": SOURCE_SHA256, "opset": OPSET,
+                                   "input": "image: (N, 3, H, W) float32 RGB, (pixel - 127.5) / 128"})
     detector_files(folder)
     return folder
 

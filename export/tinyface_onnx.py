@@ -12,15 +12,10 @@ written op by op from face-api.js 1.7.15's source (`src/tinyYolov2`, `src/faceFe
   [0, 1] of the 112x112 input. Input (N, 112, 112, 3) uint8 RGB, fed as (RGB - LANDMARK_MEAN_RGB) / 255.
 
 TF's 'same' padding puts the odd pixel at the bottom and right: ONNX's SAME_UPPER. Nothing here
-needs torch; the folder is written beside the final one and moved in whole, its manifest recording
-each file's sha256 (which loading checks).
+needs torch; the folder is installed whole by `export.detector_folder`.
 """
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,18 +23,17 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from export.detector_folder import install_folder
+from facecore.align.detector_files import DetectorCorrupt, DetectorMissing
 from facecore.align.tiny_detector import (
     FORMAT,
     LANDMARK_MEAN_RGB,
     MEAN_RGB,
     NETS,
     SOURCE,
-    TinyFaceCorrupt,
-    TinyFaceMissing,
     tinyface_dir,
     tinyface_files,
 )
-from facecore.digest import file_sha256
 from facecore.models.published import FACE_API, read_face_api_tensors
 
 OPSET = 17
@@ -150,26 +144,19 @@ def export_tinyface_onnx(folder: Path | None = None, force: bool = False) -> Pat
         try:
             tinyface_files(folder)
             return folder
-        except (TinyFaceMissing, TinyFaceCorrupt):
+        except (DetectorMissing, DetectorCorrupt):
             pass
     graphs = {
         "detector": detector_graph(read_face_api_tensors("tiny_face_detector_model")),
         "landmarks": landmark_graph(read_face_api_tensors("face_landmark_68_model")),
     }
     assert set(graphs) == set(NETS)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=folder.parent, prefix=".tinyface-staging-") as scratch:
-        staging = Path(scratch) / "tinyface"
-        staging.mkdir()
-        files = {}
+
+    def write(staging: Path) -> dict[str, Path]:
         for name, graph in graphs.items():
-            path = staging / f"{name}.onnx"
-            onnx.save(graph, str(path))
-            files[name] = {"path": path.name, "sha256": file_sha256(path), "bytes": path.stat().st_size}
-        manifest = {"format": FORMAT, "source": SOURCE, "package": FACE_API.spec, "opset": OPSET, "files": files}
-        (staging / "manifest.json").write_text(json.dumps(manifest, indent=1))
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(staging, folder)
+            onnx.save(graph, str(staging / f"{name}.onnx"))
+        return {name: staging / f"{name}.onnx" for name in graphs}
+
+    install_folder(folder, write, {"format": FORMAT, "source": SOURCE, "package": FACE_API.spec, "opset": OPSET})
     tinyface_files(folder)
     return folder

@@ -8,8 +8,9 @@ import onnxruntime as ort
 import pytest
 
 from export.tinyface_onnx import export_tinyface_onnx
+from facecore.align.detector_files import DetectorMissing
 from facecore.align.pipeline import load_rgb
-from facecore.align.tiny_detector import TinyFaceMissing, square_crop, square_input, tinyface_files
+from facecore.align.tiny_detector import square_crop, square_input, tinyface_files
 from facecore.models import published
 
 HARNESS = Path(__file__).parents[1] / "facecore" / "models" / "face_api_parity.mjs"
@@ -45,7 +46,7 @@ def test_onnx_nets_match_face_api_javascript_on_real_photos(real_data: Path, tmp
 
 
 def test_a_missing_build_names_the_command_that_makes_it(tmp_path: Path) -> None:
-    with pytest.raises(TinyFaceMissing, match="fedface models fetch"):
+    with pytest.raises(DetectorMissing, match="fedface models fetch"):
         tinyface_files(tmp_path / "nothing")
 
 

@@ -12,30 +12,19 @@ Invariants:
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from facecore.align.detector import Detection, DetectorConfig, pick_face
-from facecore.digest import file_sha256
-from facecore.errors import FaceCoreError
+from facecore.align.detector_files import DetectorCorrupt, DetectorMissing, verified_files
 from facecore.paths import packages_root
 
 SOURCE = "facenet-pytorch 2.6.0"
 FORMAT = "fedface-mtcnn-onnx/1"
 NETS = ("pnet", "rnet", "onet")
 PYRAMID_FACTOR = 0.709  # facenet-pytorch's default, which MTCNNDetector keeps
-FETCH_HINT = "fedface models fetch"
 MTCNN_VERSION = "mtcnn-facenet2.6"
-
-
-class DetectorMissing(FaceCoreError):
-    """The ONNX detector files have not been exported yet."""
-
-
-class DetectorCorrupt(FaceCoreError):
-    """An ONNX detector file whose content is not what its manifest records."""
 
 
 def detector_dir() -> Path:
@@ -45,23 +34,7 @@ def detector_dir() -> Path:
 
 def detector_files(folder: Path | None = None) -> dict[str, Path]:
     """{net: path} of the exported nets, each checked against the manifest's sha256."""
-    folder = folder or detector_dir()
-    manifest_path = folder / "manifest.json"
-    if not manifest_path.is_file():
-        raise DetectorMissing(f"the ONNX face detector is not in {folder}: run `{FETCH_HINT}` (it exports MTCNN once)")
-    manifest = json.loads(manifest_path.read_text())
-    if manifest.get("format") != FORMAT:
-        raise DetectorCorrupt(f"{manifest_path} is not a {FORMAT} manifest: run `{FETCH_HINT} --force`")
-    files = {}
-    for net in NETS:
-        entry = manifest["files"][net]
-        path = folder / entry["path"]
-        if not path.is_file():
-            raise DetectorMissing(f"{path} is missing: run `{FETCH_HINT} --force`")
-        if file_sha256(path) != entry["sha256"]:
-            raise DetectorCorrupt(f"{path} does not match the sha256 in {manifest_path}: run `{FETCH_HINT} --force`")
-        files[net] = path
-    return files
+    return verified_files(folder or detector_dir(), FORMAT, NETS, "the ONNX MTCNN face detector")
 
 
 class IntegralImage:

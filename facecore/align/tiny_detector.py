@@ -14,7 +14,6 @@ Invariants:
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,14 +21,12 @@ import numpy as np
 from PIL import Image
 
 from facecore.align.detector import Detection, pick_face
-from facecore.digest import file_sha256
-from facecore.errors import FaceCoreError
+from facecore.align.detector_files import verified_files
 from facecore.paths import packages_root
 
 SOURCE = "@vladmandic/face-api 1.7.15: tiny_face_detector_model, face_landmark_68_model"
 FORMAT = "fedface-tinyface-onnx/2"
 NETS = ("detector", "landmarks")
-FETCH_HINT = "fedface models fetch"
 # The pixel means each net was trained with; the ONNX graphs subtract them (export.tinyface_onnx).
 MEAN_RGB = np.array([117.001, 114.697, 97.404], np.float32)
 LANDMARK_MEAN_RGB = np.array([122.782, 117.001, 104.298], np.float32)
@@ -65,37 +62,13 @@ def tinyface_version(config: TinyFaceConfig) -> str:
 TINYFACE_VERSION = tinyface_version(TinyFaceConfig())
 
 
-class TinyFaceMissing(FaceCoreError):
-    """The ONNX files of the default detector have not been built yet."""
-
-
-class TinyFaceCorrupt(FaceCoreError):
-    """An ONNX file of the default detector whose content is not what its manifest records."""
-
-
 def tinyface_dir() -> Path:
     return packages_root() / "tinyface-onnx-face-api-1.7.15"
 
 
 def tinyface_files(folder: Path | None = None) -> dict[str, Path]:
     """{net: path} of the built nets, each checked against the manifest's sha256."""
-    folder = folder or tinyface_dir()
-    manifest_path = folder / "manifest.json"
-    if not manifest_path.is_file():
-        raise TinyFaceMissing(f"the face detector is not in {folder}: run `{FETCH_HINT}` (it builds it once)")
-    manifest = json.loads(manifest_path.read_text())
-    if manifest.get("format") != FORMAT:
-        raise TinyFaceCorrupt(f"{manifest_path} is not a {FORMAT} manifest: run `{FETCH_HINT} --force`")
-    files = {}
-    for net in NETS:
-        entry = manifest["files"][net]
-        path = folder / entry["path"]
-        if not path.is_file():
-            raise TinyFaceMissing(f"{path} is missing: run `{FETCH_HINT} --force`")
-        if file_sha256(path) != entry["sha256"]:
-            raise TinyFaceCorrupt(f"{path} does not match the sha256 in {manifest_path}: run `{FETCH_HINT} --force`")
-        files[net] = path
-    return files
+    return verified_files(folder or tinyface_dir(), FORMAT, NETS, "the default face detector")
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -218,6 +191,6 @@ class TinyFaceDetector:
 
 
 __all__ = [
-    "TINYFACE_VERSION", "TinyFaceConfig", "TinyFaceCorrupt", "TinyFaceDetector", "TinyFaceMissing", "decode_grid",
+    "TINYFACE_VERSION", "TinyFaceConfig", "TinyFaceDetector", "decode_grid",
     "five_points", "square_crop", "square_input", "tinyface_dir", "tinyface_files",
 ]

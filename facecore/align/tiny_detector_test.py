@@ -6,13 +6,13 @@ import pytest
 from PIL import Image
 
 from export.tinyface_onnx import export_tinyface_onnx
+from facecore.align.detector_files import DetectorCorrupt
 from facecore.align.detectors import FaceDetector, TightCropRetry, load_detector
 from facecore.align.onnx_detector import OnnxMTCNN
 from facecore.align.pipeline import load_rgb
 from facecore.align.tiny_detector import (
     ANCHORS,
     TinyFaceConfig,
-    TinyFaceCorrupt,
     TinyFaceDetector,
     decode_grid,
     five_points,
@@ -157,5 +157,5 @@ def test_an_edited_net_is_refused_in_one_line(tmp_path: Path, tinyface: TinyFace
     damaged[-1] ^= 1
     (folder / "landmarks.onnx").write_bytes(bytes(damaged))
     # Execute / Assert
-    with pytest.raises(TinyFaceCorrupt, match="landmarks.onnx does not match the sha256"):
+    with pytest.raises(DetectorCorrupt, match="landmarks.onnx does not match the sha256"):
         TinyFaceDetector(folder=folder)
