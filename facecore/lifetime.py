@@ -38,6 +38,7 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
@@ -170,3 +171,25 @@ def _watch(fd: int, parent: int, started_me: bool, name: str) -> None:
 
 
 __all__ = ["LIFELINE_ENV", "Lifeline", "Stopped", "die_of", "exit_with_parent", "scratch_folder", "stopped_by_signals"]
+
+
+@dataclass(frozen=True)
+class ProcessRow:
+    pid: int
+    parent: int
+    group: int
+    session: int
+    state: str  # "R", "S", ... "Z" for a zombie
+    folder: Path  # /proc/PID
+
+
+def process_table() -> list[ProcessRow]:
+    """Every process /proc lists now (none without /proc); one that ends while we read is left out."""
+    rows = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        rows.append(ProcessRow(int(entry.name), int(fields[1]), int(fields[2]), int(fields[3]), fields[0], entry))
+    return rows

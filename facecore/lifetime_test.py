@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from facecore.lifetime import scratch_folder, stopped_by_signals
+from facecore.lifetime import process_table, scratch_folder, stopped_by_signals
 
 CODE_ROOT = Path(__file__).resolve().parents[1]
 GONE_WITHIN_S = 5.0
@@ -23,17 +23,7 @@ def _python(script: str, *args: str, new_session: bool = False) -> subprocess.Po
 
 def _running_in_group(pgid: int) -> list[int]:
     """Members of process group `pgid` that are not zombies (an orphan waits for init to reap it)."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # not a process, or it ended while we looked
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(entry.name))
-    return members
+    return [row.pid for row in process_table() if row.group == pgid and row.state != "Z"]
 
 
 def _gone_within(pgid: int, seconds: float) -> list[int]:

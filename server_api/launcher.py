@@ -34,7 +34,7 @@ from typing import Any
 
 import httpx
 
-from facecore.lifetime import Lifeline
+from facecore.lifetime import Lifeline, process_table
 from server_api.errors import ConfigError, LaunchFailed
 
 CODE_ROOT = Path(__file__).resolve().parents[1]
@@ -57,23 +57,13 @@ def group_running(pgid: int) -> bool:
     count, unless a thread of theirs is still ending: /proc shows a process's first thread, which can be a
     zombie while the others still hold its sockets. Without /proc (not Linux), any member the kernel still
     knows counts."""
-    proc = Path("/proc")
-    if not proc.is_dir():
+    if not Path("/proc").is_dir():
         try:
             os.killpg(pgid, 0)
         except (ProcessLookupError, PermissionError):
             return False
         return True
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # ended while we looked
-        if int(fields[2]) == pgid and (fields[0] != "Z" or _threads_running(entry)):
-            return True
-    return False
+    return any(row.group == pgid and (row.state != "Z" or _threads_running(row.folder)) for row in process_table())
 
 
 def _threads_running(process: Path) -> bool:

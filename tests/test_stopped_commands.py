@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from facecore.lifetime import process_table
 from facecore.paths import PACKAGES_ENV, packages_root
 
 REPO = Path(__file__).resolve().parents[1]
@@ -100,16 +101,7 @@ class Command:
 
 def _processes() -> list[tuple[int, int, int, str]]:
     """(pid, parent pid, session id, state) of every process."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # not a process, or it ended while we looked
-        found.append((int(entry.name), int(fields[1]), int(fields[3]), fields[0]))
-    return found
+    return [(row.pid, row.parent, row.session, row.state) for row in process_table()]
 
 
 def _alive(pid: int, state: str) -> bool:
