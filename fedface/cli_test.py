@@ -189,3 +189,55 @@ def test_sim_cross_device_refuses_bad_settings_in_one_line(capsys: pytest.Captur
     assert both == 2 and both_err == "fedface sim: error: weighting devices is FedAvg's: DP-FedAvg weighs every device once already\n"
     assert steps == 2 and steps_err == "fedface sim: error: steps must be >= 1\n"
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["demo", "--eval-photos", "7"], "fedface demo: error: --eval-photos 7: at least 20 for 5 folds (a matched and a mismatched pair in each)\n"),
+    (["demo", "--folds", "5-6"], "fedface demo: error: --folds 5-6: scores come from the test folds 6-10 only (folds 1-5 hold people that "
+                                 "trained the models)\n"),
+    (["demo", "--folds", "6"], "fedface demo: error: --folds 6: accuracy sets each fold's threshold on the other folds: name at least 2\n"),
+    (["demo", "--folds", "6-11"], "fedface demo: error: --folds 6-11: bad fold spec '6-11': folds are 1..10\n"),
+    (["sim", "cross-device", "--folds", "4-7"], "fedface sim: error: --folds 4-7 mixes tuning folds 1-5 with test folds 6-10: choose folds "
+                                                "on one side\n"),
+    (["sim", "cross-device", "--http", "3", "--folds", "1-5"], "fedface sim: error: --folds 1-5: scores come from the test folds 6-10 only "
+                                                               "(folds 1-5 hold people that trained the models)\n"),
+    (["sim", "cross-device", "--folds", "6,7", "--eval-photos", "0"], "fedface sim: error: --eval-photos 0: at least 8 for 2 folds (a "
+                                                                      "matched and a mismatched pair in each)\n"),
+])
+def test_a_bad_smaller_evaluation_is_one_usage_error_line(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+) -> None:
+    # Execute: refused before any data is read or server started
+    code = main([*argv, "--out", str(tmp_path / "out")])
+    # Assert
+    assert code == 2 and capsys.readouterr().err == message
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("argv", [
+    ["demo", "--devices", "3", "--folds", "6,8", "--eval-photos", "400"],
+    ["sim", "cross-device", "--http", "3", "--folds", "6,8", "--eval-photos", "400"],
+])
+def test_the_demo_and_sim_http_pass_the_smaller_evaluation_on(
+    argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+) -> None:
+    # Prepare: the demo itself replaced by a recorder; a report as a subset's
+    import simulator.demo
+
+    calls: list[dict[str, object]] = []
+    scores = {"accuracy": 0.9, "tar_at_far": {"1e-3": 0.5}}
+    subset = {"photos": 398, "of_photos": 2388, "pairs": 200, "of_pairs": 1200, "seed": 0}
+
+    def run_demo(root: Path, out: Path, *args: object, **kwargs: object) -> dict[str, object]:
+        calls.append(kwargs)
+        return {"devices": 3, "rounds": 3, "secure_aggregation": False, "folds": [6, 8], "subset": subset, "before": scores, "after": scores}
+
+    monkeypatch.setattr(simulator.demo, "run_demo", run_demo)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)  # the command sets it for the rest of its process
+    # Execute
+    code = main([*argv, "--data", str(tmp_path), "--out", str(tmp_path / "out")])
+    # Assert: the folds and the photo budget reach the demo, and the output says the figure is on a subset
+    out = capsys.readouterr().out
+    assert code == 0
+    assert calls[0]["folds"] == (6, 8) and calls[0]["eval_photos"] == 400
+    assert "on a seeded subset: 398 of 2,388 photos, 200 of 1,200 View-2 pairs (--eval-photos)" in out

@@ -2,22 +2,41 @@
 
 Starts the round server (SQLite, the default model) as its own process, enrolls real-face devices
 through the device SDK, runs a few FedFace rounds, and prints LFW accuracy on identity-disjoint
-folds before and after, plus where the report and plots went. Stops the server on the way out,
-also on Ctrl-C or an error.
+folds before and after, plus where the report and plots went. Stops the server and removes its
+scratch folder (unless `keep`) on the way out, also on an error, Ctrl-C, SIGTERM or SIGHUP
+(fedface.cli); killed outright, it leaves no server either (the launcher's lifeline).
+
+Where the time goes, and what keeps it short without changing what a round computes:
+- The server boots (imports, the model, its ONNX export) while this process reads the split and
+  the evaluation faces; the devices share one face detector instead of loading one each.
+- An evaluation is a function of the weights and the faces, so it is remembered in the cache
+  under both (`remembered`): the model a run starts from is scored once per machine, and a round
+  that leaves the weights as they were costs nothing to score again.
+- The devices train two at a time and still upload in fleet order (`UploadTurns`): the server
+  averages the same updates in the same order as when they take turns, so a round's model is the
+  same to the bit.
+- Each round's model is scored while the devices train the next round; the last one while the
+  server stops.
+- `eval_photos`: a seeded subset of the folds' photos (facecore.eval.lfw.subset_pairs), which is
+  also all a first run aligns; the report says so (`subset`).
+The report's `seconds` holds each phase's wall time.
 """
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import hashlib
 import json
 import sys
-import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -25,66 +44,172 @@ from device_sdk.device import FaceDevice
 from facecore.align.geometry import geometry_of
 from facecore.align.pipeline import FaceAligner
 from facecore.data.split import SplitConfig, build_split
-from facecore.eval.lfw import evaluate, load_lfw_faces
+from facecore.eval.lfw import LFWFaces, evaluate, folds_text, load_lfw_faces
 from facecore.eval.plots import save_line_plot
 from facecore.federation.status import FINAL_ROUND_STATUSES, RoundStatus
+from facecore.lifetime import scratch_folder
 from facecore.models.checkpoint import load_backbone
 from facecore.models.preprocess import embed_faces
 from server_api.launcher import MANY_DEVICES_ON_LOOPBACK, LocalServer
+from simulator.cross_device.evaluation import remembered
 
 TRAINING_SLOTS = 2  # 2 cores gain nothing from more
+# The scheduler closes a round once every update is in; ticking every 0.2 s instead of 1 s ends each
+# round's wait sooner. A tick is two small queries, so it costs the server nothing measurable.
+DEMO_SERVER_ENV = {**MANY_DEVICES_ON_LOOPBACK, "FEDFACE_SCHEDULER_INTERVAL_S": "0.2"}
+ROUND_POLL_S = 0.1  # how often the demo asks whether a round has completed
+# Bump when what the demo's evaluation computes changes: a remembered result would be stale.
+DEMO_EVALUATION_VERSION = 1
 
 
 def run_demo(
     root: Path, out: Path, devices: int = 20, rounds: int = 3, model: str = "default", folds: tuple[int, ...] = (6, 7, 8, 9, 10),
-    secure: bool = False,
+    secure: bool = False, eval_photos: int | None = None, keep: bool = False,
 ) -> dict[str, Any]:
     """`secure`: rounds use secure aggregation, so the devices train side by side (each key step
-    waits for all of them) instead of one after another."""
+    waits for all of them) instead of one after another. `eval_photos`: score on a seeded subset of
+    at most this many of the folds' photos (None: all of them). `keep`: leave the scratch folder (the
+    server's database, the devices' states) in place and name it, instead of removing it however the run ends."""
     out.mkdir(parents=True, exist_ok=True)
-    split = build_split(root, SplitConfig(seed=0))
-    owners = [(identity, [root / p for p in paths]) for identity, paths in sorted(split.sets["devices"].items()) if len(paths) >= 8][:devices]
-    lfw = load_lfw_faces(root / "lfw", folds, aligner=FaceAligner(geometry=geometry_of(load_backbone(model))))
+    clock = PhaseClock()
     # The server's log goes to `out`, where it outlives the scratch folder (a failed start names it).
-    with tempfile.TemporaryDirectory(prefix="fedface-demo-") as scratch, LocalServer(
-        Path(scratch) / "server", model=model, env=MANY_DEVICES_ON_LOOPBACK, log=out / "server.log",
-    ) as server:
-        print(f"server up at {server.url} (SQLite, model {model}); enrolling {len(owners)} real-face devices")
-        fleet = []
-        slot = TrainingSlots(TRAINING_SLOTS)
-        for identity, photos in tqdm(owners, desc="register + enroll", unit="device"):
-            device = FaceDevice(server.url, Path(scratch) / "devices" / identity.replace(":", "_"), training_slot=slot)
-            device.register()
-            device.enroll(photos)
-            fleet.append(device)
-        history = [_score(lfw, _current_model(fleet[0]), 0)]
-        print(f"round 0: LFW accuracy {100 * history[0]['accuracy']:.2f}%")
-        for number in range(1, rounds + 1):
-            config: dict[str, Any] = {
-                "target_participants": len(fleet), "min_participants": max(2, len(fleet) // 2), "deadline_s": 900, "selection_window_s": 1,
-            }
-            if secure:
-                config["secure_aggregation"] = {"enabled": True, "key_phase_s": 120, "unmask_phase_s": 120}
-            opened = server.admin("POST", "/v1/admin/rounds", json=config)
-            losses = _train_all(fleet, number, parallel=secure)
-            status = _wait_completed(server, opened["id"])
-            record = _score(lfw, _current_model(fleet[0]), number)
-            record |= {
-                "train_loss_before": sum(s.loss_before for s in losses) / len(losses), "train_loss_after": sum(s.loss_after for s in losses) / len(losses),
-                "bytes_up_per_device": sum(s.bytes_up for s in losses) // len(losses), "seconds_per_device": sum(s.seconds for s in losses) / len(losses),
-                "aggregation": status.get("summary"),
-            }
-            history.append(record)
-            print(f"round {number}: LFW accuracy {100 * record['accuracy']:.2f}%, "
-                  f"local loss {record['train_loss_before']:.4f} -> {record['train_loss_after']:.4f}")
+    with scratch_folder("fedface-demo-", keep) as scratch:
+        server = LocalServer(Path(scratch) / "server", model=model, env=DEMO_SERVER_ENV, log=out / "server.log")
+        server.launch()  # it boots while this process reads the split and the evaluation faces
+        try:
+            with clock("prepare"):
+                split = build_split(root, SplitConfig(seed=0))
+                owners = [(identity, [root / p for p in paths]) for identity, paths in sorted(split.sets["devices"].items()) if len(paths) >= 8][:devices]
+                geometry = geometry_of(load_backbone(model))
+                lfw = load_lfw_faces(root / "lfw", folds, aligner=FaceAligner(geometry=geometry), max_photos=eval_photos)
+                score = lfw_scorer(lfw)
+            with clock("server_start"):  # what is left of the server's start once this process is ready
+                server.wait_ready()
+            print(f"server up at {server.url} (SQLite, model {model}); enrolling {len(owners)} real-face devices")
+            with clock("enrolment"):
+                turns = UploadTurns(TRAINING_SLOTS)
+                fleet = _enroll(server, Path(scratch) / "devices", owners, FaceAligner(geometry=geometry), turns)
+            history: list[dict[str, Any]] = []
+            scoring = _score_later(score, _current_model(fleet[0]), 0, clock, history)
+            for number in range(1, rounds + 1):
+                config: dict[str, Any] = {
+                    "target_participants": len(fleet), "min_participants": max(2, len(fleet) // 2), "deadline_s": 900, "selection_window_s": 1,
+                }
+                if secure:
+                    config["secure_aggregation"] = {"enabled": True, "key_phase_s": 120, "unmask_phase_s": 120}
+                opened = server.admin("POST", "/v1/admin/rounds", json=config)
+                with clock(f"round {number} training"):
+                    losses = _train_all(fleet, number, turns, secure)
+                with clock(f"round {number} aggregation"):
+                    status = _wait_completed(server, opened["id"])
+                scoring.result()  # the previous round's score, while the devices trained this one
+                scoring = _score_later(score, _current_model(fleet[0]), number, clock, history, {
+                    "train_loss_before": sum(s.loss_before for s in losses) / len(losses), "train_loss_after": sum(s.loss_after for s in losses) / len(losses),
+                    "bytes_up_per_device": sum(s.bytes_up for s in losses) // len(losses), "seconds_per_device": sum(s.seconds for s in losses) / len(losses),
+                    "aggregation": status.get("summary"),
+                })
+        finally:
+            with clock("server_stop"):
+                server.stop()  # the last round is scored meanwhile
+        with clock("last_evaluation_wait"):
+            scoring.result()
     report = {
-        "devices": len(fleet), "rounds": rounds, "secure_aggregation": secure, "folds": list(folds),
-        "before": history[0], "after": history[-1], "history": history,
+        "devices": len(fleet), "rounds": rounds, "secure_aggregation": secure, "folds": list(folds), "subset": lfw.subset,
+        "before": history[0], "after": history[-1], "history": history, "seconds": clock.seconds,
     }
     (out / "demo.json").write_text(json.dumps(report, indent=1, default=str))
     curve = ([h["round"] for h in history], [h["accuracy"] for h in history])
-    save_line_plot(out / "demo_accuracy.png", {"FedFace over HTTP": curve}, "round", "LFW accuracy", f"LFW folds {folds[0]}-{folds[-1]} during the demo")
+    title = f"LFW folds {folds_text(folds)} during the demo" + (f" ({lfw.subset['pairs']} pairs of a seeded subset)" if lfw.subset else "")
+    save_line_plot(out / "demo_accuracy.png", {"FedFace over HTTP": curve}, "round", "LFW accuracy", title)
     return report
+
+
+class PhaseClock:
+    """Wall seconds per named phase, in the order they ran; a phase run twice adds up."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - started, 2)
+
+
+def faces_digest(data: LFWFaces) -> str:
+    """The sha256 of what an LFW evaluation scores: the aligned faces (so the detector and the crop
+    that made them), whose they are, and the pairs."""
+    digest = hashlib.sha256()
+    for array in (data.faces, data.identities.astype(str), data.pair_index, data.pair_same, data.pair_fold,
+                  np.zeros(0) if data.face_fold is None else data.face_fold):
+        digest.update(str((array.dtype, array.shape)).encode())
+        digest.update(np.ascontiguousarray(array).tobytes())
+    return digest.hexdigest()
+
+
+def lfw_scorer(lfw: LFWFaces) -> Callable[[torch.nn.Module], dict[str, Any]]:
+    """The demo's LFW figures of a model, remembered in the cache by its weights and the faces."""
+
+    def score(model: torch.nn.Module) -> dict[str, Any]:
+        report = evaluate(lfw, lambda faces: embed_faces(model, faces)).report
+        return {"accuracy": report.accuracy, "accuracy_std": report.accuracy_std, "auc": report.auc, "tar_at_far": report.tar_at_far}
+
+    return remembered(score, {"kind": "demo-lfw", "faces": faces_digest(lfw), "demo_version": DEMO_EVALUATION_VERSION})
+
+
+class Background:
+    """A function run in a daemon thread, so that Ctrl-C in the main thread is not held up by it."""
+
+    def __init__(self, function: Callable[[], None]) -> None:
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(function,), name="demo-evaluation", daemon=True)
+        self._thread.start()
+
+    def _run(self, function: Callable[[], None]) -> None:
+        try:
+            function()
+        except BaseException as error:  # noqa: BLE001 -- handed to the main thread by result()
+            self._error = error
+
+    def result(self) -> None:
+        """Wait for it; its error, if any, is raised here."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+
+def _score_later(
+    score: Callable[[torch.nn.Module], dict[str, Any]], model: torch.nn.Module, number: int, clock: PhaseClock, history: list[dict[str, Any]],
+    extra: dict[str, Any] | None = None,
+) -> Background:
+    """Score round `number`'s model in the background; its record joins `history` and is printed
+    when done. The caller waits for one before it starts the next, so records arrive in round order."""
+
+    def run() -> None:
+        with clock(f"round {number} evaluation"):
+            record = {"round": number, **score(model), **(extra or {})}
+        history.append(record)
+        losses = "" if extra is None else f", local loss {record['train_loss_before']:.4f} -> {record['train_loss_after']:.4f}"
+        tqdm.write(f"round {number}: LFW accuracy {100 * record['accuracy']:.2f}%{losses}")
+
+    return Background(run)
+
+
+def _enroll(server: LocalServer, folder: Path, owners: list[tuple[str, list[Path]]], aligner: FaceAligner, turns: UploadTurns) -> list[FaceDevice]:
+    """Register and enroll one device per owner. They align with one shared detector: each device
+    aligns in memory only (FaceDevice), so sharing it shares no faces, and loads it once, not 20 times."""
+    fleet = []
+    for index, (identity, photos) in enumerate(tqdm(owners, desc="register + enroll", unit="device")):
+        device = FaceDevice(server.url, folder / identity.replace(":", "_"), training_slot=turns.slot(index), aligner=aligner)
+        device.register()
+        device.enroll(photos)
+        fleet.append(device)
+    return fleet
 
 
 class TrainingSlots:
@@ -105,19 +230,83 @@ class TrainingSlots:
         self._semaphore.release()
 
 
-def _train_all(fleet: list[FaceDevice], number: int, parallel: bool) -> list[Any]:
-    if not parallel:
-        return [device.train_round(wait=60) for device in tqdm(fleet, desc=f"round {number}", unit="device")]
-    with ThreadPoolExecutor(len(fleet)) as pool, tqdm(total=len(fleet), desc=f"round {number} (secure aggregation)", unit="device") as bar:
-        futures = [pool.submit(device.train_round, 60, 0.5) for device in fleet]
-        for _ in as_completed(futures):
-            bar.update()
-        return [f.result() for f in futures]
+class UploadTurns:
+    """Devices that train side by side (`TRAINING_SLOTS` at once) and yet upload one after another in
+    the fleet's order. The server averages updates in the order they arrive, so a round's model is the
+    same, to the bit, as when the devices take turns from check-in to upload; only the waits overlap
+    (check-in, download, upload, the server's checks) and the two cores train two devices.
+
+    A device's `slot(index)` is its training slot: the SDK enters it around local training; on leaving
+    it, the device lets the next one train, then waits until every device before it has finished its
+    round (`finished`, whether it uploaded or failed) before it uploads. With secure aggregation the
+    order is not kept: masked updates add up exactly in any order."""
+
+    def __init__(self, n: int) -> None:
+        self._slots = TrainingSlots(n)
+        self._turn = threading.Condition()
+        self._finished: set[int] = set()
+        self.ordered = True
+
+    def begin_round(self, ordered: bool = True) -> None:
+        with self._turn:
+            self._finished.clear()
+            self.ordered = ordered
+
+    def finished(self, index: int) -> None:
+        with self._turn:
+            self._finished.add(index)
+            self._turn.notify_all()
+
+    def slot(self, index: int) -> _Turn:
+        return _Turn(self, index)
+
+    def _enter(self) -> None:
+        self._slots.__enter__()
+
+    def _leave(self, index: int) -> None:
+        self._slots.__exit__()
+        if self.ordered:
+            with self._turn:
+                self._turn.wait_for(lambda: self._finished.issuperset(range(index)))
 
 
-def _score(lfw: Any, model: torch.nn.Module, number: int) -> dict[str, Any]:
-    report = evaluate(lfw, lambda faces: embed_faces(model, faces)).report
-    return {"round": number, "accuracy": report.accuracy, "accuracy_std": report.accuracy_std, "auc": report.auc, "tar_at_far": report.tar_at_far}
+class _Turn:
+    def __init__(self, turns: UploadTurns, index: int) -> None:
+        self._turns, self._index = turns, index
+
+    def __enter__(self) -> None:
+        self._turns._enter()
+
+    def __exit__(self, *_: object) -> None:
+        self._turns._leave(self._index)
+
+
+def _train_all(fleet: list[FaceDevice], number: int, turns: UploadTurns, secure: bool) -> list[Any]:
+    """Every device's round, side by side; without secure aggregation they upload in fleet order."""
+    turns.begin_round(ordered=not secure)
+
+    def train(index: int) -> Any:
+        try:
+            # secure aggregation: each key step waits for every device, so all of them check in at once
+            return fleet[index].train_round(60, 0.5) if secure else fleet[index].train_round(wait=60)
+        finally:
+            turns.finished(index)
+
+    workers = len(fleet) if secure else TRAINING_SLOTS
+    label = f"round {number}" + (" (secure aggregation)" if secure else "")
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="demo-device")
+    try:
+        with tqdm(total=len(fleet), desc=label, unit="device") as bar:
+            futures = [pool.submit(train, index) for index in range(len(fleet))]
+            for _ in as_completed(futures):
+                bar.update()
+            return [f.result() for f in futures]
+    finally:
+        # A stopped or failed round waits for no device: the queued ones never start, and the ones training
+        # fail at their upload once the server is stopped, rather than wait for turns that will not come.
+        pool.shutdown(wait=False, cancel_futures=True)
+        for index in range(len(fleet)):
+            turns.finished(index)
 
 
 def _current_model(device: FaceDevice) -> torch.nn.Module:
@@ -134,7 +323,7 @@ def _wait_completed(server: LocalServer, round_id: int, timeout: float = 600) ->
             if status["status"] == RoundStatus.FAILED:
                 raise RuntimeError(f"round {round_id} failed: {status['failure_reason']}")
             return status
-        time.sleep(0.5)
+        time.sleep(ROUND_POLL_S)
     raise RuntimeError(f"round {round_id} did not complete in {timeout} s")
 
 

@@ -6,17 +6,20 @@ TAR@FAR: LFW's 300 mismatched pairs per fold cannot measure FAR 1e-4, so every i
 every person in the chosen people folds is scored against every other: same-person pairs
 are genuine, the rest impostors (about 25M for folds 6-10). The same folds' people only,
 so these pairs stay disjoint from anything trained outside them.
+A smaller evaluation (`max_photos`): a seeded subset of the chosen folds' View-2 pairs, balanced over
+folds and matched/mismatched, whose photos number at most `max_photos`; TAR@FAR then compares every
+photo of that subset with every other. Its report says it is a subset (`extra["subset"]`).
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 from facecore.align.pipeline import AlignedSet, FaceAligner
-from facecore.data.lfw import LFW
+from facecore.data.lfw import LFW, LFWPair
 from facecore.errors import FaceCoreError
 from facecore.eval.metrics import (
     VerificationReport,
@@ -32,6 +35,9 @@ EmbedFn = Callable[[np.ndarray], np.ndarray]
 FARS = (1e-3, 1e-4)
 # LFW people folds 6-10 are the test set: nothing that shapes a model or its settings may see them.
 TEST_FOLDS = frozenset(range(6, 11))
+# The seed of the smaller evaluation's pairs: fixed, so that every run (any --seed) scores the same subset.
+SUBSET_SEED = 0
+MIN_SUBSET_PHOTOS_PER_FOLD = 4  # a matched and a mismatched pair in every fold: accuracy needs both
 
 
 def refuse_test_folds(folds: tuple[int, ...] | list[int], choice: str) -> None:
@@ -52,7 +58,9 @@ class LFWFaces:
     pair_fold: np.ndarray  # (P,)
     alignment: AlignedSet
     skipped_pairs: tuple[str, ...]
-    face_fold: np.ndarray | None = None  # the people fold of each face's person (all_people only)
+    face_fold: np.ndarray | None = None  # the people fold of each face's person (all_people or a subset)
+    # A smaller evaluation: {"photos", "of_photos", "pairs", "of_pairs", "seed"}; None: the whole folds.
+    subset: dict[str, int] | None = None
 
     def without(self, identities: Collection[str]) -> LFWFaces:
         """These folds less the given people's faces and every pair that shows one of them: how a
@@ -66,6 +74,7 @@ class LFWFaces:
             self, faces=self.faces[keep], identities=self.identities[keep], pair_index=new_row[self.pair_index[pairs]],
             pair_same=self.pair_same[pairs], pair_fold=self.pair_fold[pairs],
             face_fold=None if self.face_fold is None else self.face_fold[keep],
+            subset=None if self.subset is None else {**self.subset, "photos": int(keep.sum()), "pairs": int(pairs.sum())},
         )
 
     def alignment_summary(self) -> dict[str, object]:
@@ -77,17 +86,68 @@ class LFWFaces:
         }
 
 
+def subset_pairs(pairs: Sequence[LFWPair], folds: tuple[int, ...], max_photos: int, seed: int = SUBSET_SEED) -> list[LFWPair]:
+    """A seeded subset of `pairs` showing at most `max_photos` photos: the pairs of each (fold,
+    matched or mismatched) in a seeded order, taken one from each in turn, so that every fold and
+    both kinds keep about equal shares, until the next pair's photos would not fit."""
+    if max_photos < MIN_SUBSET_PHOTOS_PER_FOLD * len(folds):
+        raise FaceCoreError(f"a subset of {max_photos} photos cannot hold a matched and a mismatched pair in each of "
+                            f"{len(folds)} folds: take at least {MIN_SUBSET_PHOTOS_PER_FOLD * len(folds)}")
+    rng = np.random.default_rng(seed)
+    queues = []
+    for fold in folds:
+        for same in (True, False):
+            group = [p for p in pairs if p.fold == fold and p.same == same]
+            queues.append([group[i] for i in rng.permutation(len(group))])
+    chosen: list[LFWPair] = []
+    photos: set[Path] = set()
+    for turn in range(max(map(len, queues), default=0)):
+        for queue in queues:
+            if turn >= len(queue):
+                continue
+            pair = queue[turn]
+            new = {pair.a.path, pair.b.path} - photos
+            if len(photos) + len(new) > max_photos:
+                return chosen
+            photos |= new
+            chosen.append(pair)
+    return chosen
+
+
+def folds_text(folds: Sequence[int]) -> str:
+    """6-10 for a run of folds, else 6,8: how reports name a fold selection."""
+    ordered = sorted(folds)
+    if len(ordered) > 1 and ordered == list(range(ordered[0], ordered[-1] + 1)):
+        return f"{ordered[0]}-{ordered[-1]}"
+    return ",".join(map(str, ordered))
+
+
+def fold_photo_count(root: str | Path, folds: tuple[int, ...]) -> int:
+    """How many photos the people of `folds` have: what the whole evaluation aligns and embeds."""
+    people = LFW(root).people_folds()
+    return sum(sum(people[fold - 1].values()) for fold in folds)
+
+
 def load_lfw_faces(
     root: str | Path, folds: tuple[int, ...], aligner: FaceAligner | None = None, max_pairs_per_fold: int | None = None,
-    all_people: bool = True,
+    all_people: bool = True, max_photos: int | None = None,
 ) -> LFWFaces:
-    """Align every image the chosen folds need (cached after the first run)."""
+    """Align every image the chosen folds need (cached after the first run). `max_photos`: the
+    smaller evaluation (`subset_pairs`), unless the folds' people have no more photos than that."""
     lfw = LFW(root)
     pairs = [p for p in lfw.pairs() if p.fold in folds]
     if max_pairs_per_fold is not None:  # a quick look, e.g. in tests: keep matched and mismatched balanced
         pairs = [p for fold in folds for same in (True, False) for p in [q for q in pairs if q.fold == fold and q.same == same][: max_pairs_per_fold // 2]]
-    images = {img.path: img for p in pairs for img in (p.a, p.b)}
+    subset: dict[str, int] | None = None
     fold_of: dict[str, int] = {}
+    if max_photos is not None and all_people and max_photos < (everyone := fold_photo_count(root, folds)):
+        every_pair = len(pairs)
+        pairs = subset_pairs(pairs, folds, max_photos)
+        fold_of = {img.identity: p.fold for p in pairs for img in (p.a, p.b)}  # a pair's fold is its people's (LFW View 2)
+        all_people = False
+        subset = {"photos": len({img.path for p in pairs for img in (p.a, p.b)}), "of_photos": everyone, "pairs": len(pairs),
+                  "of_pairs": every_pair, "seed": SUBSET_SEED}
+    images = {img.path: img for p in pairs for img in (p.a, p.b)}
     if all_people:
         people = lfw.people_folds()
         for fold in folds:
@@ -106,17 +166,24 @@ def load_lfw_faces(
         else:
             skipped.append(f"{pair.a.path.name} / {pair.b.path.name}")
     identities = np.array([images[aligned.paths[k]].identity for k in aligned.kept])
-    face_fold = np.array([fold_of.get(str(name), 0) for name in identities]) if all_people else None
+    face_fold = np.array([fold_of.get(str(name), 0) for name in identities]) if fold_of else None
     return LFWFaces(
         folds, aligned.faces, identities, np.array(index, dtype=np.int64).reshape(-1, 2), np.array(same, bool),
-        np.array(fold_ids), aligned, tuple(skipped), face_fold,
+        np.array(fold_ids), aligned, tuple(skipped), face_fold, subset,
     )
 
 
 @dataclass(frozen=True)
 class LFWResult:
     report: VerificationReport
-    roc: tuple[np.ndarray, np.ndarray]  # all-pairs FAR, TAR, for plots
+    genuine: np.ndarray = field(repr=False)  # every all-pairs score, for the ROC
+    impostor: np.ndarray = field(repr=False)
+
+    @property
+    def roc(self) -> tuple[np.ndarray, np.ndarray]:
+        """All-pairs FAR, TAR, for plots; worked out when asked for: sorting 25M impostor scores takes
+        seconds, and the demo and the simulator score every round without plotting a ROC."""
+        return _all_pairs_roc(self.genuine, self.impostor)
 
 
 def evaluate(data: LFWFaces, embed: EmbedFn, fars: tuple[float, ...] = FARS) -> LFWResult:
@@ -128,7 +195,6 @@ def evaluate(data: LFWFaces, embed: EmbedFn, fars: tuple[float, ...] = FARS) -> 
     scores = cosine_scores(embeddings[data.pair_index[:, 0]], embeddings[data.pair_index[:, 1]])
     accuracy = kfold_accuracy(scores, data.pair_same, data.pair_fold)
     genuine, impostor = all_pairs_scores(embeddings, data.identities)
-    far, tar = _all_pairs_roc(genuine, impostor)
     report = VerificationReport(
         accuracy=accuracy.mean,
         accuracy_std=accuracy.std,
@@ -140,10 +206,11 @@ def evaluate(data: LFWFaces, embed: EmbedFn, fars: tuple[float, ...] = FARS) -> 
             "per_fold_accuracy": [round(a, 6) for a in accuracy.per_fold],
             **({"per_fold_tar_at_far": per_fold_tar(data, embeddings, fars)} if data.face_fold is not None else {}),
             "all_pairs": {"genuine": int(genuine.size), "impostor": int(impostor.size)},
+            **({"subset": dict(data.subset)} if data.subset is not None else {}),
             **data.alignment_summary(),
         },
     )
-    return LFWResult(report, (far, tar))
+    return LFWResult(report, genuine, impostor)
 
 
 def per_fold_tar(data: LFWFaces, embeddings: np.ndarray, fars: tuple[float, ...] = FARS) -> dict[str, list[float]]:
@@ -170,4 +237,7 @@ def _all_pairs_roc(genuine: np.ndarray, impostor: np.ndarray, points: int = 400)
     return fars, tars
 
 
-__all__ = ["TEST_FOLDS", "LFWFaces", "LFWResult", "evaluate", "load_lfw_faces", "per_fold_tar", "refuse_test_folds", "roc_curve"]
+__all__ = [
+    "MIN_SUBSET_PHOTOS_PER_FOLD", "SUBSET_SEED", "TEST_FOLDS", "LFWFaces", "LFWResult", "evaluate", "fold_photo_count", "folds_text", "load_lfw_faces",
+    "per_fold_tar", "refuse_test_folds", "roc_curve", "subset_pairs",
+]

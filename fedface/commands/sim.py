@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from fedface.cli import add_lazy_command
+from fedface.commands.evaluation_options import add_eval_photos, evaluation_choice, subset_line
 
 
 def _on_off(value: str) -> bool:
@@ -68,7 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cd.add_argument("--ray-address", default=None, metavar="ADDRESS",
                     help="--backend ray: the cluster to join (default: a local Ray, or RAY_ADDRESS); its nodes need fedface installed")
     cd.add_argument("--eval-every", type=int, default=5, metavar="N", help="rounds between LFW evaluations")
-    cd.add_argument("--folds", default="6-10", help="LFW folds to evaluate on (identity-disjoint from the devices)")
+    cd.add_argument("--folds", default="6-10",
+                    help="LFW folds to evaluate on (identity-disjoint from the devices): at least 2, all of 6-10 (test) or all of 1-5 (tuning)")
+    add_eval_photos(cd)
     cd.add_argument("--target", type=float, default=None, help="LFW accuracy for rounds_to_target")
     cd.add_argument("--data", help="data root (default: $FEDFACE_DATA, else ../shared/data)")
     cd.add_argument("--split", help="split manifest (default: the seed-0 split)")
@@ -138,18 +141,23 @@ def _cross_device(args: argparse.Namespace) -> int:
         from facecore.errors import FaceCoreError
 
         raise FaceCoreError("--secure-aggregation runs the live protocol between real devices and the server: use it with --http N")
+    # --http runs the demo, whose figures are test figures: folds 6-10 only. In process, folds 1-5 tune.
+    folds, eval_photos = evaluation_choice(args.folds, args.eval_photos, tuning=not args.http)
     if args.http:
         from facecore.paths import data_root
+        from fedface.commands.demo import passive_openmp
+
+        passive_openmp()
         from simulator.demo import run_demo
 
-        report = run_demo(data_root(args.data), Path(args.out), devices=args.http, rounds=args.rounds, model=args.model, secure=args.secure_aggregation)
+        report = run_demo(data_root(args.data), Path(args.out), devices=args.http, rounds=args.rounds, model=args.model, folds=folds,
+                          secure=args.secure_aggregation, eval_photos=eval_photos)
         summary = {"method": "fedface-http" + ("-secagg" if args.secure_aggregation else ""), "devices": report["devices"], "rounds": report["rounds"],
                    "accuracy": report["after"]["accuracy"], "tar_at_far": report["after"]["tar_at_far"],
-                   "initial_accuracy": report["before"]["accuracy"]}
-        print(json.dumps(summary) if args.json else "\n".join(f"{k:>18}: {v}" for k, v in summary.items()))
+                   "initial_accuracy": report["before"]["accuracy"], "folds": report["folds"], "lfw_subset": report["subset"]}
+        _print_summary(summary, args.json)
         return 0
     from device_sdk.training import LocalTrainingConfig
-    from facecore.data.lfw import parse_folds
     from facecore.data.split import SplitManifest
     from facecore.losses import SpreadoutConfig
     from facecore.paths import data_root
@@ -163,7 +171,7 @@ def _cross_device(args: argparse.Namespace) -> int:
         config = CrossDeviceConfig(
             devices=args.devices, rounds=args.rounds, per_round=args.per_round, method=args.method, init=args.init,
             spreadout=args.spreadout, seed=args.seed, model=args.model, eval_every=args.eval_every,
-            eval_folds=parse_folds(args.folds), target_accuracy=args.target, local=local,
+            eval_folds=folds, eval_photos=eval_photos, target_accuracy=args.target, local=local,
             dp_epsilon=args.dp_epsilon, dp_clip=args.dp_clip, dp_delta=args.dp_delta, template_noise_cos=args.template_noise_cos, workers=args.workers,
             selection=args.selection, wire=args.wire, seeding=args.seeding, weighting=args.weighting,
             backend=args.backend, ray_address=args.ray_address, owner_holdout=args.owner_holdout, public_negatives=args.public_negatives,
@@ -176,6 +184,17 @@ def _cross_device(args: argparse.Namespace) -> int:
     out = Path(args.out)
     manifest = SplitManifest.load(args.split) if args.split else None
     report = run_cross_device(config, data_root(args.data), out, manifest, resume=not args.fresh)
-    summary = {k: report[k] for k in ("method", "devices", "rounds", "accuracy", "tar_at_far", "rounds_to_target", "seconds_per_round", "owners")}
-    print(json.dumps(summary) if args.json else "\n".join(f"{k:>18}: {v}" for k, v in summary.items()))
+    summary = {k: report.get(k) for k in ("method", "devices", "rounds", "accuracy", "tar_at_far", "rounds_to_target", "seconds_per_round", "owners",
+                                          "lfw_subset")}
+    _print_summary(summary, args.json)
     return 0
+
+
+def _print_summary(summary: dict[str, object], as_json: bool) -> None:
+    """One JSON line, or a line per figure; `lfw_subset` only when the figures are on a subset, then in words."""
+    subset = summary.pop("lfw_subset", None)
+    if as_json:
+        print(json.dumps(summary | ({"lfw_subset": subset} if subset else {})))
+        return
+    shown = summary | ({"evaluation": subset_line(subset)} if isinstance(subset, dict) else {})
+    print("\n".join(f"{k:>18}: {v}" for k, v in shown.items()))

@@ -5,6 +5,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, get_args
 
 from device_sdk.training import LocalTrainingConfig
+from facecore.eval.lfw import MIN_SUBSET_PHOTOS_PER_FOLD
 from facecore.federation.config import AggregationSettings, LocalSettings, RoundConfig, SpreadoutSettings, Weighting
 from facecore.federation.wire import PRECISIONS, Precision
 from facecore.losses import SpreadoutConfig
@@ -17,7 +18,7 @@ SEEDINGS = ("live", "per_device")
 WEIGHTINGS = get_args(Weighting)
 # What a checkpoint written before a field existed ran with, so it resumes with its own meaning.
 LEGACY_DEFAULTS: dict[str, Any] = {"selection": "uniform", "wire": "fp32", "seeding": "per_device", "public_negatives": 0, "public_rehearsal": False,
-                                   "weighting": "samples"}
+                                   "weighting": "samples", "eval_photos": None}
 LEGACY_LOCAL_DEFAULTS: dict[str, Any] = {"negative_scale": 64.0, "negative_margin": 0.35}
 LEGACY_SPREADOUT_DEFAULTS: dict[str, Any] = {"center": False}
 
@@ -34,6 +35,8 @@ class CrossDeviceConfig:
     model: str = "default"
     eval_every: int = 5
     eval_folds: tuple[int, ...] = (6, 7, 8, 9, 10)
+    # The smaller evaluation: a seeded subset of at most this many of the folds' photos (None: all of them).
+    eval_photos: int | None = None
     target_accuracy: float | None = None  # for rounds_to_target
     # Share of each device's photos it never trains on; its owner is verified on them (None: train on all).
     owner_holdout: float | None = None
@@ -75,6 +78,8 @@ class CrossDeviceConfig:
                 ("init must be mean or random", self.init not in ("mean", "random")),
                 ("owner_holdout must be in (0, 1)", self.owner_holdout is not None and not 0 < self.owner_holdout < 1),
                 ("eval_every must be >= 1", self.eval_every < 1),
+                (f"eval_photos must be >= {MIN_SUBSET_PHOTOS_PER_FOLD} per eval fold",
+                 self.eval_photos is not None and self.eval_photos < MIN_SUBSET_PHOTOS_PER_FOLD * len(self.eval_folds)),
                 ("dp_epsilon must be > 0", self.dp_epsilon is not None and not self.dp_epsilon > 0),
                 ("dp_clip must be > 0", not self.dp_clip > 0), ("dp_delta must be in (0, 1)", not 0 < self.dp_delta < 1),
                 ("template_noise_cos must be in (0, 1]", self.template_noise_cos is not None and not 0 < self.template_noise_cos <= 1),

@@ -23,7 +23,7 @@ import torch
 from facecore.align.geometry import FaceGeometry, geometry_of
 from facecore.align.pipeline import FaceAligner
 from facecore.eval.calibration import CALIBRATION_FOLDS
-from facecore.eval.lfw import TEST_FOLDS, evaluate, load_lfw_faces
+from facecore.eval.lfw import SUBSET_SEED, TEST_FOLDS, evaluate, load_lfw_faces
 from facecore.eval.metrics import all_pairs_scores, threshold_at_far
 from facecore.eval.owners import OwnerFaces, owner_verifications
 from facecore.models.checkpoint import verification_of
@@ -32,7 +32,7 @@ from facecore.paths import cache_root
 from simulator.cross_device.engine import Evaluator
 from simulator.cross_device.population import Population, SimDevice
 
-EVALUATED = ("accuracy", "accuracy_std", "auc", "tar_at_far", "tar_at_far_per_fold", "owners", "owners_recalibrated")
+EVALUATED = ("accuracy", "accuracy_std", "auc", "tar_at_far", "tar_at_far_per_fold", "owners", "owners_recalibrated", "lfw_subset")
 # Bump when what an evaluation computes changes: a remembered result would be stale.
 EVALUATION_VERSION = 2
 
@@ -44,17 +44,19 @@ def published_threshold(model: torch.nn.Module) -> float | None:
 
 def lfw_evaluator(
     root: Path, folds: tuple[int, ...], geometry: FaceGeometry, devices: Sequence[SimDevice] = (), trained_on: Collection[str] = (),
+    max_photos: int | None = None,
 ) -> Evaluator:
     """LFW accuracy and TAR@FAR on `folds`, with each fold's own TAR; on tuning folds, less the
-    people of `devices` and the other people devices trained against (`trained_on`)."""
-    data = load_lfw_faces(root / "lfw", folds, aligner=FaceAligner(geometry=geometry))
+    people of `devices` and the other people devices trained against (`trained_on`). `max_photos`:
+    on a seeded subset of the folds' photos (facecore.eval.lfw.subset_pairs), named in `lfw_subset`."""
+    data = load_lfw_faces(root / "lfw", folds, aligner=FaceAligner(geometry=geometry), max_photos=max_photos)
     if not TEST_FOLDS & set(folds):
         data = data.without({d.identity for d in devices} | set(trained_on))
 
     def score(model: torch.nn.Module) -> dict[str, Any]:
         report = evaluate(data, lambda faces: embed_faces(model, faces)).report
         return {"accuracy": report.accuracy, "accuracy_std": report.accuracy_std, "auc": report.auc, "tar_at_far": report.tar_at_far,
-                "tar_at_far_per_fold": report.extra.get("per_fold_tar_at_far")}
+                "tar_at_far_per_fold": report.extra.get("per_fold_tar_at_far"), **({"lfw_subset": data.subset} if data.subset else {})}
 
     return score
 
@@ -115,17 +117,21 @@ def remembered(evaluator: Evaluator, setting: dict[str, Any]) -> Evaluator:
 
 def evaluators(
     root: Path, folds: tuple[int, ...], model: torch.nn.Module, population: Population, trained_on: Collection[str] = (),
+    max_photos: int | None = None,
 ) -> tuple[Evaluator, Evaluator | None]:
     """(LFW, owners) for a run starting from `model`; owners is None without held-out photos.
-    `trained_on`: public people the devices train against, left out of tuning folds like the devices'."""
+    `trained_on`: public people the devices train against, left out of tuning folds like the devices'.
+    `max_photos`: LFW on a seeded subset of the folds' photos (the owners' figures are unchanged)."""
     geometry = geometry_of(model)
     verification = verification_of(model)
     far, threshold = float(verification.get("far", 1e-3)), published_threshold(model)
     setting = {"data": str(root), "geometry": repr(geometry), "devices": devices_digest(population.devices)}
-    lfw_setting = {**setting, "kind": "lfw", "folds": folds}
+    lfw_setting: dict[str, Any] = {**setting, "kind": "lfw", "folds": folds}
+    if max_photos is not None:  # only then, so results remembered before the option existed still count
+        lfw_setting |= {"photos": max_photos, "subset_seed": SUBSET_SEED}
     if trained_on and not TEST_FOLDS & set(folds):
         lfw_setting["trained_on"] = hashlib.sha256("\n".join(sorted(trained_on)).encode()).hexdigest()
-    lfw = remembered(lfw_evaluator(root, folds, geometry, population.devices, trained_on), lfw_setting)
+    lfw = remembered(lfw_evaluator(root, folds, geometry, population.devices, trained_on, max_photos), lfw_setting)
     if not any(d.held_out is not None for d in population.devices):
         return lfw, None
     owners = remembered(owner_evaluator(root, geometry, population.devices, threshold, far),

@@ -11,6 +11,12 @@ from typing import Any
 
 
 def label(report: dict[str, Any]) -> str:
+    """The run's name in tables and plots; a figure on a subset of the LFW photos says so."""
+    subset = report.get("lfw_subset")
+    return _method_label(report) + ("" if not subset else f" [LFW subset: {subset['photos']} photos, {subset['pairs']} pairs]")
+
+
+def _method_label(report: dict[str, Any]) -> str:
     if report["method"] == "pretrained":
         return "pretrained"
     if report["method"] == "central":

@@ -30,7 +30,7 @@ def run_cross_device(config: CrossDeviceConfig, root: Path, out: Path, manifest:
     if population.notice():
         print(population.notice())
     negatives = load_public_negatives(manifest, root, config.public_negatives, geometry_of(model), config.seed) if config.public_negatives else None
-    evaluator, owners = evaluators(root, config.eval_folds, model, population, negatives.identities if negatives else ())
+    evaluator, owners = evaluators(root, config.eval_folds, model, population, negatives.identities if negatives else (), config.eval_photos)
     started = time.perf_counter()
     if config.method == "central":
         history, trained = _central(config, population, model, evaluator, out)
@@ -88,7 +88,7 @@ def summarize(config: CrossDeviceConfig, population, history: list[dict[str, Any
         "tar_at_far_per_fold": final.get("tar_at_far_per_fold"), "initial_tar_at_far_per_fold": evaluated[0].get("tar_at_far_per_fold"),
         "owners": final.get("owners"), "initial_owners": evaluated[0].get("owners"),
         "owners_recalibrated": final.get("owners_recalibrated"), "initial_owners_recalibrated": evaluated[0].get("owners_recalibrated"),
-        "rounds_to_target": reached, "target_accuracy": target,
+        "rounds_to_target": reached, "target_accuracy": target, "lfw_subset": final.get("lfw_subset"),
         "seconds_per_round": sum(trained) / len(trained) if trained else 0.0, "wall_seconds": seconds,
         "device_images": int(sum(len(d.faces) for d in population.devices)), "split_sizes": manifest.sizes(),
         "seed": config.seed, "config": config.to_dict(), "history": history,
