@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from facecore.align.detectors import detector_version
 from facecore.align.geometry import FaceGeometry, geometry_of
 from facecore.align.pipeline import FaceAligner
 from facecore.eval.calibration import CALIBRATION_FOLDS
@@ -125,7 +126,8 @@ def evaluators(
     geometry = geometry_of(model)
     verification = verification_of(model)
     far, threshold = float(verification.get("far", 1e-3)), published_threshold(model)
-    setting = {"data": str(root), "geometry": repr(geometry), "devices": devices_digest(population.devices)}
+    setting = {"data": str(root), "geometry": repr(geometry), "detector": detector_version(),
+               "devices": devices_digest(population.devices)}
     lfw_setting: dict[str, Any] = {**setting, "kind": "lfw", "folds": folds}
     if max_photos is not None:  # only then, so results remembered before the option existed still count
         lfw_setting |= {"photos": max_photos, "subset_seed": SUBSET_SEED}
