@@ -105,7 +105,7 @@ def run_distill(args: argparse.Namespace) -> int:
     images = sum(h["images_per_second"] * h["seconds"] for h in result.history)
     summary = {
         "config": config.to_dict(),
-        "view_cache": str(cache.folder),
+        "view_cache": cache.folder.name,  # a folder of the distillation cache; no machine's absolute path
         "view_cache_seconds_this_invocation": round(cache_seconds, 1),
         "trained_on": {"role": "public", "identities": len(classes), "photos": len(photos), "excluded_photos": excluded, "views_per_photo": cache.views},
         "epochs": result.epochs,

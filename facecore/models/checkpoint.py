@@ -33,12 +33,15 @@ FIGURES = {"default": WEIGHTS_DIR / "dlib-resnet.json", "dlib-resnet": WEIGHTS_D
 
 
 def model_source(spec: str | Path) -> str:
-    """Where a --model spec's weights come from, for manifests and reports."""
+    """Where a --model spec's weights come from, for manifests and reports; the bundled model by its path in
+    the repository, so a committed figures file names no machine's checkout."""
     if str(spec) in PUBLISHED_MODELS:
         from facecore.models.published import FACE_API
 
         return f"npm {FACE_API.spec}"
-    return str(MOBILE_MODEL if str(spec) == "mobile" else spec)
+    if str(spec) == "mobile":
+        return MOBILE_MODEL.relative_to(WEIGHTS_DIR.parents[1]).as_posix()
+    return str(spec)
 
 
 def save_backbone(model: torch.nn.Module, path: str | Path, meta: dict[str, Any] | None = None, half: bool = False) -> Path:
