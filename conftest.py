@@ -45,7 +45,7 @@ def small_lfw_data(real_data: Path, tmp_path_factory: pytest.TempPathFactory) ->
 def isolated_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A private aligned-face cache, so tests never depend on (or pollute) the user's cache.
     The published weights that `make test` fetched stay where they are."""
-    from facecore.models.published import PACKAGES_ENV, packages_root
+    from facecore.paths import PACKAGES_ENV, packages_root
 
     monkeypatch.setenv(PACKAGES_ENV, str(packages_root()))
     monkeypatch.setenv("FEDFACE_CACHE", str(tmp_path / "cache"))

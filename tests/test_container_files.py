@@ -9,7 +9,8 @@ from pathlib import Path
 
 import yaml
 
-from facecore.models.published import FACE_API, PACKAGES_ENV
+from facecore.models.published import FACE_API
+from facecore.paths import PACKAGES_ENV
 from fedface.cli import build_parser
 from server_api.core.config import Settings
 

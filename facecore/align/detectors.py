@@ -99,7 +99,11 @@ class ThenOnMisses:
 
 # Border added on every side, as a fraction of the photo's longer side, tried in order after a miss.
 RETRY_BORDERS = (0.5, 1.0)
-RETRY_KEY = "pad" + "-".join(f"{border:g}" for border in RETRY_BORDERS)
+def retry_key(borders: tuple[float, ...]) -> str:
+    return "pad" + "-".join(f"{border:g}" for border in borders)
+
+
+RETRY_KEY = retry_key(RETRY_BORDERS)
 
 
 class TightCropRetry:
@@ -109,7 +113,7 @@ class TightCropRetry:
     def __init__(self, inner: FaceDetector, borders: tuple[float, ...] = RETRY_BORDERS) -> None:
         self.inner, self.borders = inner, borders
         self.name = inner.name
-        self.version = f"{inner.version}-pad{'-'.join(f'{border:g}' for border in borders)}"
+        self.version = f"{inner.version}-{retry_key(borders)}"
 
     def detect(self, images: list[np.ndarray]) -> list[Detection | None]:
         found = self.inner.detect(images)

@@ -27,7 +27,7 @@ import torch
 
 from facecore.digest import file_sha256
 from facecore.errors import FaceCoreError
-from facecore.paths import PACKAGES_ENV, packages_root  # noqa: F401  # PACKAGES_ENV: re-exported for callers and tests
+from facecore.paths import packages_root
 
 
 class WeightsMissing(FaceCoreError):

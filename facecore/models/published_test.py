@@ -12,6 +12,7 @@ from facecore.models import published
 from facecore.models.checkpoint import load_backbone
 from facecore.models.dlib_resnet import DLIB_GEOMETRY
 from facecore.models.preprocess import faces_to_tensor
+from facecore.paths import PACKAGES_ENV
 
 HARNESS = Path(__file__).with_name("face_api_parity.mjs")
 
@@ -21,7 +22,7 @@ def copied_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A private copy of the verified package, safe to damage."""
     source = published.FACE_API.folder
     published.installed_files()
-    monkeypatch.setenv(published.PACKAGES_ENV, str(tmp_path / "packages"))
+    monkeypatch.setenv(PACKAGES_ENV, str(tmp_path / "packages"))
     shutil.copytree(source, published.FACE_API.folder)
     return published.FACE_API.folder
 
@@ -65,7 +66,7 @@ def test_published_weights_give_dlib_resnet_with_its_threshold() -> None:
 
 def test_missing_weights_name_the_command_that_fetches_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Prepare: an empty packages folder
-    monkeypatch.setenv(published.PACKAGES_ENV, str(tmp_path / "empty"))
+    monkeypatch.setenv(PACKAGES_ENV, str(tmp_path / "empty"))
     # Execute / Assert
     with pytest.raises(published.WeightsMissing, match="run `fedface models fetch`") as error:
         load_backbone("default")
@@ -110,7 +111,7 @@ def test_fetch_replaces_a_corrupt_file_with_the_published_one(copied_package: Pa
 
 def test_a_tarball_that_is_not_the_published_one_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Prepare: an empty packages folder and a stranger's tarball
-    monkeypatch.setenv(published.PACKAGES_ENV, str(tmp_path / "packages"))
+    monkeypatch.setenv(PACKAGES_ENV, str(tmp_path / "packages"))
     stranger = tmp_path / "face-api.tgz"
     stranger.write_bytes(b"\x1f\x8b not the package")
     # Execute / Assert: refused before anything is unpacked
