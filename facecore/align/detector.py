@@ -1,4 +1,6 @@
-"""Face detection with MTCNN (facenet-pytorch ships the P/R/O-Net weights in its wheel)."""
+"""What every detector returns (`Detection`) and how the one face of a photo is picked (`pick_face`); and
+facenet-pytorch's torch MTCNN (weights in its wheel), kept as the reference the ONNX MTCNN is tested against.
+Devices and evaluations load a detector through `facecore.align.detectors`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
