@@ -235,7 +235,8 @@ class FaceDevice:
             raise DeviceError(f"the server publishes no ONNX file for model {version[:12]} (it runs with ONNX export "
                               "off): ask its operator")
         if version not in self._embedders:
-            self._embedders = {version: OnnxEmbedder(self._fetch_model(model["onnx_url"], version, "onnx"))}
+            onnx = self._fetch_model(model["onnx_url"], version, "onnx")
+            self._embedders = {version: OnnxEmbedder(onnx, sha256=self.state.model_sha256(version, "onnx"))}
         return self._embedders[version]
 
     # ---- API -----------------------------------------------------------------------------

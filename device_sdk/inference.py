@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from facecore.errors import FaceCoreError
+from facecore.onnx_session import open_session
 from facecore.pixels import PIXEL_MEAN, PIXEL_STD
 
 
@@ -16,16 +17,12 @@ class OnnxEmbedder:
     """Embeds aligned faces of the size the model's input declares (its manifest's `input.shape`
     and `geometry.size`: 112 for MobileFaceNet, 150 for the dlib ResNet); nothing else about the
     architecture is read. `model`: a file, or the ONNX bytes themselves (the personal verifier's
-    graph, which lives only inside the sealed personal.enc)."""
+    graph, which lives only inside the sealed personal.enc, and so is never saved optimised)."""
 
-    def __init__(self, model: str | Path | bytes, threads: int = 1) -> None:
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        source = model if isinstance(model, bytes) else str(model)
-        self.session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+    def __init__(self, model: str | Path | bytes, threads: int = 1, sha256: str | None = None) -> None:
+        # A file's optimised graph is saved once and reloaded by later processes (facecore.onnx_session);
+        # `sha256`: the file's, when the caller has just checked it, so it is not hashed twice.
+        self.session = open_session(model, threads, sha256)
         model_input = self.session.get_inputs()[0]
         self.input_name = model_input.name
         _, channels, height, width = model_input.shape

@@ -385,6 +385,11 @@ class DeviceState:
         path.with_name(path.name + ".json").unlink(missing_ok=True)
         return None
 
+    def model_sha256(self, version: str, kind: str) -> str | None:
+        """The sha256 recorded at download for a cached file, which `cached_model` checks it against."""
+        record = self._model_record(self.model_path(version, kind))
+        return None if record is None else str(record["sha256"])
+
     def store_model(self, version: str, kind: str, data: bytes, expected_sha256: str | None) -> Path:
         """Cache a downloaded model file after checking it against the sha256 the server vouched for."""
         path = self.model_path(version, kind)

@@ -163,7 +163,7 @@ def open_verifier(state: DeviceState, model: DeviceModel, personal: bool = False
     template = state.template()
     if template is None:
         raise NotEnrolled()
-    embedder = OnnxEmbedder(model.onnx)
+    embedder = OnnxEmbedder(model.onnx, sha256=state.model_sha256(model.version, "onnx"))
     if embedder.size != model.geometry.size:
         raise BadServerResponse(f"model {model.version[:12]} takes {embedder.size}px faces but declares a "
                                 f"{model.geometry.size}px crop ({model.geometry.key})")

@@ -136,8 +136,23 @@ def _skip_httpx_cli() -> None:
     sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]  # None: "do not import", as the import system reads it
 
 
+# The actions that import torch; every other one runs on numpy and onnxruntime alone.
+TORCH_ACTIONS = ("train", "personalize")
+
+
+def _one_blas_thread(action: str) -> None:
+    """numpy's OpenBLAS starts a thread per core when numpy is imported, and they spin: CPU time in every
+    cold register, enroll or verify, and wall time when the other core is busy. The
+    torch-free actions never run a BLAS call big enough to share out (onnxruntime has its own threads).
+    OpenBLAS reads this when it loads, so it is set before numpy is imported; a value the user set wins,
+    and torch's actions keep theirs."""
+    if action not in TORCH_ACTIONS:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
 def run(args: argparse.Namespace) -> int:
     _skip_httpx_cli()
+    _one_blas_thread(args.action)
     try:
         return _run(args)
     except OSError as error:  # an unreadable or unwritable state folder, a photo that vanished
