@@ -241,3 +241,29 @@ def test_the_demo_and_sim_http_pass_the_smaller_evaluation_on(
     assert code == 0
     assert calls[0]["folds"] == (6, 8) and calls[0]["eval_photos"] == 400
     assert "on a seeded subset: 398 of 2,388 photos, 200 of 1,200 View-2 pairs (--eval-photos)" in out
+
+
+def test_sim_capture_names_the_fleet_cameras_and_refuses_others(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # Prepare: the names the parser offers are written out so that parsing stays light
+    from facecore.capture import CAPTURES
+    from fedface.commands.sim import CAPTURE_NAMES
+
+    # Execute
+    parsed = cli.build_parser().parse_args(["sim", "cross-device", "--capture", "far"])
+    with pytest.raises(SystemExit) as refused:
+        main(["sim", "cross-device", "--capture", "webcam", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    # Assert
+    assert CAPTURE_NAMES == tuple(CAPTURES)
+    assert parsed.capture == "far" and cli.build_parser().parse_args(["sim", "cross-device"]).capture is None
+    assert refused.value.code == 2 and "--capture: invalid choice: 'webcam'" in err and "'lowlight-ir', 'far'" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sim_capture_examples_without_data_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # Execute
+    code = main(["sim", "capture-examples", "--out", str(tmp_path / "grid.png"), "--data", str(tmp_path / "missing")])
+    # Assert
+    err = capsys.readouterr().err
+    assert code == 1 and err.startswith("fedface sim: error: face data not found") and err.count("\n") == 1
+    assert not (tmp_path / "grid.png").exists()

@@ -8,6 +8,13 @@ from pathlib import Path
 from fedface.cli import add_lazy_command
 from fedface.commands.evaluation_options import add_eval_photos, evaluation_choice, subset_line
 
+# facecore.capture.CAPTURES's names, written out: importing it at parse time brings numpy and PIL
+# (fedface/cli_test.py checks the two agree).
+CAPTURE_NAMES = ("lowlight-ir", "far")
+CAPTURE_HELP = ("simulate the fleet's camera: every device photo and the evaluation's LFW photos as it takes them, "
+                "LFW also scored clean (lowlight-ir: grey near-infrared at night, one side light; far: a small, blurred, "
+                "noisy, JPEG face). See `fedface sim capture-examples`")
+
 
 def _on_off(value: str) -> bool:
     if value not in ("on", "off"):
@@ -68,6 +75,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     help="where --workers run: local processes or Ray actors (pip install 'fedface[ray]')")
     cd.add_argument("--ray-address", default=None, metavar="ADDRESS",
                     help="--backend ray: the cluster to join (default: a local Ray, or RAY_ADDRESS); its nodes need fedface installed")
+    cd.add_argument("--capture", choices=CAPTURE_NAMES, default=None, metavar="NAME",
+                    help=CAPTURE_HELP + f" (choices: {', '.join(CAPTURE_NAMES)}; default: the photos as they are)")
     cd.add_argument("--eval-every", type=int, default=5, metavar="N", help="rounds between LFW evaluations")
     cd.add_argument("--folds", default="6-10",
                     help="LFW folds to evaluate on (identity-disjoint from the devices): at least 2, all of 6-10 (test) or all of 1-5 (tuning)")
@@ -92,6 +101,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         modes, "cross-silo", "fedface.commands.cross_silo", "PFM + FV over heterogeneous silos (Bai et al. 2021)"
     )
 
+    examples = modes.add_parser("capture-examples", help="a grid of LFW faces, clean and through each fleet camera (--capture)")
+    examples.add_argument("--out", required=True, metavar="PNG", help="where to write the grid (a .png file)")
+    examples.add_argument("--photos", type=int, default=6, metavar="N", help="faces per row (people of LFW folds 1-5)")
+    examples.add_argument("--seed", type=int, default=0, help="which people, and each camera's draws")
+    examples.add_argument("--data", help="data root (default: $FEDFACE_DATA, else ../shared/data)")
+
     compare = modes.add_parser("compare", help="plot several finished runs together (accuracy, TAR, embedding spread)")
     compare.add_argument("runs", nargs="+", help="run folders holding report.json")
     compare.add_argument("--out", required=True, metavar="DIR", help="folder for the combined plots and table")
@@ -113,7 +128,19 @@ def run(args: argparse.Namespace) -> int:
         return run_fusion_faces(args)
     if args.mode == "compare":
         return _compare(args)
+    if args.mode == "capture-examples":
+        return _capture_examples(args)
     return _cross_device(args)
+
+
+def _capture_examples(args: argparse.Namespace) -> int:
+    from facecore.models.dlib_resnet import DLIB_GEOMETRY
+    from facecore.paths import data_root
+    from simulator.cross_device.capture_examples import write_capture_examples
+
+    path = write_capture_examples(data_root(args.data), Path(args.out), DLIB_GEOMETRY, args.photos, args.seed)
+    print(f"wrote {path}")
+    return 0
 
 
 def _compare(args: argparse.Namespace) -> int:
@@ -175,7 +202,7 @@ def _cross_device(args: argparse.Namespace) -> int:
             dp_epsilon=args.dp_epsilon, dp_clip=args.dp_clip, dp_delta=args.dp_delta, template_noise_cos=args.template_noise_cos, workers=args.workers,
             selection=args.selection, wire=args.wire, seeding=args.seeding, weighting=args.weighting,
             backend=args.backend, ray_address=args.ray_address, owner_holdout=args.owner_holdout, public_negatives=args.public_negatives,
-            public_rehearsal=args.public_rehearsal,
+            public_rehearsal=args.public_rehearsal, capture=args.capture,
             server_spreadout=SpreadoutConfig(**{k: v for k, v in (("nu", args.spreadout_nu), ("steps", args.spreadout_steps),
                                                                    ("lr", args.spreadout_lr), ("center", args.spreadout_center)) if v is not None}),
         )
@@ -186,6 +213,8 @@ def _cross_device(args: argparse.Namespace) -> int:
     report = run_cross_device(config, data_root(args.data), out, manifest, resume=not args.fresh)
     summary = {k: report.get(k) for k in ("method", "devices", "rounds", "accuracy", "tar_at_far", "rounds_to_target", "seconds_per_round", "owners",
                                           "lfw_subset")}
+    if report.get("capture"):  # the camera's figures, and the same photos' clean ones beside them
+        summary |= {"capture": report["capture"], "clean": report.get("clean")}
     _print_summary(summary, args.json)
     return 0
 

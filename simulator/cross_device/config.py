@@ -5,6 +5,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, get_args
 
 from device_sdk.training import LocalTrainingConfig
+from facecore.capture import CAPTURES
 from facecore.eval.lfw import MIN_SUBSET_PHOTOS_PER_FOLD
 from facecore.federation.config import AggregationSettings, LocalSettings, RoundConfig, SpreadoutSettings, Weighting
 from facecore.federation.wire import PRECISIONS, Precision
@@ -18,7 +19,7 @@ SEEDINGS = ("live", "per_device")
 WEIGHTINGS = get_args(Weighting)
 # What a checkpoint written before a field existed ran with, so it resumes with its own meaning.
 LEGACY_DEFAULTS: dict[str, Any] = {"selection": "uniform", "wire": "fp32", "seeding": "per_device", "public_negatives": 0, "public_rehearsal": False,
-                                   "weighting": "samples", "eval_photos": None}
+                                   "weighting": "samples", "eval_photos": None, "capture": None}
 LEGACY_LOCAL_DEFAULTS: dict[str, Any] = {"negative_scale": 64.0, "negative_margin": 0.35}
 LEGACY_SPREADOUT_DEFAULTS: dict[str, Any] = {"center": False}
 
@@ -69,6 +70,9 @@ class CrossDeviceConfig:
     # the cluster at ray_address (None: a local Ray, or RAY_ADDRESS).
     backend: str = "process"
     ray_address: str | None = None
+    # The fleet's camera (facecore.capture): every device photo and the held-out LFW photos as it takes
+    # them, so a run measures what the web photos never showed (None: the photos as they are).
+    capture: str | None = None
 
     def __post_init__(self) -> None:
         problems = [
@@ -94,6 +98,7 @@ class CrossDeviceConfig:
                 ("public_negatives must be >= 0", self.public_negatives < 0),
                 ("public_rehearsal needs public_negatives", self.public_rehearsal and not self.public_negatives),
                 ("public negatives are for fedface and fedavg", self.public_negatives > 0 and self.method not in ("fedavg", "fedface")),
+                (f"capture must be one of {', '.join(CAPTURES)} (or none)", self.capture is not None and self.capture not in CAPTURES),
                 ("public negatives train in process: use workers 1 and backend process",
                  self.public_negatives > 0 and (self.workers > 1 or self.backend != "process")),
             ) if bad

@@ -7,6 +7,9 @@ Invariants:
 - Owners are verified on held-out photos no device trained on, at the published threshold (which a
   federated version inherits) and at one recalibrated for the model being scored, on LFW folds 1-5
   less the devices' people, as a publisher who recalibrates would set it. Never on folds 6-10.
+- With a fleet camera (facecore.capture) LFW is scored on its photos as that camera takes them, drawn
+  with a fixed seed of their own: every arm and run seed scores the same captured photos. The clean
+  photos' figures come beside them (`clean`), so a gain on the camera is told from a loss on the web.
 - The same weights under the same setting score the same, so results are remembered in the cache.
 """
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Collection, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +27,7 @@ import torch
 from facecore.align.detectors import detector_version
 from facecore.align.geometry import FaceGeometry, geometry_of
 from facecore.align.pipeline import FaceAligner
+from facecore.capture import get_capture
 from facecore.eval.calibration import CALIBRATION_FOLDS
 from facecore.eval.lfw import SUBSET_SEED, TEST_FOLDS, evaluate, load_lfw_faces
 from facecore.eval.metrics import all_pairs_scores, threshold_at_far
@@ -33,7 +38,10 @@ from facecore.paths import cache_root
 from simulator.cross_device.engine import Evaluator
 from simulator.cross_device.population import Population, SimDevice
 
-EVALUATED = ("accuracy", "accuracy_std", "auc", "tar_at_far", "tar_at_far_per_fold", "owners", "owners_recalibrated", "lfw_subset")
+EVALUATED = ("accuracy", "accuracy_std", "auc", "tar_at_far", "tar_at_far_per_fold", "owners", "owners_recalibrated", "lfw_subset", "clean")
+# The captured LFW photos' draws: independent of the run's seed, and below the devices' streams
+# (simulator.cross_device.population.DEVICE_STREAM), which a run with seed 0 also draws from.
+LFW_CAPTURE_SEED, LFW_CAPTURE_STREAM = 0, 1
 # Bump when what an evaluation computes changes: a remembered result would be stale.
 EVALUATION_VERSION = 2
 
@@ -45,19 +53,28 @@ def published_threshold(model: torch.nn.Module) -> float | None:
 
 def lfw_evaluator(
     root: Path, folds: tuple[int, ...], geometry: FaceGeometry, devices: Sequence[SimDevice] = (), trained_on: Collection[str] = (),
-    max_photos: int | None = None,
+    max_photos: int | None = None, capture: str | None = None,
 ) -> Evaluator:
     """LFW accuracy and TAR@FAR on `folds`, with each fold's own TAR; on tuning folds, less the
     people of `devices` and the other people devices trained against (`trained_on`). `max_photos`:
-    on a seeded subset of the folds' photos (facecore.eval.lfw.subset_pairs), named in `lfw_subset`."""
-    data = load_lfw_faces(root / "lfw", folds, aligner=FaceAligner(geometry=geometry), max_photos=max_photos)
+    on a seeded subset of the folds' photos (facecore.eval.lfw.subset_pairs), named in `lfw_subset`.
+    `capture`: on the photos as that fleet camera takes them, the clean photos' figures under `clean`."""
+    clean = load_lfw_faces(root / "lfw", folds, aligner=FaceAligner(geometry=geometry), max_photos=max_photos)
+    # Captured before people leave, so each photo's draw is the same whichever devices ran.
+    data = clean if capture is None else replace(
+        clean, faces=get_capture(capture).capture(clean.faces, geometry, LFW_CAPTURE_SEED, LFW_CAPTURE_STREAM))
     if not TEST_FOLDS & set(folds):
-        data = data.without({d.identity for d in devices} | set(trained_on))
+        left_out = {d.identity for d in devices} | set(trained_on)
+        clean, data = clean.without(left_out), data.without(left_out)
 
     def score(model: torch.nn.Module) -> dict[str, Any]:
         report = evaluate(data, lambda faces: embed_faces(model, faces)).report
-        return {"accuracy": report.accuracy, "accuracy_std": report.accuracy_std, "auc": report.auc, "tar_at_far": report.tar_at_far,
-                "tar_at_far_per_fold": report.extra.get("per_fold_tar_at_far"), **({"lfw_subset": data.subset} if data.subset else {})}
+        result = {"accuracy": report.accuracy, "accuracy_std": report.accuracy_std, "auc": report.auc, "tar_at_far": report.tar_at_far,
+                  "tar_at_far_per_fold": report.extra.get("per_fold_tar_at_far"), **({"lfw_subset": data.subset} if data.subset else {})}
+        if capture is not None:
+            plain = evaluate(clean, lambda faces: embed_faces(model, faces)).report
+            result["clean"] = {"accuracy": plain.accuracy, "tar_at_far": plain.tar_at_far, "tar_at_far_per_fold": plain.extra.get("per_fold_tar_at_far")}
+        return result
 
     return score
 
@@ -118,11 +135,12 @@ def remembered(evaluator: Evaluator, setting: dict[str, Any]) -> Evaluator:
 
 def evaluators(
     root: Path, folds: tuple[int, ...], model: torch.nn.Module, population: Population, trained_on: Collection[str] = (),
-    max_photos: int | None = None,
+    max_photos: int | None = None, capture: str | None = None,
 ) -> tuple[Evaluator, Evaluator | None]:
     """(LFW, owners) for a run starting from `model`; owners is None without held-out photos.
     `trained_on`: public people the devices train against, left out of tuning folds like the devices'.
-    `max_photos`: LFW on a seeded subset of the folds' photos (the owners' figures are unchanged)."""
+    `max_photos`: LFW on a seeded subset of the folds' photos (the owners' figures are unchanged).
+    `capture`: LFW on the photos as that fleet camera takes them, beside the clean photos' figures."""
     geometry = geometry_of(model)
     verification = verification_of(model)
     far, threshold = float(verification.get("far", 1e-3)), published_threshold(model)
@@ -133,7 +151,10 @@ def evaluators(
         lfw_setting |= {"photos": max_photos, "subset_seed": SUBSET_SEED}
     if trained_on and not TEST_FOLDS & set(folds):
         lfw_setting["trained_on"] = hashlib.sha256("\n".join(sorted(trained_on)).encode()).hexdigest()
-    lfw = remembered(lfw_evaluator(root, folds, geometry, population.devices, trained_on, max_photos), lfw_setting)
+    if capture is not None:  # only then, like photos: results remembered before captures existed still count
+        lfw_setting |= {"capture": capture, "capture_version": get_capture(capture).version, "capture_seed": LFW_CAPTURE_SEED,
+                        "capture_stream": LFW_CAPTURE_STREAM}
+    lfw = remembered(lfw_evaluator(root, folds, geometry, population.devices, trained_on, max_photos, capture), lfw_setting)
     if not any(d.held_out is not None for d in population.devices):
         return lfw, None
     owners = remembered(owner_evaluator(root, geometry, population.devices, threshold, far),

@@ -36,3 +36,36 @@ def test_an_evaluation_is_reused_only_for_the_same_weights_setting_and_owners(tm
     assert len(calls) == 4
     assert a["accuracy"] == b["accuracy"] and c["accuracy"] == pytest.approx(a["accuracy"] + 4)
     assert np.isnan(b["tar_at_far"]["1e-4"])
+
+
+def test_lfw_through_a_fleet_camera_scores_the_captured_photos_and_the_clean_ones_beside(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: LFW stand-in folds whose scoring records the photos it is given
+    from dataclasses import dataclass
+    from types import SimpleNamespace
+
+    import simulator.cross_device.evaluation as evaluation
+    from facecore.align.geometry import ARCFACE_112
+    from facecore.capture import get_capture
+
+    @dataclass(frozen=True)
+    class Folds:
+        faces: np.ndarray
+        subset: None = None
+
+    photos = np.random.default_rng(0).integers(0, 255, (3, *ARCFACE_112.row_shape), dtype=np.uint8)
+    seen: list[np.ndarray] = []
+
+    def evaluate(data: Folds, embed: Any) -> Any:
+        seen.append(data.faces)
+        return SimpleNamespace(report=SimpleNamespace(accuracy=0.9, accuracy_std=0.0, auc=0.95, tar_at_far={"1e-3": 0.5}, extra={}))
+
+    monkeypatch.setattr(evaluation, "load_lfw_faces", lambda *args, **kwargs: Folds(photos))
+    monkeypatch.setattr(evaluation, "evaluate", evaluate)
+    # Execute
+    result = evaluation.lfw_evaluator(Path("unused"), (6, 7), ARCFACE_112, capture="far")(torch.nn.Linear(1, 1))
+    # Assert: the usual keys on the captured photos (fixed seed and stream), the clean photos' under `clean`
+    expected = get_capture("far").capture(photos, ARCFACE_112, evaluation.LFW_CAPTURE_SEED, evaluation.LFW_CAPTURE_STREAM)
+    np.testing.assert_array_equal(seen[0], expected)
+    np.testing.assert_array_equal(seen[1], photos)
+    assert result["accuracy"] == 0.9 and result["clean"] == {"accuracy": 0.9, "tar_at_far": {"1e-3": 0.5}, "tar_at_far_per_fold": None}
+    assert "clean" in evaluation.EVALUATED

@@ -11,9 +11,11 @@ from typing import Any
 
 
 def label(report: dict[str, Any]) -> str:
-    """The run's name in tables and plots; a figure on a subset of the LFW photos says so."""
-    subset = report.get("lfw_subset")
-    return _method_label(report) + ("" if not subset else f" [LFW subset: {subset['photos']} photos, {subset['pairs']} pairs]")
+    """The run's name in tables and plots; a figure on a subset of the LFW photos, or through a fleet
+    camera, says so."""
+    subset, capture = report.get("lfw_subset"), report.get("capture")
+    return (_method_label(report) + ("" if not subset else f" [LFW subset: {subset['photos']} photos, {subset['pairs']} pairs]")
+            + ("" if not capture else f" [camera: {capture}]"))
 
 
 def _method_label(report: dict[str, Any]) -> str:
@@ -121,6 +123,24 @@ def gain_table(reports: Sequence[dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
+def clean_table(reports: Sequence[dict[str, Any]]) -> str:
+    """Runs through a fleet camera: their figures on the captured photos beside those on the same
+    photos clean, so a gain on the camera is read against what the web photos lose."""
+    head = ["run", "camera", "LFW acc % captured (start → end)", "LFW acc % clean", "TAR@1e-3 % captured", "TAR@1e-3 % clean"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in reports:
+        if not r.get("capture"):
+            continue
+        clean, clean0 = r.get("clean") or {}, r.get("initial_clean") or {}
+        tar = lambda figures: (figures.get("tar_at_far") or {}).get("1e-3")  # noqa: E731
+        rows.append("| " + " | ".join([
+            label(r), r["capture"], f"{_pct(r['initial_accuracy'])} → {_pct(r['accuracy'])}",
+            f"{_pct(clean0.get('accuracy'))} → {_pct(clean.get('accuracy'))}",
+            f"{_pct(r['initial_tar_at_far'].get('1e-3'))} → {_pct(r['tar_at_far'].get('1e-3'))}", f"{_pct(tar(clean0))} → {_pct(tar(clean))}",
+        ]) + " |")
+    return "\n".join(rows)
+
+
 def history_table(report: dict[str, Any]) -> str:
     rows = ["| round | train loss (before → after) | embedding mean cos | LFW acc % | TAR@1e-3 % | s |", "|---|---|---|---|---|---|"]
     for h in report["history"]:
@@ -140,7 +160,11 @@ def write_markdown(reports: Sequence[dict[str, Any]], out: Path, plots: Sequence
         f"Seed(s): {sorted({r['seed'] for r in reports})}. Split sizes: {first['split_sizes']}. "
         f"Device photos: {first['device_images']} over {first['devices']} devices (one identity each). "
         "Evaluation: LFW folds disjoint from every training identity.", "",
+        *([f"Fleet camera(s): {sorted({r['capture'] for r in reports if r.get('capture')})}: every device photo and the evaluation's "
+           "LFW photos as that camera takes them (facecore.capture; on the aligned crop, the detector is not simulated).", ""]
+          if any(r.get("capture") for r in reports) else []),
         summary_table(reports, loss_target), "",
+        *([clean_table(reports), ""] if any(r.get("capture") for r in reports) else []),
         *([gain_table(reports), ""] if any(r.get("tar_at_far_per_fold") for r in reports) else []),
         *[f"![{p.stem}]({p.name})" for p in plots], "",
     ]
@@ -150,6 +174,7 @@ def write_markdown(reports: Sequence[dict[str, Any]], out: Path, plots: Sequence
             f"## {label(r)}", "",
             f"per round {r['per_round']} devices; local: epochs {local['epochs']}, lr {local['lr']}, momentum {local['momentum']}, "
             f"margin {local['margin']}, batch {local['batch']}, trainable blocks {local['trainable_blocks'] or 'all'}; "
+            f"camera {r.get('capture') or 'none (the photos as they are)'}; "
             f"wall {r['wall_seconds'] / 60:.1f} min", "",
             history_table(r), "",
         ]

@@ -2,7 +2,7 @@
 from pathlib import Path
 from typing import Any
 
-from simulator.cross_device.markdown import gain_table, label, rounds_to_loss, summary_table, write_markdown
+from simulator.cross_device.markdown import clean_table, gain_table, label, rounds_to_loss, summary_table, write_markdown
 
 
 def _report(method: str = "fedface", losses: tuple[float, ...] = (0.5, 0.3, 0.1)) -> dict[str, Any]:
@@ -65,3 +65,18 @@ def test_gain_is_paired_fold_by_fold_and_judged_against_its_spread() -> None:
     assert "90.00 / 1.00 → 95.00 / 0.80" in rows[0]
     assert rows[1].split("|")[2].strip() == "+0.20 ± 2.68" and "| 1/5 |" in rows[1] and "| no |" in rows[1]
     assert "m=0.995, last 2 blocks" in rows[1] and "| n/a |" in rows[1]
+
+
+def test_a_run_through_a_fleet_camera_shows_its_clean_figures_beside(tmp_path: Path) -> None:
+    # Prepare: a run on captured photos, with the same photos' clean figures recorded
+    captured = _report() | {"capture": "far", "initial_clean": {"accuracy": 0.90, "tar_at_far": {"1e-3": 0.5}},
+                            "clean": {"accuracy": 0.91, "tar_at_far": {"1e-3": 0.6}}}
+    # Execute
+    table = clean_table([captured, _report()])
+    text = write_markdown([captured], tmp_path, []).read_text()
+    # Assert: one row, for the captured run only, and the camera named in the label and the report
+    rows = table.splitlines()[2:]
+    assert len(rows) == 1 and label(captured).endswith("[camera: far]")
+    assert "| far | 80.00 → 82.00 | 90.00 → 91.00 | 10.00 → 20.00 | 50.00 → 60.00 |" in rows[0]
+    assert "Fleet camera(s): ['far']" in text and rows[0] in text and "camera far;" in text
+    assert "camera none" in write_markdown([_report()], tmp_path, []).read_text()

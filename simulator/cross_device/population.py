@@ -2,16 +2,21 @@
 
 With an owner holdout, each device trains and enrolls on `faces` only; `held_out` are the photos
 its owner is verified on afterwards (facecore.eval.owners.holdout_split decides which, so the
-training runs and `fedface eval owners` hold out the same photos)."""
+training runs and `fedface eval owners` hold out the same photos).
+
+With a capture model (facecore.capture) every device photo, trained on or held out, is the one the
+fleet's camera takes; the draws follow the run's seed and the device, so every arm of one seed
+sees the same photos."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from facecore.align.geometry import ARCFACE_112, FaceGeometry
 from facecore.align.pipeline import FaceAligner
+from facecore.capture import get_capture
 from facecore.data.faces import load_labelled_faces
 from facecore.data.split import SplitManifest
 from facecore.eval.owners import holdout_split
@@ -42,14 +47,33 @@ class Population:
 
 def load_population(
     manifest: SplitManifest, root: Path, requested: int, seed: int = 0, min_faces: int = 2, geometry: FaceGeometry = ARCFACE_112,
-    holdout: float | None = None,
+    holdout: float | None = None, capture: str | None = None,
 ) -> Population:
     devices, _, excluded = device_people(manifest, root, requested, seed, min_faces, geometry)
     if holdout is None:
         chosen = tuple(SimDevice(i, identity, faces) for i, (identity, faces) in enumerate(devices))
     else:
         chosen = tuple(SimDevice(i, identity, *holdout_split(faces, holdout, seed, i)) for i, (identity, faces) in enumerate(devices))
-    return Population(chosen, requested, excluded)
+    population = Population(chosen, requested, excluded)
+    return population if capture is None else captured(population, capture, geometry, seed)
+
+
+# Capture streams: device i's photos draw from stream DEVICE_STREAM + 2i, its held-out ones from the next,
+# so no two sets of photos share draws however many devices run (the LFW evaluation's stream lies below).
+DEVICE_STREAM = 1000
+
+
+def captured(population: Population, capture: str, geometry: FaceGeometry, seed: int) -> Population:
+    """`population` with every device photo taken by the capture model `capture`. The holdout split
+    comes first, so a device holds out the same photos with and without a capture."""
+    model = get_capture(capture)
+
+    def device(d: SimDevice) -> SimDevice:
+        stream = DEVICE_STREAM + 2 * d.index
+        held_out = None if d.held_out is None else model.capture(d.held_out, geometry, seed, stream + 1)
+        return replace(d, faces=model.capture(d.faces, geometry, seed, stream), held_out=held_out)
+
+    return replace(population, devices=tuple(device(d) for d in population.devices))
 
 
 def device_people(

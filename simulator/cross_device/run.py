@@ -26,11 +26,13 @@ def run_cross_device(config: CrossDeviceConfig, root: Path, out: Path, manifest:
     # The split always keeps folds 6-10 out: tuning on folds 1-5 must not put test-fold people on devices.
     manifest = manifest or build_split(root, SplitConfig(seed=0))
     model = load_backbone(config.model)
-    population = load_population(manifest, root, config.devices, config.seed, geometry=geometry_of(model), holdout=config.owner_holdout)
+    population = load_population(manifest, root, config.devices, config.seed, geometry=geometry_of(model), holdout=config.owner_holdout,
+                                 capture=config.capture)
     if population.notice():
         print(population.notice())
     negatives = load_public_negatives(manifest, root, config.public_negatives, geometry_of(model), config.seed) if config.public_negatives else None
-    evaluator, owners = evaluators(root, config.eval_folds, model, population, negatives.identities if negatives else (), config.eval_photos)
+    evaluator, owners = evaluators(root, config.eval_folds, model, population, negatives.identities if negatives else (), config.eval_photos,
+                                   config.capture)
     started = time.perf_counter()
     if config.method == "central":
         history, trained = _central(config, population, model, evaluator, out)
@@ -83,7 +85,8 @@ def summarize(config: CrossDeviceConfig, population, history: list[dict[str, Any
     return {
         "method": config.method if config.method != "fedface" or config.spreadout else "fedface-no-spreadout",
         "init": config.init, "devices": len(population.devices), "rounds": history[-1]["round"],
-        "per_round": config.per_round, "accuracy": final["accuracy"], "accuracy_std": final.get("accuracy_std"),
+        "per_round": config.per_round, "capture": config.capture, "clean": final.get("clean"), "initial_clean": evaluated[0].get("clean"),
+        "accuracy": final["accuracy"], "accuracy_std": final.get("accuracy_std"),
         "tar_at_far": final["tar_at_far"], "initial_accuracy": evaluated[0]["accuracy"], "initial_tar_at_far": evaluated[0]["tar_at_far"],
         "tar_at_far_per_fold": final.get("tar_at_far_per_fold"), "initial_tar_at_far_per_fold": evaluated[0].get("tar_at_far_per_fold"),
         "owners": final.get("owners"), "initial_owners": evaluated[0].get("owners"),

@@ -1,0 +1,211 @@
+"""The capture lab: arms that adapt the default model to a fleet camera, measured fast on the tuning people.
+
+`python -m simulator.cross_device.capture_lab --capture lowlight-ir --arm fedface --rounds 30 ...`
+
+It trains only the last `--blocks` blocks of the default model, on frozen-prefix activations computed
+once (device_sdk.training.split_backbone), so a round of every device takes seconds, not minutes. It
+is where settings are searched; the chosen one then runs in `fedface sim cross-device`, the live path.
+
+Invariants:
+- The photos are the simulator's: the split's device identities with the owner holdout (0.3), taken
+  by the capture model with `captured` (the run's seed); LFW folds 1-5 less the devices' people, taken
+  with the LFW evaluation's fixed draws; the CelebA people of the split's public role, whom the
+  default model never trained on and no device holds. LFW folds 6-10 are never loaded.
+- Every TAR is over all genuine and impostor pairs, with the same figure per people fold (LFW folds;
+  CelebA people hashed into five groups) for the noise over people.
+- The features a loss sees are centred on a fixed public mean (the pretrained model's mean feature
+  of the clean CelebA public photos) when `--center` is given; what is scored is always the model's
+  own feature.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from device_sdk.training import split_backbone
+from facecore.align.geometry import geometry_of
+from facecore.align.pipeline import FaceAligner
+from facecore.capture import CAPTURES, get_capture
+from facecore.data.faces import load_labelled_faces
+from facecore.data.split import SplitConfig, build_split
+from facecore.eval.lfw import load_lfw_faces
+from facecore.eval.metrics import all_pairs_scores, equal_error_rate, roc_auc, tar_at_far
+from facecore.losses import spreadout_optimize
+from facecore.models.checkpoint import load_backbone
+from facecore.models.preprocess import faces_to_tensor
+from facecore.paths import cache_root, data_root
+from simulator.cross_device.evaluation import LFW_CAPTURE_SEED, LFW_CAPTURE_STREAM
+from simulator.cross_device.population import captured, load_population
+
+TUNING_FOLDS = (1, 2, 3, 4, 5)
+CELEBA_STREAM = 2  # the LFW evaluation draws from stream 1, devices from 1000 up
+GROUPS = 5
+
+
+def _groups(identities: np.ndarray) -> np.ndarray:
+    return np.array([int(hashlib.sha256(str(i).encode()).hexdigest(), 16) % GROUPS for i in identities])
+
+
+def prepare(capture: str, blocks: int, seed: int) -> dict[str, Any]:
+    """Prefix activations of every set, clean and captured, kept in the cache (they cost minutes)."""
+    path = cache_root() / "capture-lab" / f"{capture}-b{blocks}-s{seed}-{CAPTURES[capture].version}.pt"
+    if path.is_file():
+        return torch.load(path, weights_only=False)
+    root = data_root()
+    model = load_backbone("default").eval()
+    geometry = geometry_of(model)
+    prefix, _ = split_backbone(model, blocks)
+    manifest = build_split(root, SplitConfig(seed=0))
+    population = load_population(manifest, root, 1000, seed, geometry=geometry, holdout=0.3)
+    devices = captured(population, capture, geometry, seed).devices
+    lfw = load_lfw_faces(root / "lfw", TUNING_FOLDS, aligner=FaceAligner(geometry=geometry))
+    lfw_captured = get_capture(capture).capture(lfw.faces, geometry, LFW_CAPTURE_SEED, LFW_CAPTURE_STREAM)
+    keep = ~np.isin(lfw.identities, [d.identity for d in devices])
+    public = [image for image in manifest.images("public", root) if image.identity.startswith("celeba:")]
+    celeba = load_labelled_faces(public, FaceAligner(geometry=geometry), desc="CelebA public people")
+    celeba_ids = np.array(celeba.classes)[celeba.labels]
+
+    @torch.no_grad()
+    def activations(faces: np.ndarray, flip: bool = False) -> Tensor:
+        batches = (faces_to_tensor(faces[i : i + 64]) for i in range(0, len(faces), 64))
+        return torch.cat([prefix(x.flip(3) if flip else x) for x in batches])
+
+    train = np.concatenate([d.faces for d in devices])
+    folds = np.asarray(lfw.face_fold)  # every people fold is loaded whole, so each face has its fold
+    sets = {
+        "train": activations(train), "train_flipped": activations(train, flip=True),
+        "labels": torch.from_numpy(np.concatenate([np.full(len(d.faces), d.index) for d in devices])).long(),
+        "eval": {
+            "lfw_captured": (activations(lfw_captured[keep]), lfw.identities[keep], folds[keep]),
+            "lfw_clean": (activations(lfw.faces[keep]), lfw.identities[keep], folds[keep]),
+            "celeba_captured": (activations(get_capture(capture).capture(celeba.faces, geometry, LFW_CAPTURE_SEED, CELEBA_STREAM)),
+                                celeba_ids, _groups(celeba_ids)),
+            "celeba_clean": (activations(celeba.faces), celeba_ids, _groups(celeba_ids)),
+        },
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(sets, path.with_suffix(".tmp"))
+    path.with_suffix(".tmp").replace(path)
+    return sets
+
+
+@torch.no_grad()
+def embed(suffix: nn.Module, x: Tensor) -> np.ndarray:
+    return F.normalize(torch.cat([suffix(x[i : i + 256]) for i in range(0, len(x), 256)]), dim=1).numpy()
+
+
+def verification(embeddings: np.ndarray, identities: np.ndarray, groups: np.ndarray) -> dict[str, Any]:
+    genuine, impostor = all_pairs_scores(embeddings, identities)
+    scores, same = np.concatenate([genuine, impostor]), np.concatenate([np.ones(len(genuine)), np.zeros(len(impostor))])
+    per_group = []
+    for group in np.unique(groups):
+        g, i = all_pairs_scores(embeddings[groups == group], identities[groups == group])
+        per_group.append(round(100 * tar_at_far(g, i, (1e-3,))["1e-3"], 2))
+    tar = tar_at_far(genuine, impostor)
+    return {"tar3": round(100 * tar["1e-3"], 2), "tar4": round(100 * tar["1e-4"], 2), "auc": round(roc_auc(scores, same), 5),
+            "eer": round(100 * equal_error_rate(scores, same), 2), "tar3_per_group": per_group}
+
+
+def score(suffix: nn.Module, sets: dict[str, Any]) -> dict[str, Any]:
+    return {name: verification(embed(suffix, x), ids, groups) for name, (x, ids, groups) in sets["eval"].items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--capture", choices=sorted(CAPTURES), required=True)
+    parser.add_argument("--arm", choices=("pretrained", "central", "fedface"), default="fedface")
+    parser.add_argument("--blocks", type=int, default=4, help="trainable last blocks")
+    parser.add_argument("--rounds", type=int, default=10, help="rounds (central: epochs)")
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--margin", type=float, default=0.9, help="fedface: positive margin")
+    parser.add_argument("--center", action="store_true", help="losses on features centred on a public mean")
+    parser.add_argument("--fixed-embeddings", action="store_true", help="fedface: devices do not move their class embedding")
+    parser.add_argument("--nu", type=float, default=0.3)
+    parser.add_argument("--spreadout-lr", type=float, default=0.01)
+    parser.add_argument("--spreadout-steps", type=int, default=10)
+    parser.add_argument("--scale", type=float, default=30.0, help="central: CosFace scale")
+    parser.add_argument("--cosface-margin", type=float, default=0.2)
+    parser.add_argument("--eval-every", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, help="JSON lines of every evaluated round")
+    args = parser.parse_args(argv)
+    torch.manual_seed(args.seed)
+    sets = prepare(args.capture, args.blocks, args.seed)
+    _, suffix = split_backbone(load_backbone("default").eval(), args.blocks)
+    mean = F.normalize(torch.from_numpy(embed(suffix, sets["eval"]["celeba_clean"][0])).mean(0), dim=0)
+
+    def features(model: nn.Module, x: Tensor) -> Tensor:
+        f = F.normalize(model(x), dim=1)
+        return F.normalize(f - mean, dim=1) if args.center else f
+
+    x, flipped, labels = sets["train"], sets["train_flipped"], sets["labels"]
+    devices = int(labels.max()) + 1
+    with torch.no_grad():
+        W = torch.stack([F.normalize(features(suffix, x[labels == d]).mean(0), dim=0) for d in range(devices)])
+    rng = np.random.default_rng(args.seed)
+    history = [{"round": 0, **score(suffix, sets)}]
+    print(json.dumps(history[-1]), flush=True)
+    head = nn.Parameter(W.clone())
+    central_opt = torch.optim.SGD([*suffix.parameters(), head], lr=args.lr, momentum=0.9)
+    for round_number in range(1, args.rounds + 1 if args.arm != "pretrained" else 1):
+        started, losses = time.perf_counter(), []
+
+        def batch(rows: Tensor) -> Tensor:  # each photo or its mirror image, as a device trains
+            return torch.where(torch.rand(len(rows), 1, 1, 1) < 0.5, x[rows], flipped[rows])
+
+        if args.arm == "central":
+            order = torch.from_numpy(rng.permutation(len(labels)))
+            for start in range(0, len(order), 64):
+                rows = order[start : start + 64]
+                cosine = features(suffix, batch(rows)) @ F.normalize(head, dim=1).T
+                loss = F.cross_entropy(args.scale * (cosine - args.cosface_margin * F.one_hot(labels[rows], devices)), labels[rows])
+                central_opt.zero_grad()
+                loss.backward()
+                central_opt.step()
+                losses.append(loss.item())
+        else:
+            start_state = [p.detach().clone() for p in suffix.parameters()]
+            total = [torch.zeros_like(p) for p in start_state]
+            for device in range(devices):
+                local, embedding = copy.deepcopy(suffix), nn.Parameter(W[device].clone())
+                opt = torch.optim.SGD([*local.parameters(), *([] if args.fixed_embeddings else [embedding])], lr=args.lr, momentum=0.9)
+                own = torch.nonzero(labels == device).ravel()
+                for start in range(0, len(own), 32):
+                    cosine = features(local, batch(own[start : start + 32])) @ F.normalize(embedding, dim=0)
+                    loss = (args.margin - cosine).clamp_min(0).pow(2).mean()
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+                    losses.append(loss.item())
+                W[device] = F.normalize(embedding.detach(), dim=0)
+                for acc, p, p0 in zip(total, local.parameters(), start_state):
+                    acc += (p.detach() - p0) / devices  # FedAvg, each device once
+            with torch.no_grad():
+                for p, p0, delta in zip(suffix.parameters(), start_state, total):
+                    p.copy_(p0 + delta)
+            W = spreadout_optimize(W, steps=args.spreadout_steps, lr=args.spreadout_lr, momentum=0.9, nu=args.nu)
+        record: dict[str, Any] = {"round": round_number, "loss": round(float(np.mean(losses)), 5),
+                                  "seconds": round(time.perf_counter() - started, 1)}
+        if round_number % args.eval_every == 0 or round_number == args.rounds:
+            record |= score(suffix, sets)
+        history.append(record)
+        print(json.dumps(record), flush=True)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text("".join(json.dumps(h) + "\n" for h in history))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

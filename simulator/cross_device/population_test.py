@@ -1,0 +1,66 @@
+"""A fleet camera takes every device photo, the same way in every arm of one seed, and a run on them trains."""
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from device_sdk.training import LocalTrainingConfig
+from facecore.align.geometry import ARCFACE_112
+from facecore.capture import get_capture
+from facecore.data.synthetic import synthetic_faces
+from facecore.models.testing import calibrated_backbone
+from simulator.cross_device.config import CrossDeviceConfig
+from simulator.cross_device.engine import CrossDeviceSimulation
+from simulator.cross_device.population import DEVICE_STREAM, Population, SimDevice, captured
+
+
+def _population(devices: int = 3) -> Population:
+    """Synthetic owners with 3 photos to train on and 1 held out each."""
+    faces, labels = synthetic_faces(devices, 4, seed=3)
+    owners = (SimDevice(i, f"syn:{i}", faces[labels == i][:3], faces[labels == i][3:]) for i in range(devices))
+    return Population(tuple(owners), devices, 0)
+
+
+def test_every_device_photo_is_captured_from_the_seed_and_its_own_stream() -> None:
+    # Prepare
+    clean = _population()
+    # Execute
+    first, again = captured(clean, "far", ARCFACE_112, seed=5), captured(clean, "far", ARCFACE_112, seed=5)
+    other_seed = captured(clean, "far", ARCFACE_112, seed=6)
+    # Assert: repeatable per seed, the seed matters, and each set of photos draws from its own stream
+    camera = get_capture("far")
+    for device, again_device, other, plain in zip(first.devices, again.devices, other_seed.devices, clean.devices, strict=True):
+        assert device.held_out is not None and plain.held_out is not None
+        np.testing.assert_array_equal(device.faces, again_device.faces)
+        np.testing.assert_array_equal(device.faces, camera.capture(plain.faces, ARCFACE_112, 5, DEVICE_STREAM + 2 * plain.index))
+        np.testing.assert_array_equal(device.held_out, camera.capture(plain.held_out, ARCFACE_112, 5, DEVICE_STREAM + 2 * plain.index + 1))
+        assert not np.array_equal(device.faces, other.faces)
+        assert device.identity == plain.identity and device.faces.shape == plain.faces.shape
+
+
+def test_a_run_through_a_fleet_camera_trains_and_resumes_a_checkpoint_from_before_captures(tmp_path: Path) -> None:
+    # Prepare: the captured population of a seed, a config naming the camera, and an older checkpoint without it
+    model = calibrated_backbone("mobilefacenet_s", seed=0)
+    config = CrossDeviceConfig(devices=3, rounds=1, per_round=2, eval_every=1, method="fedavg", capture="lowlight-ir",
+                               local=LocalTrainingConfig(epochs=1, steps=1, batch=4, lr=0.01))
+    population = captured(_population(), "lowlight-ir", ARCFACE_112, config.seed)
+    plain = dataclasses.replace(config, capture=None)
+    CrossDeviceSimulation(plain, _population(), model, tmp_path / "old").run(resume=False)
+    saved = torch.load(tmp_path / "old" / "checkpoint.pt", weights_only=True)
+    del saved["config"]["capture"]
+    torch.save(saved, tmp_path / "old" / "checkpoint.pt")
+    # Execute
+    state = CrossDeviceSimulation(config, population, model, tmp_path / "new").run(resume=False)
+    resumed = CrossDeviceSimulation(dataclasses.replace(plain, rounds=2), _population(), model, tmp_path / "old").run(resume=True)
+    # Assert: the devices trained on grey crops and moved the backbone; the old run went on without a camera
+    assert all(np.array_equal(d.faces[..., 0], d.faces[..., 2]) for d in population.devices)
+    assert state.round == 1 and any(not torch.equal(v, model.state_dict()[k]) for k, v in state.model_state.items())
+    assert resumed.round == 2
+
+
+def test_an_unknown_capture_is_refused_naming_the_choices() -> None:
+    # Execute / Assert
+    with pytest.raises(ValueError, match="capture must be one of lowlight-ir, far"):
+        CrossDeviceConfig(capture="webcam")
