@@ -25,6 +25,7 @@ import hashlib
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,68 +59,68 @@ def _groups(identities: np.ndarray) -> np.ndarray:
     return np.array([int(hashlib.sha256(str(i).encode()).hexdigest(), 16) % GROUPS for i in identities])
 
 
-def prepare(capture: str, blocks: int, seed: int) -> dict[str, Any]:
-    """Prefix activations of every set, clean and captured, kept in the cache (they cost minutes)."""
-    path = cache_root() / "capture-lab" / f"{capture}-b{blocks}-s{seed}-{CAPTURES[capture].version}.pt"
+def _cached(path: Path, build: Callable[[], Any]) -> Any:
+    """What `build` returns, kept at `path` (written whole or not at all): prefix activations cost minutes."""
     if path.is_file():
         return torch.load(path, weights_only=False)
-    root = data_root()
-    model = load_backbone("default").eval()
-    geometry = geometry_of(model)
-    prefix, _ = split_backbone(model, blocks)
-    manifest = build_split(root, SplitConfig(seed=0))
-    population = load_population(manifest, root, 1000, seed, geometry=geometry, holdout=0.3)
-    devices = captured(population, capture, geometry, seed).devices
-    lfw = load_lfw_faces(root / "lfw", TUNING_FOLDS, aligner=FaceAligner(geometry=geometry))
-    lfw_captured = get_capture(capture).capture(lfw.faces, geometry, LFW_CAPTURE_SEED, LFW_CAPTURE_STREAM)
-    keep = ~np.isin(lfw.identities, [d.identity for d in devices])
-    public = [image for image in manifest.images("public", root) if image.identity.startswith("celeba:")]
-    celeba = load_labelled_faces(public, FaceAligner(geometry=geometry), desc="CelebA public people")
-    celeba_ids = np.array(celeba.classes)[celeba.labels]
-
-    @torch.no_grad()
-    def activations(faces: np.ndarray, flip: bool = False) -> Tensor:
-        batches = (faces_to_tensor(faces[i : i + 64]) for i in range(0, len(faces), 64))
-        return torch.cat([prefix(x.flip(3) if flip else x) for x in batches])
-
-    train = np.concatenate([d.faces for d in devices])
-    folds = np.asarray(lfw.face_fold)  # every people fold is loaded whole, so each face has its fold
-    sets = {
-        "train": activations(train), "train_flipped": activations(train, flip=True),
-        "labels": torch.from_numpy(np.concatenate([np.full(len(d.faces), d.index) for d in devices])).long(),
-        "eval": {
-            "lfw_captured": (activations(lfw_captured[keep]), lfw.identities[keep], folds[keep]),
-            "lfw_clean": (activations(lfw.faces[keep]), lfw.identities[keep], folds[keep]),
-            "celeba_captured": (activations(get_capture(capture).capture(celeba.faces, geometry, LFW_CAPTURE_SEED, CELEBA_STREAM)),
-                                celeba_ids, _groups(celeba_ids)),
-            "celeba_clean": (activations(celeba.faces), celeba_ids, _groups(celeba_ids)),
-        },
-    }
+    result = build()
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(sets, path.with_suffix(".tmp"))
+    torch.save(result, path.with_suffix(".tmp"))
     path.with_suffix(".tmp").replace(path)
-    return sets
+    return result
 
 
-def yale_b(blocks: int) -> tuple[Tensor, np.ndarray, np.ndarray, np.ndarray]:
+@torch.no_grad()
+def _activations(prefix: nn.Module, faces: np.ndarray, flip: bool = False) -> Tensor:
+    batches = (faces_to_tensor(faces[i : i + 64]) for i in range(0, len(faces), 64))
+    return torch.cat([prefix(x.flip(3) if flip else x) for x in batches])
+
+
+def prepare(model: nn.Module, capture: str, blocks: int, seed: int) -> dict[str, Any]:
+    """Prefix activations of every set, clean and captured."""
+
+    def build() -> dict[str, Any]:
+        root, geometry, camera = data_root(), geometry_of(model), get_capture(capture)
+        prefix, _ = split_backbone(model, blocks)
+        manifest = build_split(root, SplitConfig(seed=0))
+        population = load_population(manifest, root, 1000, seed, geometry=geometry, holdout=0.3)
+        devices = captured(population, capture, geometry, seed).devices
+        lfw = load_lfw_faces(root / "lfw", TUNING_FOLDS, aligner=FaceAligner(geometry=geometry))
+        lfw_captured = camera.capture(lfw.faces, geometry, LFW_CAPTURE_SEED, LFW_CAPTURE_STREAM)
+        keep = ~np.isin(lfw.identities, [d.identity for d in devices])
+        folds = np.asarray(lfw.face_fold)  # every people fold is loaded whole, so each face has its fold
+        public = [image for image in manifest.images("public", root) if image.identity.startswith("celeba:")]
+        celeba = load_labelled_faces(public, FaceAligner(geometry=geometry), desc="CelebA public people")
+        celeba_ids = np.array(celeba.classes)[celeba.labels]
+        train = np.concatenate([d.faces for d in devices])
+        return {
+            "train": _activations(prefix, train), "train_flipped": _activations(prefix, train, flip=True),
+            "labels": torch.from_numpy(np.concatenate([np.full(len(d.faces), d.index) for d in devices])).long(),
+            "eval": {
+                "lfw_captured": (_activations(prefix, lfw_captured[keep]), lfw.identities[keep], folds[keep]),
+                "lfw_clean": (_activations(prefix, lfw.faces[keep]), lfw.identities[keep], folds[keep]),
+                "celeba_captured": (_activations(prefix, camera.capture(celeba.faces, geometry, LFW_CAPTURE_SEED, CELEBA_STREAM)),
+                                    celeba_ids, _groups(celeba_ids)),
+                "celeba_clean": (_activations(prefix, celeba.faces), celeba_ids, _groups(celeba_ids)),
+            },
+        }
+
+    return _cached(cache_root() / "capture-lab" / f"{capture}-b{blocks}-s{seed}-{CAPTURES[capture].version}.pt", build)
+
+
+def yale_b(model: nn.Module, blocks: int) -> tuple[Tensor, np.ndarray, np.ndarray, np.ndarray]:
     """Real side light: Yale B's 10 people under 64 light directions (prefix activations, identities,
     a group per pair of people, each photo's light azimuth in degrees). Nothing here is simulated."""
-    path = cache_root() / "capture-lab" / f"yale-b-b{blocks}.pt"
-    if path.is_file():
-        return torch.load(path, weights_only=False)
-    model = load_backbone("default").eval()
-    prefix, _ = split_backbone(model, blocks)
-    photos = sorted((data_root() / "yale_b").glob("*/*.pgm"))
-    aligned = FaceAligner(geometry=geometry_of(model)).align_paths(photos, progress=False)
-    faces = aligned.faces
-    people = np.array([p.parent.name for p in photos])[aligned.kept]
-    azimuth = np.array([int(p.stem.split("A")[1][:4]) for p in photos])[aligned.kept]
-    with torch.no_grad():
-        x = torch.cat([prefix(faces_to_tensor(faces[i : i + 64])) for i in range(0, len(faces), 64)])
-    result = (x, people, np.array([int(name[-2:]) % GROUPS for name in people]), azimuth)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(result, path)
-    return result
+
+    def build() -> tuple[Tensor, np.ndarray, np.ndarray, np.ndarray]:
+        photos = sorted((data_root() / "yale_b").glob("*/*.pgm"))
+        aligned = FaceAligner(geometry=geometry_of(model)).align_paths(photos, progress=False)
+        people = np.array([p.parent.name for p in photos])[aligned.kept]
+        azimuth = np.array([int(p.stem.split("A")[1][:4]) for p in photos])[aligned.kept]
+        prefix, _ = split_backbone(model, blocks)
+        return _activations(prefix, aligned.faces), people, np.array([int(name[-2:]) % GROUPS for name in people]), azimuth
+
+    return _cached(cache_root() / "capture-lab" / f"yale-b-b{blocks}.pt", build)
 
 
 @torch.no_grad()
@@ -169,8 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="JSON lines of every evaluated round")
     args = parser.parse_args(argv)
     torch.manual_seed(args.seed)
-    sets = prepare(args.capture, args.blocks, args.seed) | {"yale_b": yale_b(args.blocks)}
-    _, suffix = split_backbone(load_backbone("default").eval(), args.blocks)
+    model = load_backbone("default").eval()
+    sets = prepare(model, args.capture, args.blocks, args.seed) | {"yale_b": yale_b(model, args.blocks)}
+    _, suffix = split_backbone(model, args.blocks)
     mean = F.normalize(torch.from_numpy(embed(suffix, sets["eval"]["celeba_clean"][0])).mean(0), dim=0)
 
     def features(model: nn.Module, x: Tensor) -> Tensor:
