@@ -15,15 +15,15 @@ from facecore.align.pipeline import FaceAligner
 from facecore.capture import CAPTURES
 from facecore.data.lfw import LFW
 from facecore.errors import FaceCoreError
+from facecore.eval.calibration import CALIBRATION_FOLDS
 
-TUNING_FOLDS = 5  # people folds 1-5 of people.txt
 LABEL_WIDTH = 90
 
 
 def example_faces(root: Path, photos: int, seed: int, geometry: FaceGeometry) -> np.ndarray:
     """`photos` aligned crops, one per person, of people chosen by `seed` from LFW people folds 1-5."""
     lfw = LFW(root / "lfw")
-    people = sorted(name for fold in lfw.people_folds()[:TUNING_FOLDS] for name in fold)
+    people = sorted(name for fold in (lfw.people_folds()[f - 1] for f in CALIBRATION_FOLDS) for name in fold)
     order = np.random.default_rng(seed).permutation(len(people))
     # Twice as many candidates as needed: a photo without a detected face is skipped, not shown.
     paths = [lfw.image(people[i], 1).path for i in order[: 2 * photos]]

@@ -40,6 +40,7 @@ from facecore.align.pipeline import FaceAligner
 from facecore.capture import CAPTURES, get_capture
 from facecore.data.faces import load_labelled_faces
 from facecore.data.split import SplitConfig, build_split
+from facecore.eval.calibration import CALIBRATION_FOLDS
 from facecore.eval.lfw import load_lfw_faces
 from facecore.eval.metrics import all_pairs_scores, equal_error_rate, roc_auc, tar_at_far
 from facecore.eval.plots import save_line_plot
@@ -50,7 +51,6 @@ from facecore.paths import cache_root, data_root
 from simulator.cross_device.evaluation import LFW_CAPTURE_SEED, LFW_CAPTURE_STREAM
 from simulator.cross_device.population import captured, load_population
 
-TUNING_FOLDS = (1, 2, 3, 4, 5)
 CELEBA_STREAM = 2  # the LFW evaluation draws from stream 1, devices from 1000 up
 GROUPS = 5
 
@@ -85,7 +85,7 @@ def prepare(model: nn.Module, capture: str, blocks: int, seed: int) -> dict[str,
         manifest = build_split(root, SplitConfig(seed=0))
         population = load_population(manifest, root, 1000, seed, geometry=geometry, holdout=0.3)
         devices = captured(population, capture, geometry, seed).devices
-        lfw = load_lfw_faces(root / "lfw", TUNING_FOLDS, aligner=FaceAligner(geometry=geometry))
+        lfw = load_lfw_faces(root / "lfw", CALIBRATION_FOLDS, aligner=FaceAligner(geometry=geometry))
         lfw_captured = camera.capture(lfw.faces, geometry, LFW_CAPTURE_SEED, LFW_CAPTURE_STREAM)
         keep = ~np.isin(lfw.identities, [d.identity for d in devices])
         folds = np.asarray(lfw.face_fold)  # every people fold is loaded whole, so each face has its fold
