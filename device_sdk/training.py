@@ -45,6 +45,9 @@ class LocalTrainingConfig:
     flip: bool = True
     bn_mode: str = "frozen"  # or "train"
     trainable_blocks: int | None = None  # None: the whole backbone; k: only the last k blocks + head
+    # False: the class embedding stays the enrolled template and only the backbone learns to map the
+    # device's photos onto it (the anchor a template from a clean enrolment photo gives a fleet camera).
+    train_embedding: bool = True
     # True: loss_before/loss_after are full passes over the faces (what a phone reports). False:
     # they are the mean batch loss of the first and of the last epoch, computed during training
     # anyway; a simulator of thousands of devices saves two forward passes per device.
@@ -58,7 +61,7 @@ class LocalTrainingConfig:
         """The `local` settings a round's check-in carries (server_api.schemas.LocalTrainingConfig,
         whose `batch_size` is `batch` here); what the server leaves out keeps this class's default."""
         names = {"epochs": "epochs", "steps": "steps", "lr": "lr", "margin": "margin", "batch_size": "batch",
-                 "trainable_blocks": "trainable_blocks"}
+                 "trainable_blocks": "trainable_blocks", "train_embedding": "train_embedding"}
         return cls(**{names[key]: value for key, value in local.items() if key in names})
 
     def __post_init__(self) -> None:
@@ -197,14 +200,15 @@ def fit_positive(
     config: LocalTrainingConfig, seed: int, after_step: Callable[[], None] | None = None, cohort: Cohort | None = None,
     public: PublicIdentities | None = None,
 ) -> tuple[float, float, int]:
-    """SGD on `params` and `w` for the positive-only loss of forward(inputs) against w.
+    """SGD on `params` and `w` (`params` only when not config.train_embedding) for the positive-only
+    loss of forward(inputs) against w.
 
     `flipped` holds the mirrored inputs (prefix activations) when mirroring cannot be done on
     `plain` itself. With a `cohort`, each step also pushes a batch of public impostor faces below
     the cohort margin; with `public` identities, each step adds CosFace of the batch against w and
     their templates (`public_negatives_loss`), and with their faces CosFace of a batch of those. The
     reported losses stay the positive loss. Returns (loss_before, loss_after, optimizer steps)."""
-    optimizer = torch.optim.SGD([*params, w], lr=config.lr, momentum=config.momentum)
+    optimizer = torch.optim.SGD([*params, *([w] if config.train_embedding else [])], lr=config.lr, momentum=config.momentum)
     generator = torch.Generator().manual_seed(seed)
     loss_before = _mean_loss(forward, w.detach(), plain, config.margin, config.batch) if config.exact_losses else math.nan
     _set_mode(forward, config.bn_mode)

@@ -119,11 +119,12 @@ def test_a_rounds_local_settings_map_onto_the_devices_training_config() -> None:
     # Prepare: what the server's default round sends, with a frozen prefix, and a key from a newer server
     from facecore.federation.config import LocalSettings as RoundLocal
 
-    sent = {**RoundLocal(trainable_blocks=2, batch_size=16).model_dump(), "added_by_a_newer_server": 1}
+    sent = {**RoundLocal(trainable_blocks=2, batch_size=16, train_embedding=False).model_dump(), "added_by_a_newer_server": 1}
     # Execute
     config = LocalTrainingConfig.from_round(sent)
     # Assert: every server setting lands under its device name; what the server does not set keeps the device default
     assert (config.epochs, config.steps, config.lr, config.margin, config.batch, config.trainable_blocks) == (1, None, 0.01, 0.9, 16, 2)
+    assert config.train_embedding is False
     assert config.momentum == LocalTrainingConfig().momentum
     assert LocalTrainingConfig.from_round({}) == LocalTrainingConfig()
 

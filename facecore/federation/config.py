@@ -31,6 +31,9 @@ class LocalSettings(StrictModel):
         default=None, ge=0, le=64,
         description="frozen prefix: devices train only the backbone's last K blocks and its head (the other deltas are zero); null: all of it",
     )
+    train_embedding: bool = Field(
+        default=True, description="false: each device keeps its enrolled template and trains only the backbone towards it",
+    )
 
 
 class SpreadoutSettings(StrictModel):

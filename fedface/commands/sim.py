@@ -77,6 +77,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     help="--backend ray: the cluster to join (default: a local Ray, or RAY_ADDRESS); its nodes need fedface installed")
     cd.add_argument("--capture", choices=CAPTURE_NAMES, default=None, metavar="NAME",
                     help=CAPTURE_HELP + f" (choices: {', '.join(CAPTURE_NAMES)}; default: the photos as they are)")
+    cd.add_argument("--enrolment", choices=("captured", "clean"), default="captured",
+                    help="with --capture: each device's template starts from its photos as the fleet camera takes them, "
+                         "or from the same photos clean (the owner enrolled with a phone's own camera)")
+    cd.add_argument("--train-embedding", type=_on_off, default=True, metavar="{on,off}",
+                    help="off: devices keep their enrolled template and train only the backbone towards it")
     cd.add_argument("--eval-every", type=int, default=5, metavar="N", help="rounds between LFW evaluations")
     cd.add_argument("--folds", default="6-10",
                     help="LFW folds to evaluate on (identity-disjoint from the devices): at least 2, all of 6-10 (test) or all of 1-5 (tuning)")
@@ -194,7 +199,8 @@ def _cross_device(args: argparse.Namespace) -> int:
 
     try:
         local = LocalTrainingConfig(epochs=args.local_epochs, steps=args.local_steps, lr=args.local_lr, margin=args.margin,
-                                    trainable_blocks=args.trainable_blocks, negative_scale=args.negative_scale, negative_margin=args.negative_margin)
+                                    trainable_blocks=args.trainable_blocks, negative_scale=args.negative_scale, negative_margin=args.negative_margin,
+                                    train_embedding=args.train_embedding)
         config = CrossDeviceConfig(
             devices=args.devices, rounds=args.rounds, per_round=args.per_round, method=args.method, init=args.init,
             spreadout=args.spreadout, seed=args.seed, model=args.model, eval_every=args.eval_every,
@@ -202,7 +208,7 @@ def _cross_device(args: argparse.Namespace) -> int:
             dp_epsilon=args.dp_epsilon, dp_clip=args.dp_clip, dp_delta=args.dp_delta, template_noise_cos=args.template_noise_cos, workers=args.workers,
             selection=args.selection, wire=args.wire, seeding=args.seeding, weighting=args.weighting,
             backend=args.backend, ray_address=args.ray_address, owner_holdout=args.owner_holdout, public_negatives=args.public_negatives,
-            public_rehearsal=args.public_rehearsal, capture=args.capture,
+            public_rehearsal=args.public_rehearsal, capture=args.capture, enrolment=args.enrolment,
             server_spreadout=SpreadoutConfig(**{k: v for k, v in (("nu", args.spreadout_nu), ("steps", args.spreadout_steps),
                                                                    ("lr", args.spreadout_lr), ("center", args.spreadout_center)) if v is not None}),
         )

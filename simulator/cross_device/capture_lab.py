@@ -93,8 +93,10 @@ def prepare(model: nn.Module, capture: str, blocks: int, seed: int) -> dict[str,
         celeba = load_labelled_faces(public, FaceAligner(geometry=geometry), desc="CelebA public people")
         celeba_ids = np.array(celeba.classes)[celeba.labels]
         train = np.concatenate([d.faces for d in devices])
+        clean = np.concatenate([d.faces for d in population.devices])
         return {
             "train": _activations(prefix, train), "train_flipped": _activations(prefix, train, flip=True),
+            "train_clean": _activations(prefix, clean),
             "labels": torch.from_numpy(np.concatenate([np.full(len(d.faces), d.index) for d in devices])).long(),
             "eval": {
                 "lfw_captured": (_activations(prefix, lfw_captured[keep]), lfw.identities[keep], folds[keep]),
@@ -105,7 +107,7 @@ def prepare(model: nn.Module, capture: str, blocks: int, seed: int) -> dict[str,
             },
         }
 
-    return _cached(cache_root() / "capture-lab" / f"{capture}-b{blocks}-s{seed}-{CAPTURES[capture].version}.pt", build)
+    return _cached(cache_root() / "capture-lab" / f"{capture}-b{blocks}-s{seed}-{CAPTURES[capture].version}-v2.pt", build)
 
 
 def yale_b(model: nn.Module, blocks: int) -> tuple[Tensor, np.ndarray, np.ndarray, np.ndarray]:
@@ -160,9 +162,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--margin", type=float, default=0.9, help="fedface: positive margin")
     parser.add_argument("--center", action="store_true", help="losses on features centred on a public mean")
     parser.add_argument("--fixed-embeddings", action="store_true", help="fedface: devices do not move their class embedding")
+    parser.add_argument("--targets", choices=("captured", "clean"), default="captured",
+                        help="class embeddings: the pretrained model's mean feature of the owner's captured photos, "
+                             "or of the same photos clean (an owner who enrolled with a phone's own camera)")
+    parser.add_argument("--loss", choices=("cosface", "positive"), default="cosface",
+                        help="central: CosFace over every device's class, or the devices' own positive-only loss pooled")
+    parser.add_argument("--device-batch", type=int, default=32, help="fedface: a device's batch of photos")
+    parser.add_argument("--local-epochs", type=int, default=1, help="fedface: passes over its photos a device makes per round")
     parser.add_argument("--nu", type=float, default=0.3)
     parser.add_argument("--spreadout-lr", type=float, default=0.01)
-    parser.add_argument("--spreadout-steps", type=int, default=10)
+    parser.add_argument("--spreadout-steps", type=int, default=10, help="0: no server spreadout")
     parser.add_argument("--scale", type=float, default=30.0, help="central: CosFace scale")
     parser.add_argument("--cosface-margin", type=float, default=0.2)
     parser.add_argument("--eval-every", type=int, default=10)
@@ -181,13 +190,14 @@ def main(argv: list[str] | None = None) -> int:
 
     x, flipped, labels = sets["train"], sets["train_flipped"], sets["labels"]
     devices = int(labels.max()) + 1
+    enrolled = x if args.targets == "captured" else sets["train_clean"]
     with torch.no_grad():
-        W = torch.stack([F.normalize(features(suffix, x[labels == d]).mean(0), dim=0) for d in range(devices)])
+        W = torch.stack([F.normalize(features(suffix, enrolled[labels == d]).mean(0), dim=0) for d in range(devices)])
     rng = np.random.default_rng(args.seed)
     history = [{"round": 0, **score(suffix, sets)}]
     print(json.dumps(history[-1]), flush=True)
     head = nn.Parameter(W.clone())
-    central_opt = torch.optim.SGD([*suffix.parameters(), head], lr=args.lr, momentum=0.9)
+    central_opt = torch.optim.SGD([*suffix.parameters(), *([head] if not args.fixed_embeddings else [])], lr=args.lr, momentum=0.9)
     for round_number in range(1, args.rounds + 1 if args.arm != "pretrained" else 1):
         started, losses = time.perf_counter(), []
 
@@ -199,7 +209,11 @@ def main(argv: list[str] | None = None) -> int:
             for start in range(0, len(order), 64):
                 rows = order[start : start + 64]
                 cosine = features(suffix, batch(rows)) @ F.normalize(head, dim=1).T
-                loss = F.cross_entropy(args.scale * (cosine - args.cosface_margin * F.one_hot(labels[rows], devices)), labels[rows])
+                if args.loss == "positive":
+                    own_cosine = cosine.gather(1, labels[rows, None]).ravel()
+                    loss = (args.margin - own_cosine).clamp_min(0).pow(2).mean()
+                else:
+                    loss = F.cross_entropy(args.scale * (cosine - args.cosface_margin * F.one_hot(labels[rows], devices)), labels[rows])
                 central_opt.zero_grad()
                 loss.backward()
                 central_opt.step()
@@ -211,8 +225,8 @@ def main(argv: list[str] | None = None) -> int:
                 local, embedding = copy.deepcopy(suffix), nn.Parameter(W[device].clone())
                 opt = torch.optim.SGD([*local.parameters(), *([] if args.fixed_embeddings else [embedding])], lr=args.lr, momentum=0.9)
                 own = torch.nonzero(labels == device).ravel()
-                for start in range(0, len(own), 32):
-                    cosine = features(local, batch(own[start : start + 32])) @ F.normalize(embedding, dim=0)
+                for start in [s for _ in range(args.local_epochs) for s in range(0, len(own), args.device_batch)]:
+                    cosine = features(local, batch(own[start : start + args.device_batch])) @ F.normalize(embedding, dim=0)
                     loss = (args.margin - cosine).clamp_min(0).pow(2).mean()
                     opt.zero_grad()
                     loss.backward()
@@ -224,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
             with torch.no_grad():
                 for p, p0, delta in zip(suffix.parameters(), start_state, total):
                     p.copy_(p0 + delta)
-            W = spreadout_optimize(W, steps=args.spreadout_steps, lr=args.spreadout_lr, momentum=0.9, nu=args.nu)
+            if args.spreadout_steps:
+                W = spreadout_optimize(W, steps=args.spreadout_steps, lr=args.spreadout_lr, momentum=0.9, nu=args.nu)
         record: dict[str, Any] = {"round": round_number, "loss": round(float(np.mean(losses)), 5),
                                   "seconds": round(time.perf_counter() - started, 1)}
         if round_number % args.eval_every == 0 or round_number == args.rounds:

@@ -18,9 +18,11 @@ SELECTIONS = ("least_recent", "uniform")
 SEEDINGS = ("live", "per_device")
 WEIGHTINGS = get_args(Weighting)
 # What a checkpoint written before a field existed ran with, so it resumes with its own meaning.
+ENROLMENTS = ("captured", "clean")
 LEGACY_DEFAULTS: dict[str, Any] = {"selection": "uniform", "wire": "fp32", "seeding": "per_device", "public_negatives": 0, "public_rehearsal": False,
-                                   "weighting": "samples", "eval_photos": None, "capture": None}
-LEGACY_LOCAL_DEFAULTS: dict[str, Any] = {"negative_scale": 64.0, "negative_margin": 0.35}
+                                   "weighting": "samples", "eval_photos": None, "capture": None,
+                                   "enrolment": "captured"}
+LEGACY_LOCAL_DEFAULTS: dict[str, Any] = {"negative_scale": 64.0, "negative_margin": 0.35, "train_embedding": True}
 LEGACY_SPREADOUT_DEFAULTS: dict[str, Any] = {"center": False}
 
 
@@ -73,6 +75,9 @@ class CrossDeviceConfig:
     # The fleet's camera (facecore.capture): every device photo and the held-out LFW photos as it takes
     # them, so a run measures what the web photos never showed (None: the photos as they are).
     capture: str | None = None
+    # Under a capture: the photos each device's template starts from, the fleet camera's ("captured") or
+    # the same photos before it took them ("clean": the owner enrolled with a phone's own camera).
+    enrolment: str = "captured"
 
     def __post_init__(self) -> None:
         problems = [
@@ -99,6 +104,8 @@ class CrossDeviceConfig:
                 ("public_rehearsal needs public_negatives", self.public_rehearsal and not self.public_negatives),
                 ("public negatives are for fedface and fedavg", self.public_negatives > 0 and self.method not in ("fedavg", "fedface")),
                 (f"capture must be one of {', '.join(CAPTURES)} (or none)", self.capture is not None and self.capture not in CAPTURES),
+                ("enrolment must be captured or clean", self.enrolment not in ENROLMENTS),
+                ("enrolment clean needs a capture", self.enrolment == "clean" and self.capture is None),
                 ("public negatives train in process: use workers 1 and backend process",
                  self.public_negatives > 0 and (self.workers > 1 or self.backend != "process")),
             ) if bad

@@ -44,7 +44,7 @@ from simulator.cross_device.config import (
     CrossDeviceConfig,
 )
 from simulator.cross_device.negatives import PublicNegatives
-from simulator.cross_device.population import Population
+from simulator.cross_device.population import Population, SimDevice
 from simulator.cross_device.workers import DevicePool, DeviceTask
 
 if TYPE_CHECKING:
@@ -134,7 +134,10 @@ class CrossDeviceSimulation:
             W = rng.standard_normal((len(self.population.devices), embedding_dim_of(self.model))).astype(np.float32)
             return W / np.linalg.norm(W, axis=1, keepdims=True)
         # FedFace's init: each device enrolls with the mean feature of its own photos
-        return np.stack([self._shared(mean_feature_embedding(embed_faces(self.model, d.faces)), 0, d.index) for d in self.population.devices])
+        def enrolled(d: SimDevice) -> np.ndarray:
+            return d.clean if self.config.enrolment == "clean" and d.clean is not None else d.faces
+
+        return np.stack([self._shared(mean_feature_embedding(embed_faces(self.model, enrolled(d))), 0, d.index) for d in self.population.devices])
 
     def _shared(self, embedding: np.ndarray, round_number: int, index: int) -> np.ndarray:
         """The template the server receives from a device (blurred under template noise)."""

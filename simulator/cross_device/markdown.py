@@ -30,6 +30,8 @@ def _method_label(report: dict[str, Any]) -> str:
     details += "" if blur is None else f", template noise cos {blur:g}"
     details += "" if local.get("margin", 0.9) == 0.9 else f", m={local['margin']:g}"
     details += "" if local.get("trainable_blocks") is None else f", last {local['trainable_blocks']} blocks"
+    details += "" if config.get("enrolment", "captured") == "captured" else f", {config['enrolment']} enrolment"
+    details += "" if local.get("train_embedding", True) else ", templates fixed"
     return f"{report['method']} ({report['init']} init{details})"
 
 

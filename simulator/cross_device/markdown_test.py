@@ -80,3 +80,12 @@ def test_a_run_through_a_fleet_camera_shows_its_clean_figures_beside(tmp_path: P
     assert "| far | 80.00 → 82.00 | 90.00 → 91.00 | 10.00 → 20.00 | 50.00 → 60.00 |" in rows[0]
     assert "Fleet camera(s): ['far']" in text and rows[0] in text and "camera far;" in text
     assert "camera none" in write_markdown([_report()], tmp_path, []).read_text()
+
+
+def test_a_clean_enrolment_with_fixed_templates_is_named_in_the_label() -> None:
+    # Prepare
+    report = _report() | {"capture": "lowlight-ir"}
+    report["config"] = {"enrolment": "clean", "local": {**report["config"]["local"], "train_embedding": False}}
+    # Execute / Assert: an older report without the fields reads as the paper's setting
+    assert label(report) == "fedface (mean init, clean enrolment, templates fixed) [camera: lowlight-ir]"
+    assert label(_report()) == "fedface (mean init)"

@@ -28,6 +28,7 @@ class SimDevice:
     identity: str
     faces: np.ndarray  # (n,size,size,3) uint8, in the crop of the model being trained
     held_out: np.ndarray | None = None  # never trained on: the owner-verification photos
+    clean: np.ndarray | None = None  # under a capture: `faces` before the fleet camera took them
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ def captured(population: Population, capture: str, geometry: FaceGeometry, seed:
     def device(d: SimDevice) -> SimDevice:
         stream = DEVICE_STREAM + 2 * d.index
         held_out = None if d.held_out is None else model.capture(d.held_out, geometry, seed, stream + 1)
-        return replace(d, faces=model.capture(d.faces, geometry, seed, stream), held_out=held_out)
+        return replace(d, faces=model.capture(d.faces, geometry, seed, stream), held_out=held_out, clean=d.faces)
 
     return replace(population, devices=tuple(device(d) for d in population.devices))
 

@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from device_sdk.training import LocalTrainingConfig
+from device_sdk.training import LocalTrainingConfig, mean_feature_embedding, train_local
 from facecore.align.geometry import ARCFACE_112
 from facecore.capture import get_capture
 from facecore.data.synthetic import synthetic_faces
+from facecore.models.preprocess import embed_faces
 from facecore.models.testing import calibrated_backbone
 from simulator.cross_device.config import CrossDeviceConfig
 from simulator.cross_device.engine import CrossDeviceSimulation
@@ -64,3 +65,29 @@ def test_an_unknown_capture_is_refused_naming_the_choices() -> None:
     # Execute / Assert
     with pytest.raises(ValueError, match="capture must be one of lowlight-ir, far"):
         CrossDeviceConfig(capture="webcam")
+
+
+def test_a_clean_enrolment_starts_each_template_from_the_photos_before_the_camera_and_devices_keep_it() -> None:
+    # Prepare: a captured fleet whose devices enrolled clean and do not train their template
+    model = calibrated_backbone("mobilefacenet_s", seed=0)
+    clean = _population()
+    fleet = captured(clean, "lowlight-ir", ARCFACE_112, seed=0)
+    config = CrossDeviceConfig(devices=3, rounds=1, per_round=3, eval_every=1, spreadout=False, capture="lowlight-ir", enrolment="clean",
+                               local=LocalTrainingConfig(epochs=2, batch=2, lr=0.05, train_embedding=False))
+    simulation = CrossDeviceSimulation(config, fleet, model, Path("unused"))
+    # Execute
+    start = simulation.initial_embeddings()
+    update = train_local(model, start[0], fleet.devices[0].faces, config.local)
+    # Assert: the clean photos kept beside the captured ones are the templates' source; training leaves the template be
+    for device, plain in zip(fleet.devices, clean.devices, strict=True):
+        assert device.clean is plain.faces and not np.array_equal(device.faces, plain.faces)
+    expected = np.stack([mean_feature_embedding(embed_faces(model, d.faces)) for d in clean.devices])
+    np.testing.assert_allclose(start, expected, atol=1e-6)
+    np.testing.assert_allclose(update.embedding.numpy(), start[0], atol=1e-6)
+    assert update.loss_after < update.loss_before
+
+
+def test_a_clean_enrolment_needs_a_camera() -> None:
+    # Execute / Assert
+    with pytest.raises(ValueError, match="enrolment clean needs a capture"):
+        CrossDeviceConfig(enrolment="clean")
