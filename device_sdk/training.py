@@ -48,6 +48,10 @@ class LocalTrainingConfig:
     # False: the class embedding stays the enrolled template and only the backbone learns to map the
     # device's photos onto it (the anchor a template from a clean enrolment photo gives a fleet camera).
     train_embedding: bool = True
+    # The positive loss on features and template both moved by minus this unit vector (a fixed mean face
+    # feature), so that its margin measures what the model tells apart rather than the direction every
+    # face feature of a strong model shares; None: the paper's loss on the raw features.
+    feature_center: tuple[float, ...] | None = None
     # True: loss_before/loss_after are full passes over the faces (what a phone reports). False:
     # they are the mean batch loss of the first and of the last epoch, computed during training
     # anyway; a simulator of thousands of devices saves two forward passes per device.
@@ -61,8 +65,11 @@ class LocalTrainingConfig:
         """The `local` settings a round's check-in carries (server_api.schemas.LocalTrainingConfig,
         whose `batch_size` is `batch` here); what the server leaves out keeps this class's default."""
         names = {"epochs": "epochs", "steps": "steps", "lr": "lr", "margin": "margin", "batch_size": "batch",
-                 "trainable_blocks": "trainable_blocks", "train_embedding": "train_embedding"}
-        return cls(**{names[key]: value for key, value in local.items() if key in names})
+                 "trainable_blocks": "trainable_blocks", "train_embedding": "train_embedding", "feature_center": "feature_center"}
+        settings = {names[key]: value for key, value in local.items() if key in names}
+        if settings.get("feature_center") is not None:
+            settings["feature_center"] = tuple(settings["feature_center"])
+        return cls(**settings)
 
     def __post_init__(self) -> None:
         problems = [
@@ -75,6 +82,8 @@ class LocalTrainingConfig:
                 ("a frozen prefix needs bn_mode frozen", self.trainable_blocks is not None and self.bn_mode != "frozen"),
                 ("negative_scale must be > 0", not self.negative_scale > 0),
                 ("negative_margin must be in [0, 1]", not 0 <= self.negative_margin <= 1),
+                ("feature_center must be a unit vector",
+                 self.feature_center is not None and not abs(math.fsum(x * x for x in self.feature_center) - 1) < 1e-3),
             ) if bad
         ]
         if problems:
@@ -160,11 +169,20 @@ def _set_mode(model: nn.Module, bn_mode: str) -> None:
                 module.eval()
 
 
+def centred_positive_loss(features: Tensor, embedding: Tensor, margin: float, center: Tensor | None) -> Tensor:
+    """positive_loss, with features and template both moved by -center first (LocalTrainingConfig.feature_center)."""
+    if center is None:
+        return positive_loss(features, embedding, margin)
+    moved = torch.nn.functional.normalize(torch.nn.functional.normalize(features, dim=1) - center, dim=1)
+    return positive_loss(moved, torch.nn.functional.normalize(embedding - center, dim=-1), margin)
+
+
 @torch.no_grad()
-def _mean_loss(forward: nn.Module, embedding: Tensor, inputs: Tensor, margin: float, batch: int) -> float:
+def _mean_loss(forward: nn.Module, embedding: Tensor, inputs: Tensor, margin: float, batch: int, center: Tensor | None) -> float:
     was_training = forward.training
     forward.eval()
-    losses = [positive_loss(forward(inputs[i : i + batch]), embedding, margin) * len(inputs[i : i + batch]) for i in range(0, len(inputs), batch)]
+    losses = [centred_positive_loss(forward(inputs[i : i + batch]), embedding, margin, center) * len(inputs[i : i + batch])
+              for i in range(0, len(inputs), batch)]
     forward.train(was_training)
     return float(sum(losses) / len(inputs))
 
@@ -210,7 +228,8 @@ def fit_positive(
     reported losses stay the positive loss. Returns (loss_before, loss_after, optimizer steps)."""
     optimizer = torch.optim.SGD([*params, *([w] if config.train_embedding else [])], lr=config.lr, momentum=config.momentum)
     generator = torch.Generator().manual_seed(seed)
-    loss_before = _mean_loss(forward, w.detach(), plain, config.margin, config.batch) if config.exact_losses else math.nan
+    center = None if config.feature_center is None else torch.tensor(config.feature_center, dtype=w.dtype)
+    loss_before = _mean_loss(forward, w.detach(), plain, config.margin, config.batch, center) if config.exact_losses else math.nan
     _set_mode(forward, config.bn_mode)
     steps = 0
     limit = config.steps or math.inf
@@ -227,7 +246,7 @@ def fit_positive(
                 mirror = (torch.rand(len(index), generator=generator) < 0.5)[:, None, None, None]
                 batch = torch.where(mirror, batch.flip(3) if flipped is None else flipped[index], batch)
             features = forward(batch)
-            loss = positive_loss(features, w, config.margin)
+            loss = centred_positive_loss(features, w, config.margin, center)
             if public is not None:
                 loss = loss + public_negatives_loss(features, w, public.templates, config.negative_scale, config.negative_margin)
                 if public.faces is not None and public.labels is not None:
@@ -245,7 +264,7 @@ def fit_positive(
             epoch_losses[-1].append((float(loss.detach()), len(index)))
             steps += 1
     if config.exact_losses:
-        return loss_before, _mean_loss(forward, w.detach(), plain, config.margin, config.batch), steps
+        return loss_before, _mean_loss(forward, w.detach(), plain, config.margin, config.batch, center), steps
     return _weighted_mean(epoch_losses[0]), _weighted_mean([x for e in epoch_losses[-1:] for x in e]), steps
 
 

@@ -9,6 +9,7 @@ from device_sdk.training import (
     PublicIdentities,
     TrainingDiverged,
     Workspace,
+    centred_positive_loss,
     mean_feature_embedding,
     split_backbone,
     train_local,
@@ -207,3 +208,21 @@ def test_wire_arrays_cast_like_numpy_bit_for_bit_on_the_tiny_values_of_a_delta()
     # Assert
     np.testing.assert_array_equal(half["w"].view(np.uint16), values.numpy().astype(np.float16).view(np.uint16))
     assert single["w"].dtype == np.float32 and half["n"].dtype == np.int64 and int(half["n"]) == 3
+
+
+def test_centred_loss_sees_what_a_shared_direction_hides_and_a_centre_must_be_a_unit_vector() -> None:
+    # Prepare: two faces and a template that all lean along a shared x axis; the faces differ from the template elsewhere
+    center = torch.tensor([1.0, 0.0, 0.0])
+    template = torch.nn.functional.normalize(torch.tensor([1.0, 0.25, 0.0]), dim=0)
+    features = torch.nn.functional.normalize(torch.tensor([[1.0, 0.0, 0.25], [1.0, 0.0, 0.25]]), dim=1)
+    # Execute
+    raw = centred_positive_loss(features, template, 0.9, None)
+    centred = centred_positive_loss(features, template, 0.9, center)
+    # Assert: at cosine 0.94 the paper's loss is zero. Less x, each unit vector keeps 1/n - 1 along x and
+    # 0.25/n on its own axis (n = |(1, 0.25)|), so their cosine is 0.0149 and the loss (0.9 - 0.0149)^2
+    n = (1 + 0.25**2) ** 0.5
+    cosine = (1 / n - 1) ** 2 / ((1 / n - 1) ** 2 + (0.25 / n) ** 2)
+    assert raw.item() == 0.0
+    assert centred.item() == pytest.approx((0.9 - cosine) ** 2, abs=1e-6) and cosine == pytest.approx(0.0149, abs=1e-4)
+    with pytest.raises(ValueError, match="feature_center must be a unit vector"):
+        LocalTrainingConfig(feature_center=(2.0, 0.0))

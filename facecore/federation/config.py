@@ -7,6 +7,7 @@ is what the database holds: renaming a field is a data migration.
 """
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -34,6 +35,16 @@ class LocalSettings(StrictModel):
     train_embedding: bool = Field(
         default=True, description="false: each device keeps its enrolled template and trains only the backbone towards it",
     )
+    feature_center: list[float] | None = Field(
+        default=None, max_length=4096,
+        description="a unit vector (a fixed mean face feature): the positive loss runs on features and template both moved by minus it",
+    )
+
+    @model_validator(mode="after")
+    def _unit_center(self) -> LocalSettings:
+        if self.feature_center is not None and not abs(math.fsum(x * x for x in self.feature_center) - 1) < 1e-3:
+            raise ValueError("feature_center must be a unit vector")
+        return self
 
 
 class SpreadoutSettings(StrictModel):
@@ -60,6 +71,10 @@ class AggregationSettings(StrictModel):
     max_update_norm: float = Field(default=1.0, gt=0, le=1e6, description="norm_bounded and dp_fedavg: L2 bound on each delta")
     dp_noise_multiplier: float = Field(default=1.0, ge=0, le=1000, description="dp_fedavg: noise std / clip norm (z)")
     dp_delta: float = Field(default=1e-5, gt=0, lt=1, description="dp_fedavg: the delta epsilon is reported at")
+    server_momentum: float = Field(
+        default=0.0, ge=0, lt=1,
+        description="heavy-ball momentum on the round's step: the step that made the base model, times this, is added to it",
+    )
 
     @model_validator(mode="after")
     def _weighting_applies(self) -> AggregationSettings:

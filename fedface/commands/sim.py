@@ -41,6 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cd.add_argument("--local-steps", type=int, default=None, metavar="N", help="cap on each device's optimiser steps a round (default: whole epochs)")
     cd.add_argument("--weighting", choices=("samples", "devices"), default="samples",
                     help="FedAvg counts each device's update by its training photos (the paper's) or every device once")
+    cd.add_argument("--server-momentum", type=float, default=0.0, metavar="BETA",
+                    help="the server's heavy-ball momentum on each round's backbone step (0: plain FedAvg)")
     cd.add_argument("--margin", type=float, default=0.9, help="margin m of the positive-only FedFace loss")
     cd.add_argument("--trainable-blocks", type=int, default=None, help="frozen-prefix option: train only the last K blocks + head")
     cd.add_argument("--public-negatives", type=int, default=0, metavar="K",
@@ -82,6 +84,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          "or from the same photos clean (the owner enrolled with a phone's own camera)")
     cd.add_argument("--train-embedding", type=_on_off, default=True, metavar="{on,off}",
                     help="off: devices keep their enrolled template and train only the backbone towards it")
+    cd.add_argument("--center-features", type=_on_off, default=False, metavar="{on,off}",
+                    help="on: the devices' positive loss runs on features centred on the direction the starting templates share")
     cd.add_argument("--eval-every", type=int, default=5, metavar="N", help="rounds between LFW evaluations")
     cd.add_argument("--folds", default="6-10",
                     help="LFW folds to evaluate on (identity-disjoint from the devices): at least 2, all of 6-10 (test) or all of 1-5 (tuning)")
@@ -206,9 +210,9 @@ def _cross_device(args: argparse.Namespace) -> int:
             spreadout=args.spreadout, seed=args.seed, model=args.model, eval_every=args.eval_every,
             eval_folds=folds, eval_photos=eval_photos, target_accuracy=args.target, local=local,
             dp_epsilon=args.dp_epsilon, dp_clip=args.dp_clip, dp_delta=args.dp_delta, template_noise_cos=args.template_noise_cos, workers=args.workers,
-            selection=args.selection, wire=args.wire, seeding=args.seeding, weighting=args.weighting,
+            selection=args.selection, wire=args.wire, seeding=args.seeding, weighting=args.weighting, server_momentum=args.server_momentum,
             backend=args.backend, ray_address=args.ray_address, owner_holdout=args.owner_holdout, public_negatives=args.public_negatives,
-            public_rehearsal=args.public_rehearsal, capture=args.capture, enrolment=args.enrolment,
+            public_rehearsal=args.public_rehearsal, capture=args.capture, enrolment=args.enrolment, center_features=args.center_features,
             server_spreadout=SpreadoutConfig(**{k: v for k, v in (("nu", args.spreadout_nu), ("steps", args.spreadout_steps),
                                                                    ("lr", args.spreadout_lr), ("center", args.spreadout_center)) if v is not None}),
         )

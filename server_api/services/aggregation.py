@@ -25,7 +25,8 @@ from sqlalchemy.orm import Session
 from facecore.federation.config import AggregationSettings, RoundConfig
 from facecore.federation.protocol import BACKBONE_PREFIX, MASKED_KEY
 from facecore.federation.status import FINAL_ROUND_STATUSES, ParticipationStatus, RoundStatus
-from facecore.federation.strategies import ClientUpdate, Strategy, spreadout_of, strategy_for
+from facecore.federation.strategies import ClientUpdate, Strategy, last_step, spreadout_of, strategy_for
+from facecore.federation.strategies.base import Weights
 from facecore.federation.strategies.dp_fedavg import epsilon_of_history
 from facecore.federation.strategies.secure_fedavg import MASKED, SecureFedAvg, UnmaskMaterial
 from facecore.secagg import SecAggAborted
@@ -164,7 +165,7 @@ def _compute_and_finalize(ctx: ServerContext, round_id: int) -> bool:
             for e in device_crud.active_enrollments(session)
         ]
         config = round_.settings
-        strategy = strategy_for(config)
+        parent_hash = _parent_hash(session, base.round_id) if config.aggregation.server_momentum else None
         base_hash, backbone, dim = base.version_hash, base.backbone, base.embedding_dim
         base_verification = dict(base.verification) if base.verification else None
         secure = secure_aggregation.unmask_inputs(session, round_) if secure_aggregation.settings_of(round_) else None
@@ -172,11 +173,14 @@ def _compute_and_finalize(ctx: ServerContext, round_id: int) -> bool:
         sampling = (round_.sample_rate if round_.sample_rate is not None else 1.0, round_.population)
 
     _, base_weights = load_weights(ctx.store, base_hash)
+    previous = None if parent_hash is None else last_step(base_weights, load_weights(ctx.store, parent_hash)[1])
     if secure is None:
+        strategy = strategy_for(config, previous_step=previous)
         stream = _stream(ctx, updates)
     else:
-        strategy = _secure_strategy(config, secure)
+        strategy = _secure_strategy(config, secure, previous)
         stream = _stream_masked(ctx, updates, secure.index_of)
+    del previous
     result = strategy.aggregate_train(round_id, base_weights, stream)
     del base_weights
     model = build_model(backbone, dim, result.weights)
@@ -203,9 +207,18 @@ def _compute_and_finalize(ctx: ServerContext, round_id: int) -> bool:
     return done
 
 
-def _secure_strategy(config: RoundConfig, inputs: secure_aggregation.UnmaskInputs) -> Strategy:
+def _secure_strategy(config: RoundConfig, inputs: secure_aggregation.UnmaskInputs, previous_step: Weights | None) -> Strategy:
     material = UnmaskMaterial(inputs.adverts, inputs.key_sharers, inputs.answers, inputs.threshold, inputs.scale)
-    return strategy_for(config, backbone=SecureFedAvg(material))
+    return strategy_for(config, backbone=SecureFedAvg(material), previous_step=previous_step)
+
+
+def _parent_hash(session: Session, producing_round_id: int | None) -> str | None:
+    """The base model of the round that produced a version: server momentum's lineage (None for an imported model)."""
+    if producing_round_id is None:
+        return None
+    producing = round_crud.get_round(session, producing_round_id)
+    parent = None if producing is None else version_crud.get(session, producing.base_version_id)
+    return None if parent is None else parent.version_hash
 
 
 def _drop_update_blobs(ctx: ServerContext, round_id: int) -> None:

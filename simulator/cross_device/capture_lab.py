@@ -162,11 +162,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--margin", type=float, default=0.9, help="fedface: positive margin")
     parser.add_argument("--center", action="store_true", help="losses on features centred on a public mean")
     parser.add_argument("--fixed-embeddings", action="store_true", help="fedface: devices do not move their class embedding")
+    parser.add_argument("--center-on", choices=("public", "templates"), default="public",
+                        help="with --center: the public photos' mean feature, or the mean of the devices' enrolled templates")
     parser.add_argument("--targets", choices=("captured", "clean"), default="captured",
                         help="class embeddings: the pretrained model's mean feature of the owner's captured photos, "
                              "or of the same photos clean (an owner who enrolled with a phone's own camera)")
+    parser.add_argument("--rehearse-clean", action="store_true", help="devices also train on their clean enrolment photos")
     parser.add_argument("--loss", choices=("cosface", "positive"), default="cosface",
                         help="central: CosFace over every device's class, or the devices' own positive-only loss pooled")
+    parser.add_argument("--server-momentum", type=float, default=0.0, help="fedface: the server's momentum on the averaged update")
     parser.add_argument("--device-batch", type=int, default=32, help="fedface: a device's batch of photos")
     parser.add_argument("--local-epochs", type=int, default=1, help="fedface: passes over its photos a device makes per round")
     parser.add_argument("--nu", type=float, default=0.3)
@@ -182,7 +186,13 @@ def main(argv: list[str] | None = None) -> int:
     model = load_backbone("default").eval()
     sets = prepare(model, args.capture, args.blocks, args.seed) | {"yale_b": yale_b(model, args.blocks)}
     _, suffix = split_backbone(model, args.blocks)
-    mean = F.normalize(torch.from_numpy(embed(suffix, sets["eval"]["celeba_clean"][0])).mean(0), dim=0)
+    if args.center_on == "templates":  # what a server holds: the mean of the devices' enrolled templates
+        enrolled_photos = sets["train"] if args.targets == "captured" else sets["train_clean"]
+        own = F.normalize(torch.from_numpy(embed(suffix, enrolled_photos)), dim=1)
+        labels0 = sets["labels"]
+        mean = F.normalize(torch.stack([F.normalize(own[labels0 == d].mean(0), dim=0) for d in range(int(labels0.max()) + 1)]).mean(0), dim=0)
+    else:
+        mean = F.normalize(torch.from_numpy(embed(suffix, sets["eval"]["celeba_clean"][0])).mean(0), dim=0)
 
     def features(model: nn.Module, x: Tensor) -> Tensor:
         f = F.normalize(model(x), dim=1)
@@ -191,12 +201,15 @@ def main(argv: list[str] | None = None) -> int:
     x, flipped, labels = sets["train"], sets["train_flipped"], sets["labels"]
     devices = int(labels.max()) + 1
     enrolled = x if args.targets == "captured" else sets["train_clean"]
+    if args.rehearse_clean:  # a device also trains on its clean enrolment photos (not mirrored) towards the same template
+        x, flipped, labels = torch.cat([x, sets["train_clean"]]), torch.cat([flipped, sets["train_clean"]]), torch.cat([labels, labels])
     with torch.no_grad():
-        W = torch.stack([F.normalize(features(suffix, enrolled[labels == d]).mean(0), dim=0) for d in range(devices)])
+        W = torch.stack([F.normalize(features(suffix, enrolled[sets["labels"] == d]).mean(0), dim=0) for d in range(devices)])
     rng = np.random.default_rng(args.seed)
     history = [{"round": 0, **score(suffix, sets)}]
     print(json.dumps(history[-1]), flush=True)
     head = nn.Parameter(W.clone())
+    velocity = [torch.zeros_like(p) for p in suffix.parameters()]
     central_opt = torch.optim.SGD([*suffix.parameters(), *([head] if not args.fixed_embeddings else [])], lr=args.lr, momentum=0.9)
     for round_number in range(1, args.rounds + 1 if args.arm != "pretrained" else 1):
         started, losses = time.perf_counter(), []
@@ -236,8 +249,9 @@ def main(argv: list[str] | None = None) -> int:
                 for acc, p, p0 in zip(total, local.parameters(), start_state):
                     acc += (p.detach() - p0) / devices  # FedAvg, each device once
             with torch.no_grad():
-                for p, p0, delta in zip(suffix.parameters(), start_state, total):
-                    p.copy_(p0 + delta)
+                for p, p0, delta, v in zip(suffix.parameters(), start_state, total, velocity):
+                    v.mul_(args.server_momentum).add_(delta)  # FedAvgM; 0: plain FedAvg
+                    p.copy_(p0 + v)
             if args.spreadout_steps:
                 W = spreadout_optimize(W, steps=args.spreadout_steps, lr=args.spreadout_lr, momentum=0.9, nu=args.nu)
         record: dict[str, Any] = {"round": round_number, "loss": round(float(np.mean(losses)), 5),

@@ -21,7 +21,8 @@ WEIGHTINGS = get_args(Weighting)
 ENROLMENTS = ("captured", "clean")
 LEGACY_DEFAULTS: dict[str, Any] = {"selection": "uniform", "wire": "fp32", "seeding": "per_device", "public_negatives": 0, "public_rehearsal": False,
                                    "weighting": "samples", "eval_photos": None, "capture": None,
-                                   "enrolment": "captured"}
+                                   "enrolment": "captured", "server_momentum": 0.0,
+                                   "center_features": False}
 LEGACY_LOCAL_DEFAULTS: dict[str, Any] = {"negative_scale": 64.0, "negative_margin": 0.35, "train_embedding": True}
 LEGACY_SPREADOUT_DEFAULTS: dict[str, Any] = {"center": False}
 
@@ -66,6 +67,8 @@ class CrossDeviceConfig:
     seeding: str = "live"
     # FedAvg's weights: each device's update by its training photos (the paper's), or every device once.
     weighting: Weighting = "samples"
+    # The server's heavy-ball momentum on each round's backbone step (0: plain FedAvg), as a live round's.
+    server_momentum: float = 0.0
     # Device training in this many persistent processes (simulator/cross_device/workers.py); 1: in process.
     workers: int = 1
     # "process": the workers above on this machine; "ray": that many Ray actors (ray_backend.py), on
@@ -78,6 +81,9 @@ class CrossDeviceConfig:
     # Under a capture: the photos each device's template starts from, the fleet camera's ("captured") or
     # the same photos before it took them ("clean": the owner enrolled with a phone's own camera).
     enrolment: str = "captured"
+    # The devices' positive loss centred on the direction the starting templates share (fixed at round 0,
+    # losses.shared_direction), as a live round's local.feature_center.
+    center_features: bool = False
 
     def __post_init__(self) -> None:
         problems = [
@@ -104,6 +110,7 @@ class CrossDeviceConfig:
                 ("public_rehearsal needs public_negatives", self.public_rehearsal and not self.public_negatives),
                 ("public negatives are for fedface and fedavg", self.public_negatives > 0 and self.method not in ("fedavg", "fedface")),
                 (f"capture must be one of {', '.join(CAPTURES)} (or none)", self.capture is not None and self.capture not in CAPTURES),
+                ("server_momentum must be in [0, 1)", not 0 <= self.server_momentum < 1),
                 ("enrolment must be captured or clean", self.enrolment not in ENROLMENTS),
                 ("enrolment clean needs a capture", self.enrolment == "clean" and self.capture is None),
                 ("public negatives train in process: use workers 1 and backend process",
@@ -127,10 +134,11 @@ class CrossDeviceConfig:
             target_participants=target, min_participants=1,
             strategy="fedface" if self.uses_spreadout else "fedavg",
             local=LocalSettings(epochs=self.local.epochs, steps=self.local.steps, lr=self.local.lr, margin=self.local.margin,
-                                batch_size=self.local.batch, trainable_blocks=self.local.trainable_blocks),
+                                batch_size=self.local.batch, trainable_blocks=self.local.trainable_blocks,
+                                train_embedding=self.local.train_embedding),
             spreadout=SpreadoutSettings(**asdict(self.server_spreadout)),
             aggregation=AggregationSettings(
                 method="fedavg" if self.dp_epsilon is None else "dp_fedavg", weighting=self.weighting, max_update_norm=self.dp_clip,
-                dp_noise_multiplier=dp_noise_multiplier, dp_delta=self.dp_delta,
+                dp_noise_multiplier=dp_noise_multiplier, dp_delta=self.dp_delta, server_momentum=self.server_momentum,
             ),
         )

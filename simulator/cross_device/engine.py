@@ -13,6 +13,7 @@ facecore.federation, which the live server and SDK use too, and so does each dev
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import time
@@ -29,10 +30,11 @@ from device_sdk.training import PrefixCache, Workspace, mean_feature_embedding, 
 from facecore.federation.config import training_seed
 from facecore.federation.protocol import EMBEDDING_KEY
 from facecore.federation.selection import least_recently_selected
-from facecore.federation.strategies import ClientUpdate, FedFace, Strategy, strategy_for
+from facecore.federation.strategies import ClientUpdate, FedFace, ServerMomentum, Strategy, strategy_for
 from facecore.federation.strategies.dp_fedavg import DPFedAvg, dp_epsilon, noise_for_epsilon
 from facecore.federation.template_noise import noisy_template
 from facecore.federation.wire import as_received, backbone_deltas, update_tensors
+from facecore.losses import shared_direction
 from facecore.models.checkpoint import atomic_torch_save
 from facecore.models.preprocess import embed_faces
 from facecore.models.registry import embedding_dim_of
@@ -90,6 +92,8 @@ class CrossDeviceSimulation:
         self.round_config = config.round_config(len(population.devices), self._dp_noise_multiplier())
         self.strategy: Strategy = strategy_for(self.round_config, seed=config.seed)
         step = self.strategy.backbone if isinstance(self.strategy, FedFace) else self.strategy
+        self.momentum = step if isinstance(step, ServerMomentum) else None  # its last step is checkpointed
+        step = step.inner if isinstance(step, ServerMomentum) else step
         self.dp = step if isinstance(step, DPFedAvg) else None
         # The model as devices receive it (fp16 on the wire); devices train from it and send deltas against it.
         self.received = self.model if config.wire == "fp32" else copy.deepcopy(self.model)
@@ -98,6 +102,7 @@ class CrossDeviceSimulation:
         self.workspace = Workspace(copy.deepcopy(self.model))  # every device trains in this one copy: no per-device deep copy
         # Only what local training can change crosses to the strategy (the suffix, with a frozen prefix).
         self.trained_keys = trainable_keys(self.model, config.local.trainable_blocks)
+        self.local = config.local  # with center_features, run() adds the centre fixed at round 0
         self.pool: DevicePool | RayDevicePool | None = None  # started on the first round when config.workers > 1 or on Ray
 
     def _dp_noise_multiplier(self) -> float:
@@ -147,7 +152,7 @@ class CrossDeviceSimulation:
 
     def prepare_caches(self) -> None:
         """Compute every device's frozen-prefix activations now instead of on first selection."""
-        blocks = self.config.local.trainable_blocks
+        blocks = self.local.trainable_blocks
         if blocks is None:
             return
         by_faces: dict[int, PrefixCache] = {}  # a benchmark's tiled devices share one photo array per identity
@@ -163,7 +168,9 @@ class CrossDeviceSimulation:
 
     def save(self, state: SimulationState) -> None:
         atomic_torch_save({"round": state.round, "model_state": state.model_state, "W": torch.from_numpy(state.W),
-                           "history": state.history, "last_selected": state.last_selected, "config": self.config.to_dict()},
+                           "history": state.history, "last_selected": state.last_selected, "config": self.config.to_dict(),
+                           "server_step": {} if self.momentum is None else {k: torch.from_numpy(v) for k, v in self.momentum.previous.items()},
+                           "feature_center": self.local.feature_center},
                           self.checkpoint_path)
 
     def load(self) -> SimulationState | None:
@@ -182,6 +189,10 @@ class CrossDeviceSimulation:
             from facecore.errors import CheckpointError
 
             raise CheckpointError(f"{self.checkpoint_path} belongs to a run with another configuration: use another --out")
+        if self.momentum is not None:
+            self.momentum.previous = {k: v.numpy() for k, v in saved.get("server_step", {}).items()}
+        if saved.get("feature_center") is not None:
+            self.local = dataclasses.replace(self.local, feature_center=tuple(saved["feature_center"]))
         return SimulationState(saved["round"], saved["model_state"], saved["W"].numpy(), saved["history"], saved.get("last_selected", []))
 
     # ---- one round -----------------------------------------------------------------------
@@ -196,13 +207,13 @@ class CrossDeviceSimulation:
             return
         base = self.received.state_dict()
         public = None if self.negatives is None else self.negatives.for_round(
-            self.received, self.config.local.trainable_blocks, self.config.wire, self.config.public_rehearsal)
+            self.received, self.local.trainable_blocks, self.config.wire, self.config.public_rehearsal)
         for index in tqdm(chosen, desc=f"round {round_number}", unit="device", leave=False):
             device = self.population.devices[index]
             cache = None
-            if self.config.local.trainable_blocks is not None:
-                cache = self.caches.get(index) or self.caches.setdefault(index, prefix_cache(self.received, device.faces, self.config.local.trainable_blocks))
-            update = train_local(self.received, state.W[index], device.faces, self.config.local, seed=self._seed(round_number, index), cache=cache,
+            if self.local.trainable_blocks is not None:
+                cache = self.caches.get(index) or self.caches.setdefault(index, prefix_cache(self.received, device.faces, self.local.trainable_blocks))
+            update = train_local(self.received, state.W[index], device.faces, self.local, seed=self._seed(round_number, index), cache=cache,
                                  workspace=self.workspace, public=public)
             keys = list(update.state_dict)
             differences = torch._foreach_sub(list(update.state_dict.values()), [base[k] for k in keys])
@@ -214,10 +225,10 @@ class CrossDeviceSimulation:
             if self.config.backend == "ray":
                 from simulator.cross_device.ray_backend import RayDevicePool
 
-                self.pool = RayDevicePool(self.config.workers, self.model, self.config.local, self.config.ray_address)
+                self.pool = RayDevicePool(self.config.workers, self.model, self.local, self.config.ray_address)
             else:
-                self.pool = DevicePool(self.config.workers, self.model, self.config.local)
-        blocks = self.config.local.trainable_blocks
+                self.pool = DevicePool(self.config.workers, self.model, self.local)
+        blocks = self.local.trainable_blocks
         if blocks is not None:
             self.prepare_caches()
         tasks = []
@@ -285,6 +296,8 @@ class CrossDeviceSimulation:
         state = self.load() if resume else None
         if state is None:
             state = SimulationState(0, {k: v.clone() for k, v in self.model.state_dict().items()}, self.initial_embeddings())
+            if self.config.center_features:
+                self.local = dataclasses.replace(self.local, feature_center=tuple(shared_direction(state.W).tolist()))
             state.history.append(self._evaluated({"round": 0, "embedding_mean_cos": mean_pairwise_cosine(state.W)}))
             self._log(state, state.history[-1])
         else:

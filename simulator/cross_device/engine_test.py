@@ -84,12 +84,15 @@ def test_least_recent_selection_takes_every_device_before_any_twice(model: torch
     assert [r["participants"] for r in state.history[1:]] == [2, 2, 2, 2]
 
 
-def test_resuming_after_round_1_equals_a_straight_run(model: torch.nn.Module, tmp_path: Path) -> None:
-    # Prepare
-    straight = CrossDeviceSimulation(_config(method="fedface"), _population(), model, tmp_path / "straight").run(resume=False)
-    CrossDeviceSimulation(_config(method="fedface", rounds=1), _population(), model, tmp_path / "stopped").run(resume=False)
+@pytest.mark.parametrize(("momentum", "center"), [(0.0, False), (0.9, False), (0.0, True)])
+def test_resuming_after_round_1_equals_a_straight_run(model: torch.nn.Module, tmp_path: Path, momentum: float, center: bool) -> None:
+    # Prepare: with server momentum, round 2 steps on from round 1's step, and with centred features the
+    # centre is round 0's templates', not round 1's: the checkpoint must carry both
+    settings = {"method": "fedface", "server_momentum": momentum, "center_features": center}
+    straight = CrossDeviceSimulation(_config(**settings), _population(), model, tmp_path / "straight").run(resume=False)
+    CrossDeviceSimulation(_config(**settings, rounds=1), _population(), model, tmp_path / "stopped").run(resume=False)
     # Execute: a new process picks the run up from its round-1 checkpoint
-    resumed = CrossDeviceSimulation(_config(method="fedface"), _population(), model, tmp_path / "stopped").run(resume=True)
+    resumed = CrossDeviceSimulation(_config(**settings), _population(), model, tmp_path / "stopped").run(resume=True)
     # Assert
     assert resumed.round == straight.round == 2
     np.testing.assert_allclose(resumed.W, straight.W, rtol=1e-6)

@@ -320,3 +320,25 @@ def test_individual_deltas_are_deleted_once_their_round_ends(client: TestClient,
         digests = [u.blob_sha256 for u in session.query(Update).filter(Update.round_id == round_["id"])]
     assert len(digests) == 2 and not any(store.exists(d) for d in digests)
     assert devices[0].backbone(status["result_version"]).status_code == 200
+
+
+def test_server_momentum_steps_on_from_the_step_that_made_the_base(client: TestClient, admin: dict, rng: np.random.Generator) -> None:
+    # Prepare: two rounds in a row, each with one device's delta; the second round's base is the first's result
+    (a,) = enrolled_devices(client, 1, rng)
+    models, deltas = [], []
+    # Execute
+    for _ in range(2):
+        round_ = open_round(client, admin, target_participants=1, min_participants=1, aggregation={"server_momentum": 0.5})
+        assert a.checkin().json()["status"] == "selected"
+        base = load_backbone_bytes(a.backbone(round_["base_version"]).content)
+        deltas.append(make_delta(base, rng))
+        assert a.upload(round_["id"], update_file(deltas[-1], unit_vector(rng), round_["base_version"], 10, {})).status_code == 201
+        status = client.get("/v1/admin/rounds/current", headers=admin).json()
+        assert status["status"] == "completed"
+        models.append((base, load_backbone_bytes(a.backbone(status["result_version"]).content)))
+    # Assert: round 1 (an imported base, no step before it) takes its delta; round 2 adds half of round 1's step
+    (base1, new1), (base2, new2) = models
+    for key, value in base1.items():
+        if value.dtype.kind == "f":
+            np.testing.assert_allclose(new1[key], value + deltas[0][key], atol=1e-6, err_msg=key)
+            np.testing.assert_allclose(new2[key], base2[key] + deltas[1][key] + 0.5 * (base2[key] - value), atol=1e-6, err_msg=key)

@@ -7,6 +7,7 @@ shared by the round server, the cross-device simulator and the cross-silo mode (
 - :mod:`.coordinate`: coordinate-wise median and trimmed mean (hold a round's updates in memory).
 - :mod:`.norm_bounded`: equal-weight FedAvg of deltas clipped to an L2 bound (streams).
 - :mod:`.dp_fedavg`: DP-FedAvg: clipped, summed over a fixed denominator, Gaussian noise; Poisson selection; its RDP accountant (streams).
+- :mod:`.server_momentum`: heavy-ball momentum on any backbone step (FedAvgM); its state is the model lineage.
 - :mod:`.pfm`, :mod:`.fedval`: cross-silo PFM and Federated Validation.
 - :mod:`.factory`: the strategy a typed round configuration asks for; the server and the simulator both build theirs there.
 """
@@ -19,9 +20,10 @@ from facecore.federation.strategies.fedface import FedFace
 from facecore.federation.strategies.fedval import FederatedValidation, FVConfig, FVStep
 from facecore.federation.strategies.norm_bounded import NormBoundedFedAvg
 from facecore.federation.strategies.pfm import PFM, PFMResult, WeightedFedAvg
+from facecore.federation.strategies.server_momentum import ServerMomentum, last_step
 
 __all__ = [
     "PFM", "AggregateResult", "ClientUpdate", "CoordinateMedian", "DPFedAvg", "FVConfig", "FVStep", "FedAvg", "FedFace",
-    "FederatedValidation", "NormBoundedFedAvg", "PFMResult", "RunningWeightedSum", "Strategy", "TrainInstructions", "TrimmedMean",
-    "WeightedFedAvg", "backbone_aggregator", "spreadout_of", "strategy_for",
+    "FederatedValidation", "NormBoundedFedAvg", "PFMResult", "RunningWeightedSum", "ServerMomentum", "Strategy", "TrainInstructions", "TrimmedMean",
+    "WeightedFedAvg", "backbone_aggregator", "last_step", "spreadout_of", "strategy_for",
 ]
