@@ -63,6 +63,17 @@ def _open_arguments(parser: argparse.ArgumentParser) -> None:
         help="take the direction all class embeddings share out of them before spreadout",
     )
     parser.add_argument(
+        "--spreadout-steps", type=int, default=10, metavar="N", help="the server's spreadout steps a round (0: none)"
+    )
+    parser.add_argument(
+        "--keep-templates", action="store_true",
+        help="devices keep their enrolled template and train only the backbone towards it (a fleet camera's rounds)",
+    )
+    parser.add_argument(
+        "--server-momentum", type=float, default=0.0, metavar="BETA",
+        help="heavy-ball momentum on the round's backbone step: BETA times the step that made the base model is added",
+    )
+    parser.add_argument(
         "--aggregation",
         choices=AGGREGATIONS,
         default="fedavg",
@@ -195,8 +206,9 @@ def _round_config(args: argparse.Namespace) -> dict[str, Any]:
         "target_participants": args.target,
         "deadline_s": args.deadline,
         "selection_window_s": args.selection_window,
-        "local": {"epochs": args.local_epochs, "steps": args.local_steps, "lr": args.lr, "trainable_blocks": args.trainable_blocks},
-        "spreadout": {"nu": args.spreadout_nu, "lr": args.spreadout_lr, "center": args.spreadout_center},
+        "local": {"epochs": args.local_epochs, "steps": args.local_steps, "lr": args.lr, "trainable_blocks": args.trainable_blocks,
+                  "train_embedding": not args.keep_templates},
+        "spreadout": {"nu": args.spreadout_nu, "lr": args.spreadout_lr, "center": args.spreadout_center, "steps": args.spreadout_steps},
         "aggregation": {
             "method": args.aggregation,
             "weighting": args.weighting,
@@ -204,6 +216,7 @@ def _round_config(args: argparse.Namespace) -> dict[str, Any]:
             "max_update_norm": args.max_update_norm,
             "dp_noise_multiplier": args.dp_noise,
             "dp_delta": args.dp_delta,
+            "server_momentum": args.server_momentum,
         },
         "secure_aggregation": {
             "enabled": args.secure_aggregation,

@@ -81,8 +81,8 @@ class CrossDeviceConfig:
     # Under a capture: the photos each device's template starts from, the fleet camera's ("captured") or
     # the same photos before it took them ("clean": the owner enrolled with a phone's own camera).
     enrolment: str = "captured"
-    # The devices' positive loss centred on the direction the starting templates share (fixed at round 0,
-    # losses.shared_direction), as a live round's local.feature_center.
+    # The devices' positive loss centred on the direction the starting model's features of public faces
+    # share (negatives.public_feature_center, fixed at the start), as a live round's local.feature_center.
     center_features: bool = False
 
     def __post_init__(self) -> None:

@@ -34,7 +34,6 @@ from facecore.federation.strategies import ClientUpdate, FedFace, ServerMomentum
 from facecore.federation.strategies.dp_fedavg import DPFedAvg, dp_epsilon, noise_for_epsilon
 from facecore.federation.template_noise import noisy_template
 from facecore.federation.wire import as_received, backbone_deltas, update_tensors
-from facecore.losses import shared_direction
 from facecore.models.checkpoint import atomic_torch_save
 from facecore.models.preprocess import embed_faces
 from facecore.models.registry import embedding_dim_of
@@ -79,10 +78,12 @@ class SimulationState:
 class CrossDeviceSimulation:
     def __init__(
         self, config: CrossDeviceConfig, population: Population, model: torch.nn.Module, out_dir: Path, evaluate: Evaluator | None = None,
-        negatives: PublicNegatives | None = None,
+        negatives: PublicNegatives | None = None, feature_center: np.ndarray | None = None,
     ) -> None:
         if (negatives is None) != (config.public_negatives == 0):
             raise ValueError("pass the public negatives exactly when config.public_negatives asks for them")
+        if (feature_center is None) == config.center_features:
+            raise ValueError("pass a feature centre exactly when config.center_features asks for one")
         self.config = config
         self.negatives = negatives
         self.population = population
@@ -102,7 +103,7 @@ class CrossDeviceSimulation:
         self.workspace = Workspace(copy.deepcopy(self.model))  # every device trains in this one copy: no per-device deep copy
         # Only what local training can change crosses to the strategy (the suffix, with a frozen prefix).
         self.trained_keys = trainable_keys(self.model, config.local.trainable_blocks)
-        self.local = config.local  # with center_features, run() adds the centre fixed at round 0
+        self.local = config.local if feature_center is None else dataclasses.replace(config.local, feature_center=tuple(np.asarray(feature_center).tolist()))
         self.pool: DevicePool | RayDevicePool | None = None  # started on the first round when config.workers > 1 or on Ray
 
     def _dp_noise_multiplier(self) -> float:
@@ -191,8 +192,8 @@ class CrossDeviceSimulation:
             raise CheckpointError(f"{self.checkpoint_path} belongs to a run with another configuration: use another --out")
         if self.momentum is not None:
             self.momentum.previous = {k: v.numpy() for k, v in saved.get("server_step", {}).items()}
-        if saved.get("feature_center") is not None:
-            self.local = dataclasses.replace(self.local, feature_center=tuple(saved["feature_center"]))
+        if saved.get("feature_center") != self.local.feature_center:  # the centre of the run's start, not of today's photos
+            self.local = dataclasses.replace(self.local, feature_center=saved.get("feature_center"))
         return SimulationState(saved["round"], saved["model_state"], saved["W"].numpy(), saved["history"], saved.get("last_selected", []))
 
     # ---- one round -----------------------------------------------------------------------
@@ -296,8 +297,7 @@ class CrossDeviceSimulation:
         state = self.load() if resume else None
         if state is None:
             state = SimulationState(0, {k: v.clone() for k, v in self.model.state_dict().items()}, self.initial_embeddings())
-            if self.config.center_features:
-                self.local = dataclasses.replace(self.local, feature_center=tuple(shared_direction(state.W).tolist()))
+
             state.history.append(self._evaluated({"round": 0, "embedding_mean_cos": mean_pairwise_cosine(state.W)}))
             self._log(state, state.history[-1])
         else:

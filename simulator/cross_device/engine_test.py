@@ -14,6 +14,7 @@ from facecore.federation.config import Weighting, training_seed
 from facecore.federation.selection import least_recently_selected
 from facecore.federation.strategies import ClientUpdate, FedAvg
 from facecore.federation.wire import Precision, as_received, backbone_deltas, update_tensors
+from facecore.models.registry import embedding_dim_of
 from facecore.models.testing import calibrated_backbone
 from simulator.cross_device.config import CrossDeviceConfig
 from simulator.cross_device.engine import CrossDeviceSimulation, mean_pairwise_cosine
@@ -87,12 +88,13 @@ def test_least_recent_selection_takes_every_device_before_any_twice(model: torch
 @pytest.mark.parametrize(("momentum", "center"), [(0.0, False), (0.9, False), (0.0, True)])
 def test_resuming_after_round_1_equals_a_straight_run(model: torch.nn.Module, tmp_path: Path, momentum: float, center: bool) -> None:
     # Prepare: with server momentum, round 2 steps on from round 1's step, and with centred features the
-    # centre is round 0's templates', not round 1's: the checkpoint must carry both
+    # centre is the one the run started with, whatever the resuming process computes: the checkpoint carries both
     settings = {"method": "fedface", "server_momentum": momentum, "center_features": center}
-    straight = CrossDeviceSimulation(_config(**settings), _population(), model, tmp_path / "straight").run(resume=False)
-    CrossDeviceSimulation(_config(**settings, rounds=1), _population(), model, tmp_path / "stopped").run(resume=False)
+    start_center, other_center = (np.eye(embedding_dim_of(model))[i] if center else None for i in (0, 1))
+    straight = CrossDeviceSimulation(_config(**settings), _population(), model, tmp_path / "straight", feature_center=start_center).run(resume=False)
+    CrossDeviceSimulation(_config(**settings, rounds=1), _population(), model, tmp_path / "stopped", feature_center=start_center).run(resume=False)
     # Execute: a new process picks the run up from its round-1 checkpoint
-    resumed = CrossDeviceSimulation(_config(**settings), _population(), model, tmp_path / "stopped").run(resume=True)
+    resumed = CrossDeviceSimulation(_config(**settings), _population(), model, tmp_path / "stopped", feature_center=other_center).run(resume=True)
     # Assert
     assert resumed.round == straight.round == 2
     np.testing.assert_allclose(resumed.W, straight.W, rtol=1e-6)

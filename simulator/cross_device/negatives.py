@@ -25,6 +25,7 @@ from facecore.data.faces import load_labelled_faces
 from facecore.data.split import SplitManifest
 from facecore.errors import FaceCoreError
 from facecore.federation.wire import Precision
+from facecore.losses import shared_direction
 from facecore.models.preprocess import embed_faces, faces_to_tensor
 
 
@@ -76,3 +77,18 @@ def load_public_negatives(manifest: SplitManifest, root: Path, count: int, geome
     images = [image for image in manifest.images("public", root) if image.identity in chosen]
     data = load_labelled_faces(images, FaceAligner(geometry=geometry), desc="aligning public negatives")
     return PublicNegatives(data.classes, data.faces, data.labels)
+
+
+CENTER_PHOTOS = 1000
+
+
+def public_feature_center(manifest: SplitManifest, root: Path, model: torch.nn.Module, geometry: FaceGeometry, seed: int = 0) -> np.ndarray:
+    """The direction the model's features of public LFW faces share (losses.shared_direction of a seeded
+    sample of CENTER_PHOTOS): the fixed centre of a run with center_features. LFW, because the CelebA
+    public people are the run's other held-out set; public, so no evaluation or device photo enters it."""
+    images = [image for image in manifest.images("public", root) if image.identity.startswith("lfw:")]
+    if len(images) < 2:
+        raise FaceCoreError("center_features needs public LFW photos in the split")
+    picked = np.random.default_rng([seed, 13]).choice(len(images), min(CENTER_PHOTOS, len(images)), replace=False)
+    faces = load_labelled_faces([images[i] for i in sorted(picked)], FaceAligner(geometry=geometry), desc="public faces for the feature centre").faces
+    return shared_direction(embed_faces(model, faces))

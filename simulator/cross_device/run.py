@@ -18,7 +18,7 @@ from simulator.cross_device.config import CrossDeviceConfig
 from simulator.cross_device.engine import CrossDeviceSimulation, Evaluator
 from simulator.cross_device.evaluation import EVALUATED, evaluators
 from simulator.cross_device.markdown import label, write_markdown
-from simulator.cross_device.negatives import load_public_negatives
+from simulator.cross_device.negatives import load_public_negatives, public_feature_center
 from simulator.cross_device.population import load_population
 
 
@@ -37,7 +37,8 @@ def run_cross_device(config: CrossDeviceConfig, root: Path, out: Path, manifest:
     if config.method == "central":
         history, trained = _central(config, population, model, evaluator, out)
     else:
-        simulation = CrossDeviceSimulation(config, population, model, out, evaluator, negatives)
+        center = public_feature_center(manifest, root, model, geometry_of(model), config.seed) if config.center_features else None
+        simulation = CrossDeviceSimulation(config, population, model, out, evaluator, negatives, center)
         history = simulation.run(resume=resume).history
         trained = simulation.model
     # A federated version keeps its ancestor's threshold, as the server publishes it.

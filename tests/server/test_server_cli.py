@@ -124,7 +124,7 @@ def test_round_commands_against_a_real_server(server: ServerProcess) -> None:
     opened = _admin(
         server, "round", "open", "--target", "3", "--min", "2", "--deadline", "120", "--selection-window", "0",
         "--trainable-blocks", "2", "--lr", "0.1", "--spreadout-nu", "0", "--spreadout-lr", "10", "--spreadout-center",
-        "--local-steps", "1", "--weighting", "devices",
+        "--local-steps", "1", "--weighting", "devices", "--keep-templates", "--server-momentum", "0.9", "--spreadout-steps", "0",
     )
     shown = _admin(server, "round", "status", "--json")
     read_end, write_end = os.pipe()
@@ -138,8 +138,8 @@ def test_round_commands_against_a_real_server(server: ServerProcess) -> None:
     assert opened.returncode == 0 and opened.stdout.startswith("round 1: open (fedface, fedavg)")
     config = json.loads(shown.stdout)["config"]
     assert (config["local"]["trainable_blocks"], config["local"]["lr"], config["local"]["steps"]) == (2, 0.1, 1)
-    assert config["aggregation"]["weighting"] == "devices"
-    assert {k: config["spreadout"][k] for k in ("nu", "lr", "center")} == {"nu": 0.0, "lr": 10.0, "center": True}
+    assert (config["aggregation"]["weighting"], config["aggregation"]["server_momentum"], config["local"]["train_embedding"]) == ("devices", 0.9, False)
+    assert {k: config["spreadout"][k] for k in ("nu", "lr", "center", "steps")} == {"nu": 0.0, "lr": 10.0, "center": True, "steps": 0}
     assert piped.returncode == cli.EXIT_BROKEN_PIPE and piped.stderr == ""
     assert closed.returncode == 0, closed.stderr
     assert (
