@@ -13,9 +13,11 @@ Invariants:
   default model never trained on and no device holds. LFW folds 6-10 are never loaded.
 - Every TAR is over all genuine and impostor pairs, with the same figure per people fold (LFW folds;
   CelebA people hashed into five groups) for the noise over people.
-- The features a loss sees are centred on a fixed public mean (the pretrained model's mean feature
-  of the clean CelebA public photos) when `--center` is given; what is scored is always the model's
-  own feature.
+- The features a loss sees are centred on a fixed mean (the pretrained model's mean feature of the
+  clean public CelebA or LFW photos, or of the devices' templates: `--center-on`) when `--center` is
+  given; what is scored is always the model's own feature.
+- FedFace's server step is FedAvg of every device once, with `--server-momentum` FedAvgM; devices
+  start from the model as the wire sends it (`--wire`).
 """
 from __future__ import annotations
 
@@ -162,15 +164,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--margin", type=float, default=0.9, help="fedface: positive margin")
     parser.add_argument("--center", action="store_true", help="losses on features centred on a public mean")
     parser.add_argument("--fixed-embeddings", action="store_true", help="fedface: devices do not move their class embedding")
-    parser.add_argument("--center-on", choices=("public", "templates"), default="public",
-                        help="with --center: the public photos' mean feature, or the mean of the devices' enrolled templates")
+    parser.add_argument("--center-on", choices=("celeba", "lfw", "templates"), default="celeba",
+                        help="with --center: the mean feature of the public CelebA or LFW photos, or the mean of the devices' enrolled templates")
     parser.add_argument("--targets", choices=("captured", "clean"), default="captured",
                         help="class embeddings: the pretrained model's mean feature of the owner's captured photos, "
                              "or of the same photos clean (an owner who enrolled with a phone's own camera)")
+    parser.add_argument("--center-mean", action="store_true", help="with --center: subtract the mean unit feature itself, not its direction")
+    parser.add_argument("--raw-templates", action="store_true", help="templates as a device enrols them: the mean raw feature")
     parser.add_argument("--rehearse-clean", action="store_true", help="devices also train on their clean enrolment photos")
     parser.add_argument("--loss", choices=("cosface", "positive"), default="cosface",
                         help="central: CosFace over every device's class, or the devices' own positive-only loss pooled")
     parser.add_argument("--server-momentum", type=float, default=0.0, help="fedface: the server's momentum on the averaged update")
+    parser.add_argument("--wire", choices=("fp32", "fp16"), default="fp32", help="fedface: the precision devices receive the model in")
     parser.add_argument("--device-batch", type=int, default=32, help="fedface: a device's batch of photos")
     parser.add_argument("--local-epochs", type=int, default=1, help="fedface: passes over its photos a device makes per round")
     parser.add_argument("--nu", type=float, default=0.3)
@@ -191,8 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         own = F.normalize(torch.from_numpy(embed(suffix, enrolled_photos)), dim=1)
         labels0 = sets["labels"]
         mean = F.normalize(torch.stack([F.normalize(own[labels0 == d].mean(0), dim=0) for d in range(int(labels0.max()) + 1)]).mean(0), dim=0)
-    else:
-        mean = F.normalize(torch.from_numpy(embed(suffix, sets["eval"]["celeba_clean"][0])).mean(0), dim=0)
+    else:  # the public photos of one source: CelebA's, or LFW's (the sim's; the lab scores those same people)
+        mean = torch.from_numpy(embed(suffix, sets["eval"][f"{args.center_on}_clean"][0])).mean(0)
+        mean = mean if args.center_mean else F.normalize(mean, dim=0)
 
     def features(model: nn.Module, x: Tensor) -> Tensor:
         f = F.normalize(model(x), dim=1)
@@ -205,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
         x, flipped, labels = torch.cat([x, sets["train_clean"]]), torch.cat([flipped, sets["train_clean"]]), torch.cat([labels, labels])
     with torch.no_grad():
         W = torch.stack([F.normalize(features(suffix, enrolled[sets["labels"] == d]).mean(0), dim=0) for d in range(devices)])
+        if args.raw_templates:  # the live template (the mean raw feature), moved by the centre as the devices' loss moves it
+            raw = torch.stack([F.normalize(F.normalize(suffix(enrolled[sets["labels"] == d]), dim=1).mean(0), dim=0) for d in range(devices)])
+            W = F.normalize(raw - mean, dim=1) if args.center else raw
     rng = np.random.default_rng(args.seed)
     history = [{"round": 0, **score(suffix, sets)}]
     print(json.dumps(history[-1]), flush=True)
@@ -233,9 +242,15 @@ def main(argv: list[str] | None = None) -> int:
                 losses.append(loss.item())
         else:
             start_state = [p.detach().clone() for p in suffix.parameters()]
+            received = copy.deepcopy(suffix)
+            if args.wire == "fp16":  # devices receive the model in fp16, as the live wire sends it
+                with torch.no_grad():
+                    for p in received.parameters():
+                        p.copy_(p.half().float())
+            sent = [p.detach().clone() for p in received.parameters()]
             total = [torch.zeros_like(p) for p in start_state]
             for device in range(devices):
-                local, embedding = copy.deepcopy(suffix), nn.Parameter(W[device].clone())
+                local, embedding = copy.deepcopy(received), nn.Parameter(W[device].clone())
                 opt = torch.optim.SGD([*local.parameters(), *([] if args.fixed_embeddings else [embedding])], lr=args.lr, momentum=0.9)
                 own = torch.nonzero(labels == device).ravel()
                 for start in [s for _ in range(args.local_epochs) for s in range(0, len(own), args.device_batch)]:
@@ -246,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                     opt.step()
                     losses.append(loss.item())
                 W[device] = F.normalize(embedding.detach(), dim=0)
-                for acc, p, p0 in zip(total, local.parameters(), start_state):
+                for acc, p, p0 in zip(total, local.parameters(), sent):
                     acc += (p.detach() - p0) / devices  # FedAvg, each device once
             with torch.no_grad():
                 for p, p0, delta, v in zip(suffix.parameters(), start_state, total, velocity):
