@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--margin", type=float, default=0.9, help="fedface: positive margin")
     parser.add_argument("--center", action="store_true", help="losses on features centred on a public mean")
     parser.add_argument("--fixed-embeddings", action="store_true", help="fedface: devices do not move their class embedding")
-    parser.add_argument("--center-on", choices=("celeba", "lfw", "templates"), default="celeba",
+    parser.add_argument("--center-on", choices=("celeba", "lfw", "templates", "span"), default="celeba",
                         help="with --center: the mean feature of the public CelebA or LFW photos, or the mean of the devices' enrolled templates")
     parser.add_argument("--targets", choices=("captured", "clean"), default="captured",
                         help="class embeddings: the pretrained model's mean feature of the owner's captured photos, "
@@ -196,12 +196,19 @@ def main(argv: list[str] | None = None) -> int:
         own = F.normalize(torch.from_numpy(embed(suffix, enrolled_photos)), dim=1)
         labels0 = sets["labels"]
         mean = F.normalize(torch.stack([F.normalize(own[labels0 == d].mean(0), dim=0) for d in range(int(labels0.max()) + 1)]).mean(0), dim=0)
+    elif args.center_on == "span":
+        mean = torch.zeros(1)
     else:  # the public photos of one source: CelebA's, or LFW's (the sim's; the lab scores those same people)
         mean = torch.from_numpy(embed(suffix, sets["eval"][f"{args.center_on}_clean"][0])).mean(0)
         mean = mean if args.center_mean else F.normalize(mean, dim=0)
 
+    means = torch.stack([torch.from_numpy(embed(suffix, sets["eval"][f"{source}_clean"][0])).mean(0) for source in ("lfw", "celeba")])
+    basis = torch.linalg.qr(means.T).Q  # (D, 2): the span both public sources' mean features lie in
+
     def features(model: nn.Module, x: Tensor) -> Tensor:
         f = F.normalize(model(x), dim=1)
+        if args.center and args.center_on == "span":  # the shared directions projected out, not one vector subtracted
+            return F.normalize(f - (f @ basis) @ basis.T, dim=1)
         return F.normalize(f - mean, dim=1) if args.center else f
 
     x, flipped, labels = sets["train"], sets["train_flipped"], sets["labels"]
