@@ -17,8 +17,8 @@ EXECUTION_FIELDS = ("workers", "backend", "ray_address")  # where devices train,
 SELECTIONS = ("least_recent", "uniform")
 SEEDINGS = ("live", "per_device")
 WEIGHTINGS = get_args(Weighting)
-# What a checkpoint written before a field existed ran with, so it resumes with its own meaning.
 ENROLMENTS = ("captured", "clean")
+# What a checkpoint written before a field existed ran with, so it resumes with its own meaning.
 LEGACY_DEFAULTS: dict[str, Any] = {"selection": "uniform", "wire": "fp32", "seeding": "per_device", "public_negatives": 0, "public_rehearsal": False,
                                    "weighting": "samples", "eval_photos": None, "capture": None,
                                    "enrolment": "captured", "server_momentum": 0.0,
