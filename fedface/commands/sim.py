@@ -86,6 +86,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     help="off: devices keep their enrolled template and train only the backbone towards it")
     cd.add_argument("--center-features", type=_on_off, default=False, metavar="{on,off}",
                     help="on: the devices' positive loss runs on features centred on the direction the starting templates share")
+    cd.add_argument("--center-source", choices=("lfw", "celeba"), default="lfw",
+                    help="with --center-features: whose public photos give the centre")
     cd.add_argument("--eval-every", type=int, default=5, metavar="N", help="rounds between LFW evaluations")
     cd.add_argument("--folds", default="6-10",
                     help="LFW folds to evaluate on (identity-disjoint from the devices): at least 2, all of 6-10 (test) or all of 1-5 (tuning)")
@@ -212,7 +214,8 @@ def _cross_device(args: argparse.Namespace) -> int:
             dp_epsilon=args.dp_epsilon, dp_clip=args.dp_clip, dp_delta=args.dp_delta, template_noise_cos=args.template_noise_cos, workers=args.workers,
             selection=args.selection, wire=args.wire, seeding=args.seeding, weighting=args.weighting, server_momentum=args.server_momentum,
             backend=args.backend, ray_address=args.ray_address, owner_holdout=args.owner_holdout, public_negatives=args.public_negatives,
-            public_rehearsal=args.public_rehearsal, capture=args.capture, enrolment=args.enrolment, center_features=args.center_features,
+            public_rehearsal=args.public_rehearsal, capture=args.capture, enrolment=args.enrolment,
+            center_features=args.center_features, center_source=args.center_source,
             server_spreadout=SpreadoutConfig(**{k: v for k, v in (("nu", args.spreadout_nu), ("steps", args.spreadout_steps),
                                                                    ("lr", args.spreadout_lr), ("center", args.spreadout_center)) if v is not None}),
         )

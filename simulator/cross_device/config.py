@@ -18,11 +18,12 @@ SELECTIONS = ("least_recent", "uniform")
 SEEDINGS = ("live", "per_device")
 WEIGHTINGS = get_args(Weighting)
 ENROLMENTS = ("captured", "clean")
+CENTER_SOURCES = ("lfw", "celeba")
 # What a checkpoint written before a field existed ran with, so it resumes with its own meaning.
 LEGACY_DEFAULTS: dict[str, Any] = {"selection": "uniform", "wire": "fp32", "seeding": "per_device", "public_negatives": 0, "public_rehearsal": False,
                                    "weighting": "samples", "eval_photos": None, "capture": None,
                                    "enrolment": "captured", "server_momentum": 0.0,
-                                   "center_features": False}
+                                   "center_features": False, "center_source": "lfw"}
 LEGACY_LOCAL_DEFAULTS: dict[str, Any] = {"negative_scale": 64.0, "negative_margin": 0.35, "train_embedding": True}
 LEGACY_SPREADOUT_DEFAULTS: dict[str, Any] = {"center": False}
 
@@ -84,6 +85,7 @@ class CrossDeviceConfig:
     # The devices' positive loss centred on the direction the starting model's features of public faces
     # share (negatives.public_feature_center, fixed at the start), as a live round's local.feature_center.
     center_features: bool = False
+    center_source: str = "lfw"  # whose public photos: LFW's, or CelebA's (then not an independent check of the CelebA people)
 
     def __post_init__(self) -> None:
         problems = [
@@ -112,6 +114,7 @@ class CrossDeviceConfig:
                 (f"capture must be one of {', '.join(CAPTURES)} (or none)", self.capture is not None and self.capture not in CAPTURES),
                 ("server_momentum must be in [0, 1)", not 0 <= self.server_momentum < 1),
                 ("enrolment must be captured or clean", self.enrolment not in ENROLMENTS),
+                ("center_source must be lfw or celeba", self.center_source not in CENTER_SOURCES),
                 ("enrolment clean needs a capture", self.enrolment == "clean" and self.capture is None),
                 ("public negatives train in process: use workers 1 and backend process",
                  self.public_negatives > 0 and (self.workers > 1 or self.backend != "process")),

@@ -82,13 +82,15 @@ def load_public_negatives(manifest: SplitManifest, root: Path, count: int, geome
 CENTER_PHOTOS = 1000
 
 
-def public_feature_center(manifest: SplitManifest, root: Path, model: torch.nn.Module, geometry: FaceGeometry, seed: int = 0) -> np.ndarray:
-    """The direction the model's features of public LFW faces share (losses.shared_direction of a seeded
-    sample of CENTER_PHOTOS): the fixed centre of a run with center_features. LFW, because the CelebA
-    public people are the run's other held-out set; public, so no evaluation or device photo enters it."""
-    images = [image for image in manifest.images("public", root) if image.identity.startswith("lfw:")]
+def public_feature_center(
+    manifest: SplitManifest, root: Path, model: torch.nn.Module, geometry: FaceGeometry, seed: int = 0, source: str = "lfw",
+) -> np.ndarray:
+    """The direction the model's features of public faces of `source` (lfw or celeba) share
+    (losses.shared_direction of a seeded sample of CENTER_PHOTOS): the fixed centre of a run with
+    center_features. Public, so no evaluation or device photo enters it."""
+    images = [image for image in manifest.images("public", root) if image.identity.startswith(f"{source}:")]
     if len(images) < 2:
-        raise FaceCoreError("center_features needs public LFW photos in the split")
+        raise FaceCoreError(f"center_features needs public {source} photos in the split")
     picked = np.random.default_rng([seed, 13]).choice(len(images), min(CENTER_PHOTOS, len(images)), replace=False)
     faces = load_labelled_faces([images[i] for i in sorted(picked)], FaceAligner(geometry=geometry), desc="public faces for the feature centre").faces
     return shared_direction(embed_faces(model, faces))

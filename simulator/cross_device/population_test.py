@@ -87,7 +87,9 @@ def test_a_clean_enrolment_starts_each_template_from_the_photos_before_the_camer
     assert update.loss_after < update.loss_before
 
 
-def test_a_clean_enrolment_needs_a_camera() -> None:
+def test_a_clean_enrolment_needs_a_camera_and_a_centre_a_known_source() -> None:
     # Execute / Assert
     with pytest.raises(ValueError, match="enrolment clean needs a capture"):
         CrossDeviceConfig(enrolment="clean")
+    with pytest.raises(ValueError, match="center_source must be lfw or celeba"):
+        CrossDeviceConfig(center_features=True, center_source="web")

@@ -37,7 +37,8 @@ def run_cross_device(config: CrossDeviceConfig, root: Path, out: Path, manifest:
     if config.method == "central":
         history, trained = _central(config, population, model, evaluator, out)
     else:
-        center = public_feature_center(manifest, root, model, geometry_of(model), config.seed) if config.center_features else None
+        center = (public_feature_center(manifest, root, model, geometry_of(model), config.seed, config.center_source)
+                  if config.center_features else None)
         simulation = CrossDeviceSimulation(config, population, model, out, evaluator, negatives, center)
         history = simulation.run(resume=resume).history
         trained = simulation.model
