@@ -10,7 +10,6 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -229,16 +228,6 @@ class SpreadoutConfig:
             raise ValueError(f"lr must be a positive finite number, got {self.lr}")
         if not 0.0 <= self.momentum < 1.0:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
-
-
-def shared_direction(W: np.ndarray) -> np.ndarray:
-    """The unit mean of the unit rows of ``W`` (C, D): the direction every enrolled template shares,
-    which a server can fix once and send as LocalTrainingConfig.feature_center."""
-    W = np.asarray(W, dtype=np.float64)
-    if W.ndim != 2 or len(W) < 2:
-        raise ValueError(f"the shared direction needs at least two templates (C, D), got shape {W.shape}")
-    mean = (W / np.linalg.norm(W, axis=1, keepdims=True)).mean(axis=0)
-    return (mean / np.linalg.norm(mean)).astype(np.float32)
 
 
 def center_embeddings(W: Tensor) -> Tensor:

@@ -4,7 +4,6 @@ import dataclasses
 import math
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -20,7 +19,6 @@ from facecore.losses import (
     make_margin_head,
     positive_loss,
     public_negatives_loss,
-    shared_direction,
     spreadout_loss,
     spreadout_optimize,
     spreadout_topk_loss,
@@ -357,14 +355,3 @@ def test_cosface_loss_matches_the_cosface_head_with_the_same_weights() -> None:
     assert float(loss) == pytest.approx(float(head(features, labels)), rel=1e-5)
     with pytest.raises(ValueError, match="labels"):
         cosface_loss(features, labels[:3], head.weight.detach())
-
-
-def test_shared_direction_is_the_unit_mean_of_unit_rows_and_needs_two() -> None:
-    # Prepare: rows of different lengths along x and y
-    W = np.array([[3.0, 0.0], [0.0, 0.5]])
-    # Execute
-    center = shared_direction(W)
-    # Assert: each row counts once whatever its length
-    np.testing.assert_allclose(center, [2**-0.5, 2**-0.5], rtol=1e-6)
-    with pytest.raises(ValueError, match="at least two templates"):
-        shared_direction(W[:1])

@@ -18,14 +18,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from device_sdk.training import PrefixCache, PublicIdentities, prefix_cache, split_backbone
+from device_sdk.training import PrefixCache, PublicIdentities, mean_feature_embedding, prefix_cache, split_backbone
 from facecore.align.geometry import FaceGeometry
 from facecore.align.pipeline import FaceAligner
 from facecore.data.faces import load_labelled_faces
 from facecore.data.split import SplitManifest
 from facecore.errors import FaceCoreError
 from facecore.federation.wire import Precision
-from facecore.losses import shared_direction
 from facecore.models.preprocess import embed_faces, faces_to_tensor
 
 
@@ -86,11 +85,11 @@ def public_feature_center(
     manifest: SplitManifest, root: Path, model: torch.nn.Module, geometry: FaceGeometry, seed: int = 0, source: str = "lfw",
 ) -> np.ndarray:
     """The direction the model's features of public faces of `source` (lfw or celeba) share
-    (losses.shared_direction of a seeded sample of CENTER_PHOTOS): the fixed centre of a run with
+    (the unit mean of the unit features of a seeded sample of CENTER_PHOTOS, as a template is made): the fixed centre of a run with
     center_features. Public, so no evaluation or device photo enters it."""
     images = [image for image in manifest.images("public", root) if image.identity.startswith(f"{source}:")]
     if len(images) < 2:
         raise FaceCoreError(f"center_features needs public {source} photos in the split")
     picked = np.random.default_rng([seed, 13]).choice(len(images), min(CENTER_PHOTOS, len(images)), replace=False)
     faces = load_labelled_faces([images[i] for i in sorted(picked)], FaceAligner(geometry=geometry), desc="public faces for the feature centre").faces
-    return shared_direction(embed_faces(model, faces))
+    return mean_feature_embedding(embed_faces(model, faces))
