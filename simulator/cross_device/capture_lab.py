@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from device_sdk.training import split_backbone
+from device_sdk.training import mean_feature_embedding, split_backbone
 from facecore.align.geometry import geometry_of
 from facecore.align.pipeline import FaceAligner
 from facecore.capture import CAPTURES, get_capture
@@ -154,6 +154,23 @@ def score(suffix: nn.Module, sets: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def _centring(args: argparse.Namespace, suffix: nn.Module, sets: dict[str, Any]) -> Callable[[Tensor], Tensor]:
+    """How a loss moves unit features (`--center`, `--center-on`, `--center-mean`); unchanged without `--center`."""
+    if not args.center:
+        return lambda f: f
+    if args.center_on == "span":  # the plane both public sources' mean features lie in, projected out
+        means = np.stack([embed(suffix, sets["eval"][f"{source}_clean"][0]).mean(0) for source in ("lfw", "celeba")])
+        basis = torch.linalg.qr(torch.from_numpy(means).T).Q
+        return lambda f: F.normalize(f - (f @ basis) @ basis.T, dim=1)
+    if args.center_on == "templates":  # what a server holds: the mean of the devices' enrolled templates
+        own, labels = embed(suffix, sets["train"] if args.targets == "captured" else sets["train_clean"]), sets["labels"].numpy()
+        mean = torch.from_numpy(mean_feature_embedding(np.stack([mean_feature_embedding(own[labels == d]) for d in np.unique(labels)])))
+    else:  # the public photos of one source: CelebA's, or LFW's (the sim's; the lab scores those same people)
+        mean = torch.from_numpy(embed(suffix, sets["eval"][f"{args.center_on}_clean"][0]).mean(0))
+        mean = mean if args.center_mean else F.normalize(mean, dim=0)
+    return lambda f: F.normalize(f - mean, dim=1)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--capture", choices=sorted(CAPTURES), required=True)
@@ -191,25 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     model = load_backbone("default").eval()
     sets = prepare(model, args.capture, args.blocks, args.seed) | {"yale_b": yale_b(model, args.blocks)}
     _, suffix = split_backbone(model, args.blocks)
-    if args.center_on == "templates":  # what a server holds: the mean of the devices' enrolled templates
-        enrolled_photos = sets["train"] if args.targets == "captured" else sets["train_clean"]
-        own = F.normalize(torch.from_numpy(embed(suffix, enrolled_photos)), dim=1)
-        labels0 = sets["labels"]
-        mean = F.normalize(torch.stack([F.normalize(own[labels0 == d].mean(0), dim=0) for d in range(int(labels0.max()) + 1)]).mean(0), dim=0)
-    elif args.center_on == "span":
-        mean = torch.zeros(1)
-    else:  # the public photos of one source: CelebA's, or LFW's (the sim's; the lab scores those same people)
-        mean = torch.from_numpy(embed(suffix, sets["eval"][f"{args.center_on}_clean"][0])).mean(0)
-        mean = mean if args.center_mean else F.normalize(mean, dim=0)
-
-    means = torch.stack([torch.from_numpy(embed(suffix, sets["eval"][f"{source}_clean"][0])).mean(0) for source in ("lfw", "celeba")])
-    basis = torch.linalg.qr(means.T).Q  # (D, 2): the span both public sources' mean features lie in
+    centred = _centring(args, suffix, sets)
 
     def features(model: nn.Module, x: Tensor) -> Tensor:
-        f = F.normalize(model(x), dim=1)
-        if args.center and args.center_on == "span":  # the shared directions projected out, not one vector subtracted
-            return F.normalize(f - (f @ basis) @ basis.T, dim=1)
-        return F.normalize(f - mean, dim=1) if args.center else f
+        return centred(F.normalize(model(x), dim=1))
 
     x, flipped, labels = sets["train"], sets["train_flipped"], sets["labels"]
     devices = int(labels.max()) + 1
@@ -220,13 +222,14 @@ def main(argv: list[str] | None = None) -> int:
         W = torch.stack([F.normalize(features(suffix, enrolled[sets["labels"] == d]).mean(0), dim=0) for d in range(devices)])
         if args.raw_templates:  # the live template (the mean raw feature), moved by the centre as the devices' loss moves it
             raw = torch.stack([F.normalize(F.normalize(suffix(enrolled[sets["labels"] == d]), dim=1).mean(0), dim=0) for d in range(devices)])
-            W = F.normalize(raw - mean, dim=1) if args.center else raw
+            W = centred(raw)
     rng = np.random.default_rng(args.seed)
     history = [{"round": 0, **score(suffix, sets)}]
     print(json.dumps(history[-1]), flush=True)
-    head = nn.Parameter(W.clone())
-    velocity = [torch.zeros_like(p) for p in suffix.parameters()]
-    central_opt = torch.optim.SGD([*suffix.parameters(), *([head] if not args.fixed_embeddings else [])], lr=args.lr, momentum=0.9)
+    head = nn.Parameter(W.clone())  # central's classifier
+    if args.arm == "central":
+        central_opt = torch.optim.SGD([*suffix.parameters(), *([head] if not args.fixed_embeddings else [])], lr=args.lr, momentum=0.9)
+    velocity = [torch.zeros_like(p) for p in suffix.parameters()]  # FedFace's server momentum
     for round_number in range(1, args.rounds + 1 if args.arm != "pretrained" else 1):
         started, losses = time.perf_counter(), []
 
