@@ -25,6 +25,7 @@ from torch import Tensor, nn
 # Re-exported: the simulator and the personal verifier take the template's start from here, with the training.
 from device_sdk.embedding import mean_feature_embedding  # noqa: F401
 from facecore.errors import FaceCoreError
+from facecore.federation.config import is_unit_vector
 from facecore.federation.wire import Precision
 from facecore.losses import cosface_loss, impostor_loss, positive_loss, public_negatives_loss
 from facecore.models.preprocess import faces_to_tensor
@@ -83,7 +84,7 @@ class LocalTrainingConfig:
                 ("negative_scale must be > 0", not self.negative_scale > 0),
                 ("negative_margin must be in [0, 1]", not 0 <= self.negative_margin <= 1),
                 ("feature_center must be a unit vector",
-                 self.feature_center is not None and not abs(math.fsum(x * x for x in self.feature_center) - 1) < 1e-3),
+                 self.feature_center is not None and not is_unit_vector(self.feature_center)),
             ) if bad
         ]
         if problems:

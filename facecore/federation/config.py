@@ -8,9 +8,16 @@ is what the database holds: renaming a field is a data migration.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+def is_unit_vector(values: Sequence[float]) -> bool:
+    """A feature centre's check, on the server that sends it and on the device that trains with it."""
+    return len(values) > 0 and abs(math.fsum(x * x for x in values) - 1) < 1e-3
+
 
 Weighting = Literal["samples", "devices"]  # FedAvg's: by each update's training photos, or each device once
 
@@ -42,7 +49,7 @@ class LocalSettings(StrictModel):
 
     @model_validator(mode="after")
     def _unit_center(self) -> LocalSettings:
-        if self.feature_center is not None and not abs(math.fsum(x * x for x in self.feature_center) - 1) < 1e-3:
+        if self.feature_center is not None and not is_unit_vector(self.feature_center):
             raise ValueError("feature_center must be a unit vector")
         return self
 
