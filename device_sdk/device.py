@@ -63,6 +63,8 @@ if TYPE_CHECKING:  # the types only: importing these modules imports torch or py
     from facecore.federation.messages import CheckinPublic
     from facecore.federation.wire import Precision
 
+# Faces a device trains on, enrolment and camera photos together: one local epoch stays a few seconds.
+MAX_FACES = 500
 # A path on the round server: "/v1/" then segments that cannot be "." or "..", no scheme, no host, no query.
 SERVER_PATH = re.compile(r"/v1(/[A-Za-z0-9_~-][A-Za-z0-9._~-]*)+")
 
@@ -275,6 +277,38 @@ class FaceDevice:
         self.state.update_info(enrolled=True, model_version=model["version"])
         return EnrollResult(len(faces), tuple(rejected), model["version"], tuple(rejected.values()))
 
+    def add_photos(self, photos: Sequence[str | Path]) -> EnrollResult:
+        """Add photos this device's own camera took of its owner (at an unlock, say) to the faces it
+        trains on from the next round; the template stays the enrolment's. Rounds that keep the
+        templates then teach the shared model to map this camera's view of the owner onto it."""
+        self._identity()
+        self._enrolled_faces()
+        model = self._model()
+        faces, rejected = self._align(photos, self._geometry(model))
+        if not len(faces):
+            raise NotEnoughPhotos(0, 1, rejected)
+        self.add_faces(faces)
+        return EnrollResult(len(faces), tuple(rejected), model["version"], tuple(rejected.values()))
+
+    def add_faces(self, faces: np.ndarray) -> int:
+        """`add_photos` for faces already aligned to the enrolled crop (a camera pipeline that crops
+        itself); returns how many faces the device now trains on."""
+        held = self._enrolled_faces()
+        faces = np.asarray(faces)
+        if faces.dtype != np.uint8 or faces.shape[1:] != held.shape[1:] or not len(faces):
+            raise DeviceError(f"faces to add must be uint8 crops of shape (n, {', '.join(map(str, held.shape[1:]))}) like the "
+                              f"enrolled ones, got {faces.dtype} {faces.shape}")
+        if len(held) + len(faces) > MAX_FACES:
+            raise DeviceError(f"this device holds {len(held)} faces and may hold at most {MAX_FACES}: {len(faces)} more do not fit")
+        self.state.save_faces(np.concatenate([held, faces]))
+        return len(held) + len(faces)
+
+    def _enrolled_faces(self) -> np.ndarray:
+        faces = self.state.faces()
+        if faces is None or not self.state.info().get("enrolled"):
+            raise NotEnrolled()
+        return faces
+
     def train_round(
         self, wait: float | None = 0.0, poll: float = 2.0, progress: Callable[[str], None] | None = None,
     ) -> RoundSummary:
@@ -290,9 +324,7 @@ class FaceDevice:
 
         say = progress or (lambda _: None)
         self._identity()
-        faces = self.state.faces()
-        if faces is None or not self.state.info().get("enrolled"):
-            raise NotEnrolled()
+        faces = self._enrolled_faces()
         up0, down0 = self.transport.bytes_up, self.transport.bytes_down
         notices: list[str] = []
         resent = self._resend_pending(notices)

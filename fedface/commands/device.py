@@ -22,12 +22,13 @@ from typing import TYPE_CHECKING, Any
 from device_sdk.errors import StateError
 
 if TYPE_CHECKING:
-    from device_sdk.device import FaceDevice
+    from device_sdk.device import EnrollResult, FaceDevice
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 ACTIONS = {
     "register": "create this device's key pair and register it with the server (the only action that creates state)",
     "enroll": "enroll the owner from photos (files or folders)",
+    "add-photos": "add photos this device's camera took of the owner to what it trains on; the template stays",
     "train": "take part in the current round: train locally and upload (resends an update saved earlier)",
     "verify": "compare photos (files or folders) with the enrolled owner, without torch",
     "personalize": "opt-in: train a fused personal verifier on the owner's faces (stays on this device)",
@@ -91,6 +92,10 @@ def _enroll_arguments(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--min-photos", metavar="N", type=_count, default=3, help="fewest photos with a face to enroll")
 
 
+def _add_photos_arguments(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--photos", metavar="PATH", nargs="+", required=True, help="the owner's photos from this device's camera: files or folders")
+
+
 def _train_arguments(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--wait", metavar="SECONDS", type=_seconds, nargs="?", const=None, default=0.0,
                      help="seconds to wait for an open round and a slot; --wait alone waits until the round ends")
@@ -117,7 +122,7 @@ def _reset_arguments(sub: argparse.ArgumentParser) -> None:
 
 
 _ACTION_ARGUMENTS = {
-    "register": _register_arguments, "enroll": _enroll_arguments, "train": _train_arguments, "verify": _verify_arguments,
+    "register": _register_arguments, "enroll": _enroll_arguments, "add-photos": _add_photos_arguments, "train": _train_arguments, "verify": _verify_arguments,
     "personalize": _personalize_arguments, "status": _status_arguments, "reset": _reset_arguments,
 }
 
@@ -182,9 +187,12 @@ def _run(args: argparse.Namespace) -> int:
         print("detecting and aligning faces ...", flush=True)
         result = device.enroll(args.photos)
         print(f"enrolled {result.faces} faces with model {result.model_version[:12]}")
-        if result.skipped:
-            shown = ", ".join(f"{name} ({why})" for name, why in zip(result.skipped, result.reasons))
-            print(f"skipped {len(result.skipped)} photo(s): {shown}")
+        _print_skipped(result)
+    elif args.action == "add-photos":
+        print("detecting and aligning faces ...", flush=True)
+        result = device.add_photos(args.photos)
+        print(f"added {result.faces} faces from this device's camera; the next round trains on them (the template stays)")
+        _print_skipped(result)
     elif args.action == "train":
         _train(device, args.wait)
     elif args.action == "personalize":
@@ -205,6 +213,12 @@ def _run(args: argparse.Namespace) -> int:
         device.unenroll()
         print("unenrolled: the template is deleted here and on the server")
     return 0
+
+
+def _print_skipped(result: EnrollResult) -> None:
+    if result.skipped:
+        shown = ", ".join(f"{name} ({why})" for name, why in zip(result.skipped, result.reasons, strict=True))
+        print(f"skipped {len(result.skipped)} photo(s): {shown}")
 
 
 def _train(device: FaceDevice, wait: float | None) -> None:

@@ -19,6 +19,7 @@ from PIL import Image
 
 from conftest import open_round, round_status
 from device_sdk.device import FaceDevice
+from device_sdk.errors import DeviceError
 from fedface.cli import build_parser, main
 from fedface.commands import device as device_command
 from server_process import ServerProcess
@@ -351,3 +352,39 @@ def test_reset_unenrolls_on_the_server_and_deletes_the_state(
     assert code == 0 and f"unenrolled device {device_id} on the server" in out and not device_dir.exists()
     code, _, err = fedface(capsys, "device", "status", "--state", device_dir)
     assert "no device state at" in one_line_error(code, err)
+
+
+def test_add_photos_grows_what_the_device_trains_on_and_keeps_the_template(
+    server: ServerProcess, owners: list[list[Path]], capsys: pytest.CaptureFixture[str], tmp_path: Path,
+) -> None:
+    # Prepare: a device enrolled from 3 photos; 2 more of the owner and a blank wall from "its camera"
+    state = tmp_path / "device"
+    assert fedface(capsys, "device", "register", "--server", server.url, "--state", state)[0] == 0
+    assert fedface(capsys, "device", "enroll", "--server", server.url, "--state", state, "--photos", *owners[2][:3])[0] == 0
+    device = FaceDevice(server.url, state)
+    template = device.state.template()
+    Image.fromarray(np.full((200, 200, 3), 90, np.uint8)).save(tmp_path / "wall.jpg")
+    # Execute
+    code, out, _ = fedface(capsys, "device", "add-photos", "--server", server.url, "--state", state,
+                           "--photos", *owners[2][3:5], tmp_path / "wall.jpg")
+    # Assert: the faces grew by two, the template did not move, the wall is named
+    assert code == 0 and "added 2 faces" in out and f"{tmp_path / 'wall.jpg'} (no face found)" in out
+    faces = device.state.faces()
+    assert faces is not None and len(faces) == 5
+    np.testing.assert_array_equal(device.state.template(), template)
+    # Execute / Assert: crops of another shape are refused in one line, and nothing changes
+    with pytest.raises(DeviceError, match="like the enrolled ones"):
+        device.add_faces(np.zeros((2, 112, 112, 3), np.uint8))
+    assert len(device.state.faces()) == 5  # type: ignore[arg-type]
+    code, _, err = fedface(capsys, "device", "add-photos", "--server", server.url, "--state", state, "--photos", tmp_path / "wall.jpg")
+    assert "no face found" in one_line_error(code, err)
+
+
+def test_add_photos_needs_an_enrolled_owner(server: ServerProcess, owners: list[list[Path]], capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # Prepare
+    state = tmp_path / "device"
+    assert fedface(capsys, "device", "register", "--server", server.url, "--state", state)[0] == 0
+    # Execute
+    code, _, err = fedface(capsys, "device", "add-photos", "--server", server.url, "--state", state, "--photos", *owners[2][:2])
+    # Assert
+    assert "run enroll first" in one_line_error(code, err)
