@@ -29,7 +29,6 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from device_sdk.embedding import mean_feature_embedding
 from device_sdk.errors import (
     AuthError,
     BadServerResponse,
@@ -53,6 +52,7 @@ from facecore.data.folders import list_photos
 from facecore.federation.protocol import CONTENT_SHA256_HEADER
 from facecore.federation.status import CHOSEN_STATUSES, ParticipationStatus
 from facecore.federation.template_noise import noisy_template, sigma_for_cosine
+from facecore.templates import mean_feature_embedding
 
 if TYPE_CHECKING:  # the types only: importing these modules imports torch or pydantic's models
     from pydantic import BaseModel

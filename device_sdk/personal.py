@@ -26,7 +26,6 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from device_sdk.embedding import mean_feature_embedding
 from device_sdk.personal_calibration import DEFAULT_FAR, DEFAULT_IMPOSTORS, calibrate, public_impostor_faces
 from device_sdk.personal_file import PersonalFile, PersonalThreshold, is_current_format, read_personal, write_personal
 from device_sdk.training import Cohort, LocalTrainingConfig, PrefixCache, TrainingDiverged, fit_positive, split_backbone
@@ -34,6 +33,7 @@ from facecore.align.geometry import geometry_of
 from facecore.errors import FaceCoreError
 from facecore.fusion import FUSIONS, Fusion, make_fusion
 from facecore.models.preprocess import faces_to_tensor
+from facecore.templates import mean_feature_embedding
 
 
 @dataclass(frozen=True)

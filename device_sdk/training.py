@@ -23,7 +23,6 @@ import torch
 from torch import Tensor, nn
 
 # Re-exported: the simulator and the personal verifier take the template's start from here, with the training.
-from device_sdk.embedding import mean_feature_embedding  # noqa: F401
 from facecore.errors import FaceCoreError
 from facecore.federation.config import is_unit_vector
 from facecore.federation.wire import Precision

@@ -10,7 +10,6 @@ from device_sdk.training import (
     TrainingDiverged,
     Workspace,
     centred_positive_loss,
-    mean_feature_embedding,
     split_backbone,
     train_local,
     trainable_keys,
@@ -19,6 +18,7 @@ from device_sdk.training import (
 from facecore.data.synthetic import synthetic_faces
 from facecore.models.preprocess import faces_to_tensor
 from facecore.models.testing import calibrated_backbone
+from facecore.templates import mean_feature_embedding
 
 
 @pytest.fixture(scope="module")
@@ -29,15 +29,6 @@ def owner() -> tuple[torch.nn.Module, np.ndarray, np.ndarray]:
     with torch.no_grad():
         features = model(faces_to_tensor(faces)).numpy()
     return model, faces, mean_feature_embedding(features)
-
-
-def test_mean_feature_embedding_is_the_normalised_mean_of_normalised_features() -> None:
-    # Prepare: two features of different norms along x and y
-    features = np.array([[3.0, 0.0], [0.0, 0.5]])
-    # Execute
-    w = mean_feature_embedding(features)
-    # Assert: the mean of (1,0) and (0,1) is (0.5,0.5) -> (0.7071, 0.7071)
-    np.testing.assert_allclose(w, [2**-0.5, 2**-0.5], rtol=1e-6)
 
 
 def test_local_round_lowers_the_positive_loss_and_leaves_the_input_model_alone(owner) -> None:  # type: ignore[no-untyped-def]

@@ -225,7 +225,7 @@ def test_the_demo_and_sim_http_pass_the_smaller_evaluation_on(
     import simulator.demo
 
     calls: list[dict[str, object]] = []
-    scores = {"accuracy": 0.9, "tar_at_far": {"1e-3": 0.5}}
+    scores = {"accuracy": 0.9, "tar_at_far": {"1e-3": 0.5}, "captured": {"accuracy": 0.8, "tar_at_far": {"1e-3": 0.1}}}
     subset = {"photos": 398, "of_photos": 2388, "pairs": 200, "of_pairs": 1200, "seed": 0}
 
     def run_demo(root: Path, out: Path, *args: object, **kwargs: object) -> dict[str, object]:
@@ -240,6 +240,7 @@ def test_the_demo_and_sim_http_pass_the_smaller_evaluation_on(
     out = capsys.readouterr().out
     assert code == 0
     assert calls[0]["folds"] == (6, 8) and calls[0]["eval_photos"] == 400
+    assert calls[0]["capture"] == ("lowlight-ir" if argv[0] == "demo" else None)  # the demo's fleet camera; the sim's --capture
     assert "on a seeded subset: 398 of 2,388 photos, 200 of 1,200 View-2 pairs (--eval-photos)" in out
 
 

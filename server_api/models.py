@@ -93,6 +93,9 @@ class ModelVersion(Base):
     fp16_blob: Mapped[str] = mapped_column(String(64))
     onnx_blob: Mapped[str | None] = mapped_column(String(64), default=None)
     verification: Mapped[dict[str, Any] | None] = mapped_column(default=None)  # published verify threshold
+    # The unit mean feature of public faces (facecore.eval.feature_center) that rounds centre their loss on;
+    # a round's version inherits its base's, so the rounds of one lineage share one centre.
+    feature_center: Mapped[list[float] | None] = mapped_column(JSON, default=None)
     # The round that produced it (NULL for the bootstrap model); no FK, since rounds point here.
     round_id: Mapped[int | None] = mapped_column(default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

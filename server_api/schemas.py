@@ -6,9 +6,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
-from facecore.federation.config import RoundConfig, StrictModel
+from facecore.federation.config import RoundConfig, StrictModel, is_unit_vector
 from facecore.federation.status import RoundStatus
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
@@ -77,6 +77,9 @@ class ModelVersionPublic(BaseModel):
     onnx_url: str | None
     verify_threshold: float | None = Field(default=None, description="cosine threshold devices use in verify()")
     verify_far: float | None = Field(default=None, description="the false-accept rate the threshold was calibrated for")
+    feature_center: list[float] | None = Field(
+        default=None, description="the unit mean feature of public faces that fleet-camera rounds centre the devices' loss on",
+    )
 
 
 class VerificationCreate(StrictModel):
@@ -86,6 +89,20 @@ class VerificationCreate(StrictModel):
     threshold: FiniteFloat = Field(ge=-1.0, le=1.0, description="cosine at or above which verify() accepts")
     far: FiniteFloat = Field(gt=0.0, lt=1.0, description="the false-accept rate it was calibrated for")
     calibration: str = Field(min_length=1, max_length=500, description="on which faces, e.g. 'all 796,147 impostor pairs of ...'")
+
+
+class FeatureCenterCreate(StrictModel):
+    """The body of `PUT /v1/admin/models/{version}/feature-center`: the unit mean feature of public
+    faces under this version (`fedface admin model center`), which fleet-camera rounds centre on."""
+
+    vector: list[FiniteFloat] = Field(min_length=1, max_length=4096, description="a unit vector of the model's embedding size")
+    source: str = Field(min_length=1, max_length=500, description="which faces it is the mean of, e.g. '1000 public celeba photos'")
+
+    @model_validator(mode="after")
+    def _unit(self) -> FeatureCenterCreate:
+        if not is_unit_vector(self.vector):
+            raise ValueError("vector must be a unit vector")
+        return self
 
 
 class ModelVersionAdminPublic(BaseModel):
@@ -99,6 +116,7 @@ class ModelVersionAdminPublic(BaseModel):
     verify_far: float | None
     calibration: str | None = Field(description="on which faces the threshold was calibrated")
     calibrated_for: str = Field(description="the version it was calibrated on: an ancestor's when a round inherited it")
+    feature_center: list[float] | None = Field(default=None, description="the unit mean feature of public faces rounds centre on")
 
 
 class DeviceAdminPublic(BaseModel):

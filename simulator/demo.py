@@ -2,7 +2,14 @@
 
 Starts the round server (SQLite, the default model) as its own process, enrolls real-face devices
 through the device SDK, runs a few FedFace rounds, and prints LFW accuracy on identity-disjoint
-folds before and after, plus where the report and plots went. Stops the server and removes its
+folds before and after, plus where the report and plots went.
+
+The fleet has one camera (`capture`, a facecore.capture model; None: none): each device enrolls its
+owner from the ordinary photos, then adds the same photos as its camera takes them
+(`FaceDevice.add_faces`), and the rounds run the fleet-camera settings
+(facecore.federation.fleet_camera) on the model's published feature centre, which the demo computes
+and publishes first for a model that has none. LFW is scored on the clean photos and on the photos
+as the camera takes them. Stops the server and removes its
 scratch folder (unless `keep`) on the way out, also on an error, Ctrl-C, SIGTERM or SIGHUP
 (fedface.cli); killed outright, it leaves no server either (the launcher's lifeline).
 
@@ -33,6 +40,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -41,17 +49,21 @@ import torch
 from tqdm import tqdm
 
 from device_sdk.device import FaceDevice
-from facecore.align.geometry import geometry_of
+from facecore.align.geometry import FaceGeometry, geometry_of
 from facecore.align.pipeline import FaceAligner
-from facecore.data.split import SplitConfig, build_split
+from facecore.capture import CaptureModel, get_capture
+from facecore.data.split import SplitConfig, SplitManifest, build_split
+from facecore.eval.feature_center import center_source, public_feature_center
 from facecore.eval.lfw import LFWFaces, evaluate, folds_text, load_lfw_faces
 from facecore.eval.plots import save_line_plot
+from facecore.federation.fleet_camera import fleet_camera_settings
 from facecore.federation.status import FINAL_ROUND_STATUSES, RoundStatus
 from facecore.lifetime import scratch_folder
 from facecore.models.checkpoint import load_backbone
 from facecore.models.preprocess import embed_faces
 from server_api.launcher import MANY_DEVICES_ON_LOOPBACK, LocalServer
-from simulator.cross_device.evaluation import remembered
+from simulator.cross_device.evaluation import LFW_CAPTURE_SEED, LFW_CAPTURE_STREAM, remembered
+from simulator.cross_device.population import DEVICE_STREAM
 
 TRAINING_SLOTS = 2  # 2 cores gain nothing from more
 # The scheduler closes a round once every update is in; ticking every 0.2 s instead of 1 s ends each
@@ -59,17 +71,20 @@ TRAINING_SLOTS = 2  # 2 cores gain nothing from more
 DEMO_SERVER_ENV = {**MANY_DEVICES_ON_LOOPBACK, "FEDFACE_SCHEDULER_INTERVAL_S": "0.2"}
 ROUND_POLL_S = 0.1  # how often the demo asks whether a round has completed
 # Bump when what the demo's evaluation computes changes: a remembered result would be stale.
-DEMO_EVALUATION_VERSION = 1
+DEMO_EVALUATION_VERSION = 2
+DEFAULT_CAPTURE = "lowlight-ir"
 
 
 def run_demo(
-    root: Path, out: Path, devices: int = 20, rounds: int = 3, model: str = "default", folds: tuple[int, ...] = (6, 7, 8, 9, 10),
-    secure: bool = False, eval_photos: int | None = None, keep: bool = False,
+    root: Path, out: Path, devices: int = 20, rounds: int = 6, model: str = "default", folds: tuple[int, ...] = (6, 7, 8, 9, 10),
+    secure: bool = False, eval_photos: int | None = None, keep: bool = False, capture: str | None = DEFAULT_CAPTURE,
 ) -> dict[str, Any]:
     """`secure`: rounds use secure aggregation, so the devices train side by side (each key step
     waits for all of them) instead of one after another. `eval_photos`: score on a seeded subset of
     at most this many of the folds' photos (None: all of them). `keep`: leave the scratch folder (the
-    server's database, the devices' states) in place and name it, instead of removing it however the run ends."""
+    server's database, the devices' states) in place and name it, instead of removing it however the run ends.
+    `capture`: the fleet's camera (None: the devices train on their enrolment photos only)."""
+    camera = None if capture is None else get_capture(capture)
     out.mkdir(parents=True, exist_ok=True)
     clock = PhaseClock()
     # The server's log goes to `out`, where it outlives the scratch folder (a failed start names it).
@@ -82,18 +97,22 @@ def run_demo(
                 owners = [(identity, [root / p for p in paths]) for identity, paths in sorted(split.sets["devices"].items()) if len(paths) >= 8][:devices]
                 geometry = geometry_of(load_backbone(model))
                 lfw = load_lfw_faces(root / "lfw", folds, aligner=FaceAligner(geometry=geometry), max_photos=eval_photos)
-                score = lfw_scorer(lfw)
+                score = lfw_scorer(lfw, capture, geometry)
             with clock("server_start"):  # what is left of the server's start once this process is ready
                 server.wait_ready()
             print(f"server up at {server.url} (SQLite, model {model}); enrolling {len(owners)} real-face devices")
             with clock("enrolment"):
                 turns = UploadTurns(TRAINING_SLOTS)
-                fleet = _enroll(server, Path(scratch) / "devices", owners, FaceAligner(geometry=geometry), turns)
+                fleet = _enroll(server, Path(scratch) / "devices", owners, FaceAligner(geometry=geometry), turns, camera)
             history: list[dict[str, Any]] = []
-            scoring = _score_later(score, _current_model(fleet[0]), 0, clock, history)
+            start = _current_model(fleet[0])
+            scoring = _score_later(score, start, 0, clock, history)
+            with clock("feature_centre"):
+                center = _published_center(server, split, root, start)
             for number in range(1, rounds + 1):
                 config: dict[str, Any] = {
                     "target_participants": len(fleet), "min_participants": max(2, len(fleet) // 2), "deadline_s": 900, "selection_window_s": 1,
+                    **fleet_camera_settings(center, secure),
                 }
                 if secure:
                     config["secure_aggregation"] = {"enabled": True, "key_phase_s": 120, "unmask_phase_s": 120}
@@ -115,12 +134,17 @@ def run_demo(
             scoring.result()
     report = {
         "devices": len(fleet), "rounds": rounds, "secure_aggregation": secure, "folds": list(folds), "subset": lfw.subset,
+        "capture": capture,
         "before": history[0], "after": history[-1], "history": history, "seconds": clock.seconds,
     }
     (out / "demo.json").write_text(json.dumps(report, indent=1, default=str))
     curve = ([h["round"] for h in history], [h["accuracy"] for h in history])
     title = f"LFW folds {folds_text(folds)} during the demo" + (f" ({lfw.subset['pairs']} pairs of a seeded subset)" if lfw.subset else "")
     save_line_plot(out / "demo_accuracy.png", {"FedFace over HTTP": curve}, "round", "LFW accuracy", title)
+    tar = {"clean photos": ([h["round"] for h in history], [100 * h["tar_at_far"]["1e-3"] for h in history])}
+    if capture is not None:
+        tar[f"under {capture}"] = ([h["round"] for h in history], [100 * h["captured"]["tar_at_far"]["1e-3"] for h in history])
+    save_line_plot(out / "demo_tar.png", tar, "round", "TAR@FAR=1e-3 (%)", title.replace("during", "TAR@1e-3 during"))
     return report
 
 
@@ -152,14 +176,28 @@ def faces_digest(data: LFWFaces) -> str:
     return digest.hexdigest()
 
 
-def lfw_scorer(lfw: LFWFaces) -> Callable[[torch.nn.Module], dict[str, Any]]:
-    """The demo's LFW figures of a model, remembered in the cache by its weights and the faces."""
+def lfw_scorer(lfw: LFWFaces, capture: str | None = None, geometry: FaceGeometry | None = None) -> Callable[[torch.nn.Module], dict[str, Any]]:
+    """The demo's LFW figures of a model, remembered in the cache by its weights and the faces; with
+    `capture`, also on the photos as that camera takes them (`captured`), which are made the first
+    time a score is not remembered (the same draws as the simulator's: evaluation.LFW_CAPTURE_SEED)."""
+    taken: list[LFWFaces] = []
 
-    def score(model: torch.nn.Module) -> dict[str, Any]:
-        report = evaluate(lfw, lambda faces: embed_faces(model, faces)).report
+    def figures(data: LFWFaces, model: torch.nn.Module) -> dict[str, Any]:
+        report = evaluate(data, lambda faces: embed_faces(model, faces)).report
         return {"accuracy": report.accuracy, "accuracy_std": report.accuracy_std, "auc": report.auc, "tar_at_far": report.tar_at_far}
 
-    return remembered(score, {"kind": "demo-lfw", "faces": faces_digest(lfw), "demo_version": DEMO_EVALUATION_VERSION})
+    def score(model: torch.nn.Module) -> dict[str, Any]:
+        result = figures(lfw, model)
+        if capture is not None:
+            if not taken:
+                assert geometry is not None
+                taken.append(replace(lfw, faces=get_capture(capture).capture(lfw.faces, geometry, LFW_CAPTURE_SEED, LFW_CAPTURE_STREAM)))
+            result["captured"] = figures(taken[0], model)
+        return result
+
+    camera = {} if capture is None else {"capture": capture, "capture_version": get_capture(capture).version, "capture_seed": LFW_CAPTURE_SEED,
+                                         "capture_stream": LFW_CAPTURE_STREAM}
+    return remembered(score, {"kind": "demo-lfw", "faces": faces_digest(lfw), "demo_version": DEMO_EVALUATION_VERSION, **camera})
 
 
 class Background:
@@ -195,19 +233,31 @@ def _score_later(
             record = {"round": number, **score(model), **(extra or {})}
         history.append(record)
         losses = "" if extra is None else f", local loss {record['train_loss_before']:.4f} -> {record['train_loss_after']:.4f}"
-        tqdm.write(f"round {number}: LFW accuracy {100 * record['accuracy']:.2f}%{losses}")
+        clean = f"{100 * record['tar_at_far']['1e-3']:.2f}%"
+        tar = f"TAR@1e-3 {clean}"
+        if "captured" in record:
+            tar = f"TAR@1e-3 under the fleet camera {100 * record['captured']['tar_at_far']['1e-3']:.2f}% (clean photos {clean})"
+        tqdm.write(f"round {number}: LFW accuracy {100 * record['accuracy']:.2f}%, {tar}{losses}")
 
     return Background(run)
 
 
-def _enroll(server: LocalServer, folder: Path, owners: list[tuple[str, list[Path]]], aligner: FaceAligner, turns: UploadTurns) -> list[FaceDevice]:
-    """Register and enroll one device per owner. They align with one shared detector: each device
-    aligns in memory only (FaceDevice), so sharing it shares no faces, and loads it once, not 20 times."""
+def _enroll(
+    server: LocalServer, folder: Path, owners: list[tuple[str, list[Path]]], aligner: FaceAligner, turns: UploadTurns, camera: CaptureModel | None,
+) -> list[FaceDevice]:
+    """Register and enroll one device per owner; with a `camera`, each then adds its enrolment faces
+    as the camera takes them (device i draws from the simulator's stream for device i). They align
+    with one shared detector: each device aligns in memory only (FaceDevice), so sharing it shares no
+    faces, and loads it once, not 20 times."""
     fleet = []
     for index, (identity, photos) in enumerate(tqdm(owners, desc="register + enroll", unit="device")):
         device = FaceDevice(server.url, folder / identity.replace(":", "_"), training_slot=turns.slot(index), aligner=aligner)
         device.register()
         device.enroll(photos)
+        if camera is not None:
+            enrolled = device.state.faces()
+            assert enrolled is not None  # enroll() saved them
+            device.add_faces(camera.capture(enrolled, aligner.geometry, seed=0, stream=DEVICE_STREAM + 2 * index))
         fleet.append(device)
     return fleet
 
@@ -307,6 +357,16 @@ def _train_all(fleet: list[FaceDevice], number: int, turns: UploadTurns, secure:
         pool.shutdown(wait=False, cancel_futures=True)
         for index in range(len(fleet)):
             turns.finished(index)
+
+
+def _published_center(server: LocalServer, split: SplitManifest, root: Path, model: torch.nn.Module) -> list[float]:
+    """The current version's feature centre; a model that publishes none (`random`, a file) gets one
+    computed and published the way `fedface admin model center` does it."""
+    current = server.admin("GET", "/v1/admin/models?limit=1")[0]
+    if current.get("feature_center") is None:
+        vector = public_feature_center(split, root, model, geometry_of(model))
+        current = server.admin("PUT", f"/v1/admin/models/{current['version']}/feature-center", json={"vector": vector.tolist(), "source": center_source()})
+    return [float(x) for x in current["feature_center"]]
 
 
 def _current_model(device: FaceDevice) -> torch.nn.Module:

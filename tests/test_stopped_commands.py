@@ -27,7 +27,7 @@ from facecore.paths import PACKAGES_ENV, packages_root
 REPO = Path(__file__).resolve().parents[1]
 STOP_WITHIN_S = 10.0
 UP_WITHIN_S = 600.0  # a first run aligns the evaluation photos, on a machine that may be busy
-SMALLEST_RUN = ["--rounds", "3", "--model", "random", "--folds", "6,7", "--eval-photos", "8"]
+SMALLEST_RUN = ["--rounds", "3", "--model", "mobile", "--folds", "6,7", "--eval-photos", "8"]
 SERVER_UP = re.compile(r"server up at http://127\.0\.0\.1:(\d+)")
 ENROLLING = re.compile(r"register \+ enroll")
 ROUND_1 = re.compile(r"round 1:\s+\d+%")  # its progress bar: the devices train

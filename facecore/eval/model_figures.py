@@ -18,6 +18,7 @@ from facecore.align.pipeline import FaceAligner
 from facecore.data.split import SplitConfig, build_split
 from facecore.eval.calibration import calibrate_threshold, trained_on_public
 from facecore.eval.cross_source import celeba_owner_check
+from facecore.eval.feature_center import feature_center_figures
 from facecore.eval.lfw import TEST_FOLDS, evaluate, load_lfw_faces
 from facecore.models.checkpoint import FIGURES, load_backbone, model_source, save_backbone
 from facecore.models.preprocess import embed_faces
@@ -30,8 +31,8 @@ def fp16_bytes(model: torch.nn.Module) -> int:
 
 
 def measure(spec: str, root: Path, progress: bool = True) -> dict[str, Any]:
-    """Threshold (folds 1-5), LFW folds 6-10, CelebA owners at that threshold, size, crop and the detector
-    every photo was aligned with ($FEDFACE_DETECTOR or the default)."""
+    """Threshold (folds 1-5), LFW folds 6-10, CelebA owners at that threshold, the feature centre of
+    public photos, size, crop and the detector every photo was aligned with ($FEDFACE_DETECTOR or the default)."""
     model = load_backbone(spec)
     split = build_split(root, SplitConfig(seed=0))
     seen = split.sets["public"] if trained_on_public(model) else ()
@@ -42,11 +43,12 @@ def measure(spec: str, root: Path, progress: bool = True) -> dict[str, Any]:
     lfw = evaluate(data, lambda faces: embed_faces(model, faces)).report.to_json_dict()
     owners = celeba_owner_check(model, root, split, progress=progress).to_json_dict()
     owners = {k: v for k, v in owners.items() if k not in ("skipped", "single_photo_persons", "empty_persons", "folder")}
+    center = feature_center_figures(split, root, model, geometry_of(model))
     return {
         "name": spec, "backbone": model.name, "embedding_dim": int(embedding_dim_of(model)), "weights": model_source(spec),
         "parameters": sum(p.numel() for p in model.parameters()), "fp16_bytes": fp16_bytes(model),
         "geometry": geometry_of(model).to_json(), "detector": detector_version(),
-        "verification": verification, "lfw": lfw, "celeba_owners": owners,
+        "verification": verification, "lfw": lfw, "celeba_owners": owners, "feature_center": center,
     }
 
 

@@ -96,9 +96,16 @@ def verification_of(model: torch.nn.Module) -> dict[str, Any]:
     return dict((getattr(model, "meta", None) or {}).get("verification") or {})
 
 
+def feature_center_of(model: torch.nn.Module) -> list[float] | None:
+    """The model's published feature centre (facecore.eval.feature_center), or None."""
+    center = (getattr(model, "meta", None) or {}).get("feature_center")
+    return None if center is None else [float(x) for x in center]
+
+
 def _with_figures(model: torch.nn.Module, name: str) -> torch.nn.Module:
     figures = json.loads(FIGURES[name].read_text()) if FIGURES[name].is_file() else {}
-    model.meta = {**getattr(model, "meta", {}), "verification": figures.get("verification")}  # type: ignore[assignment]  # Module types unknown attributes as Tensor | Module; meta is a dict
+    center = (figures.get("feature_center") or {}).get("vector")
+    model.meta = {**getattr(model, "meta", {}), "verification": figures.get("verification"), "feature_center": center}  # type: ignore[assignment]  # Module types unknown attributes as Tensor | Module; meta is a dict
     return model
 
 

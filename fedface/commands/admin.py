@@ -20,11 +20,19 @@ from typing import Any
 from facecore.federation.status import ACTIVE_ROUND_STATUSES, RoundStatus
 from fedface.commands import admin_model
 from fedface.commands.admin_client import call, connection_arguments, flag_errors, table, time_text, usage
+from server_api.errors import AdminClientError
 
 AGGREGATIONS = ("fedavg", "median", "trimmed_mean", "norm_bounded", "dp_fedavg")
 
 
 def _open_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--settings", choices=("fleet-camera", "paper"), default="fleet-camera",
+        help="fleet-camera (default): devices keep their templates and train the backbone towards them, the loss centred on the "
+        "current model's feature centre (`fedface admin model center`), one small step, server momentum 0.9; paper: the FedFace "
+        "paper's rounds (trained templates, spreadout), which leave a strong model unchanged. Flags below override either "
+        "(default: fleet-camera)",
+    )
     parser.add_argument(
         "--min", type=int, default=2, metavar="N", help="fewest uploaded updates that still make a round"
     )
@@ -42,15 +50,16 @@ def _open_arguments(parser: argparse.ArgumentParser) -> None:
         help="check-ins during this window compete fairly for the --target slots",
     )
     parser.add_argument(
-        "--local-epochs", type=int, default=1, metavar="N", help="epochs each device trains over its own photos"
+        "--local-epochs", type=int, default=None, metavar="N", help="epochs each device trains over its own photos (default: 1)"
     )
     parser.add_argument(
         "--local-steps", type=int, default=None, metavar="N", help="cap on each device's optimiser steps a round (default: whole epochs)"
     )
-    parser.add_argument("--lr", type=float, default=0.01, metavar="RATE", help="the devices' local learning rate")
+    parser.add_argument("--lr", type=float, default=None, metavar="RATE",
+                        help="the devices' local learning rate (default: 0.002 with fleet-camera settings, 0.01 with paper)")
     parser.add_argument(
         "--trainable-blocks", type=int, default=None, metavar="K",
-        help="devices train only the backbone's last K blocks and its head (default: all of it)",
+        help="devices train only the backbone's last K blocks and its head (default: 4 with fleet-camera settings, all with paper)",
     )
     parser.add_argument(
         "--spreadout-nu", type=float, default=0.3, metavar="COS", help="spreadout pushes class embeddings below this cosine"
@@ -63,15 +72,17 @@ def _open_arguments(parser: argparse.ArgumentParser) -> None:
         help="take the direction all class embeddings share out of them before spreadout",
     )
     parser.add_argument(
-        "--spreadout-steps", type=int, default=10, metavar="N", help="the server's spreadout steps a round (0: none)"
+        "--spreadout-steps", type=int, default=None, metavar="N",
+        help="the server's spreadout steps a round (0: none; default: 0 with fleet-camera settings, 10 with paper)"
     )
     parser.add_argument(
         "--keep-templates", action="store_true",
         help="devices keep their enrolled template and train only the backbone towards it (a fleet camera's rounds)",
     )
     parser.add_argument(
-        "--server-momentum", type=float, default=0.0, metavar="BETA",
-        help="heavy-ball momentum on the round's backbone step: BETA times the step that made the base model is added",
+        "--server-momentum", type=float, default=None, metavar="BETA",
+        help="heavy-ball momentum on the round's backbone step: BETA times the step that made the base model is added "
+        "(default: 0.9 with fleet-camera settings, 0 with paper)",
     )
     parser.add_argument(
         "--aggregation",
@@ -80,8 +91,9 @@ def _open_arguments(parser: argparse.ArgumentParser) -> None:
         help="backbone aggregation: fedavg, a robust one against malicious devices, or dp_fedavg (user-level DP)",
     )
     parser.add_argument(
-        "--weighting", choices=("samples", "devices"), default="samples",
-        help="fedavg counts each device's update by its training photos, or every device once",
+        "--weighting", choices=("samples", "devices"), default=None,
+        help="fedavg counts each device's update by its training photos, or every device once (default: devices with fleet-camera "
+        "settings unless secure aggregation, which needs samples; samples with paper)",
     )
     parser.add_argument(
         "--trim-beta", type=float, default=0.2, metavar="FRACTION", help="trimmed_mean: fraction dropped at each end"
@@ -190,10 +202,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _round_config(args: argparse.Namespace) -> dict[str, Any]:
-    """The POST body of `round open`, checked with the server's own schema."""
+def _feature_center(args: argparse.Namespace) -> list[float]:
+    """The current version's published feature centre, which fleet-camera settings need."""
+    current = call(args, "GET", "/v1/admin/models?limit=1")
+    center = current[0].get("feature_center") if current else None
+    if center is None:
+        raise AdminClientError("the current model version publishes no feature centre, which --settings fleet-camera centres the "
+                               "devices' loss on: publish one with `fedface admin model center`, or open with --settings paper")
+    return [float(x) for x in center]
+
+
+def _round_config(args: argparse.Namespace, feature_center: list[float] | None) -> dict[str, Any]:
+    """The POST body of `round open`: the settings preset (fleet-camera with `feature_center`, else the
+    schema's defaults, the paper's), then every flag given; checked with the server's own schema."""
     from pydantic import ValidationError
 
+    from facecore.federation.fleet_camera import fleet_camera_settings
     from server_api.schemas import RoundCreate
 
     if args.secure_aggregation and args.aggregation != "fedavg":
@@ -201,22 +225,28 @@ def _round_config(args: argparse.Namespace) -> dict[str, Any]:
             "--secure-aggregation needs --aggregation fedavg (the server sees only the sum of the updates), "
             f"not {args.aggregation}"
         )
+    preset = {"local": {}, "spreadout": {}, "aggregation": {}} if feature_center is None else fleet_camera_settings(feature_center, args.secure_aggregation)
+    given = {
+        "local": {"epochs": args.local_epochs, "lr": args.lr, "trainable_blocks": args.trainable_blocks,
+                  **({"train_embedding": False} if args.keep_templates else {})},
+        "spreadout": {"steps": args.spreadout_steps},
+        "aggregation": {"weighting": args.weighting, "server_momentum": args.server_momentum},
+    }
+    chosen = {part: preset[part] | {k: v for k, v in given[part].items() if v is not None} for part in preset}
     config = {
         "min_participants": args.min,
         "target_participants": args.target,
         "deadline_s": args.deadline,
         "selection_window_s": args.selection_window,
-        "local": {"epochs": args.local_epochs, "steps": args.local_steps, "lr": args.lr, "trainable_blocks": args.trainable_blocks,
-                  "train_embedding": not args.keep_templates},
-        "spreadout": {"nu": args.spreadout_nu, "lr": args.spreadout_lr, "center": args.spreadout_center, "steps": args.spreadout_steps},
+        "local": {"steps": args.local_steps, **chosen["local"]},
+        "spreadout": {"nu": args.spreadout_nu, "lr": args.spreadout_lr, "center": args.spreadout_center, **chosen["spreadout"]},
         "aggregation": {
             "method": args.aggregation,
-            "weighting": args.weighting,
             "trim_beta": args.trim_beta,
             "max_update_norm": args.max_update_norm,
             "dp_noise_multiplier": args.dp_noise,
             "dp_delta": args.dp_delta,
-            "server_momentum": args.server_momentum,
+            **chosen["aggregation"],
         },
         "secure_aggregation": {
             "enabled": args.secure_aggregation,
@@ -311,7 +341,10 @@ def _close(args: argparse.Namespace) -> dict[str, Any]:
 
 def _run_round(args: argparse.Namespace) -> tuple[Any, str]:
     if args.action == "open":
-        result = call(args, "POST", "/v1/admin/rounds", _round_config(args))
+        config = _round_config(args, None)  # every flag checked before any request
+        if args.settings == "fleet-camera":
+            config = _round_config(args, _feature_center(args))
+        result = call(args, "POST", "/v1/admin/rounds", config)
         return result, _describe(result)
     if args.action == "list":
         if args.limit < 1:

@@ -189,7 +189,7 @@ def _cross_device(args: argparse.Namespace) -> int:
         from simulator.demo import run_demo
 
         report = run_demo(data_root(args.data), Path(args.out), devices=args.http, rounds=args.rounds, model=args.model, folds=folds,
-                          secure=args.secure_aggregation, eval_photos=eval_photos)
+                          secure=args.secure_aggregation, eval_photos=eval_photos, capture=args.capture)
         summary = {"method": "fedface-http" + ("-secagg" if args.secure_aggregation else ""), "devices": report["devices"], "rounds": report["rounds"],
                    "accuracy": report["after"]["accuracy"], "tar_at_far": report["after"]["tar_at_far"],
                    "initial_accuracy": report["before"]["accuracy"], "folds": report["folds"], "lfw_subset": report["subset"]}

@@ -51,7 +51,7 @@ def _version_row(blobs: VersionFiles, round_id: int | None) -> ModelVersion:
     return ModelVersion(
         version_hash=blobs.version_hash, backbone=blobs.backbone, embedding_dim=blobs.embedding_dim,
         spec=blobs.spec, fp16_blob=blobs.fp16_blob, onnx_blob=blobs.onnx_blob, round_id=round_id,
-        verification=getattr(blobs, "verification", None),
+        verification=getattr(blobs, "verification", None), feature_center=getattr(blobs, "feature_center", None),
     )
 
 

@@ -168,6 +168,7 @@ def _compute_and_finalize(ctx: ServerContext, round_id: int) -> bool:
         parent_hash = _parent_hash(session, base.round_id) if config.aggregation.server_momentum else None
         base_hash, backbone, dim = base.version_hash, base.backbone, base.embedding_dim
         base_verification = dict(base.verification) if base.verification else None
+        base_center = None if base.feature_center is None else list(base.feature_center)
         secure = secure_aggregation.unmask_inputs(session, round_) if secure_aggregation.settings_of(round_) else None
         # A DP round always ran selection (no upload without it); 1.0 is the safe reading otherwise.
         sampling = (round_.sample_rate if round_.sample_rate is not None else 1.0, round_.population)
@@ -184,7 +185,8 @@ def _compute_and_finalize(ctx: ServerContext, round_id: int) -> bool:
     result = strategy.aggregate_train(round_id, base_weights, stream)
     del base_weights
     model = build_model(backbone, dim, result.weights)
-    meta = {"source": f"round {round_id}", "round_id": round_id, "parent": base_hash, "verification": _inherited(base_verification, base_hash)}
+    meta = {"source": f"round {round_id}", "round_id": round_id, "parent": base_hash, "verification": _inherited(base_verification, base_hash),
+            "feature_center": base_center}
     blobs = store_model(ctx.store, model, ctx.settings.export_onnx, meta=meta)
 
     embeddings = _new_embeddings(ctx, strategy, config, updates, enrolled, dim)

@@ -29,6 +29,7 @@ class VersionBlobs:
     embedding_dim: int
     spec: dict[str, Any]
     verification: dict[str, Any] | None = None  # {"threshold": cos, "far": target FAR, "calibration": how}
+    feature_center: list[float] | None = None  # the unit mean feature of public faces rounds centre on
 
 
 def spec_of(model: torch.nn.Module) -> dict[str, Any]:
@@ -53,7 +54,8 @@ def store_model(store: LocalBlobStore, model: torch.nn.Module, export_onnx: bool
             export_fp32(model, temp)
             onnx_blob = store.put_file(temp)
     name = cast(str, model.name)  # every backbone names itself (facecore.models.registry)
-    return VersionBlobs(version_hash, fp16_blob, onnx_blob, name, int(embedding_dim_of(model)), spec_of(model), meta.get("verification"))
+    return VersionBlobs(version_hash, fp16_blob, onnx_blob, name, int(embedding_dim_of(model)), spec_of(model), meta.get("verification"),
+                        meta.get("feature_center"))
 
 
 def load_weights(store: BlobStore, version_hash: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:

@@ -36,7 +36,7 @@ from server_api.crud import devices as device_crud
 from server_api.crud import rounds as round_crud
 from server_api.crud import versions as version_crud
 from server_api.crud.versions import VersionFiles
-from server_api.errors import Conflict, DeviceNotEnrolled, NotFound, StaleRound
+from server_api.errors import Conflict, DeviceNotEnrolled, InvalidInput, NotFound, StaleRound
 from server_api.models import Device, ModelVersion, Participation, Round
 from server_api.services.secure_aggregation import members_fixed
 
@@ -49,6 +49,9 @@ def open_round(session: Session, config: RoundConfig, base: ModelVersion, now: d
     current = round_crud.active_round(session)
     if current is not None:
         raise Conflict(f"round {current.id} is still {current.status}; wait for it to finish")
+    center = config.local.feature_center
+    if center is not None and len(center) != base.embedding_dim:
+        raise InvalidInput(f"local.feature_center has {len(center)} values; the current model embeds in {base.embedding_dim}")
     round_ = round_crud.add_round(
         session, status=RoundStatus.OPEN, active_slot=1, config=config.model_dump(mode="json"), strategy=config.strategy,
         target_participants=config.target_participants, min_participants=config.min_participants,

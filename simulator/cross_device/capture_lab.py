@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from device_sdk.training import mean_feature_embedding, split_backbone
+from device_sdk.training import split_backbone
 from facecore.align.geometry import geometry_of
 from facecore.align.pipeline import FaceAligner
 from facecore.capture import CAPTURES, get_capture
@@ -50,6 +50,7 @@ from facecore.losses import spreadout_optimize
 from facecore.models.checkpoint import load_backbone
 from facecore.models.preprocess import faces_to_tensor
 from facecore.paths import cache_root, data_root
+from facecore.templates import mean_feature_embedding
 from simulator.cross_device.evaluation import LFW_CAPTURE_SEED, LFW_CAPTURE_STREAM
 from simulator.cross_device.population import captured, load_population
 

@@ -83,7 +83,7 @@ class CrossDeviceConfig:
     # the same photos before it took them ("clean": the owner enrolled with a phone's own camera).
     enrolment: str = "captured"
     # The devices' positive loss centred on the direction the starting model's features of public faces
-    # share (negatives.public_feature_center, fixed at the start), as a live round's local.feature_center.
+    # share (facecore.eval.feature_center, fixed at the start), as a live round's local.feature_center.
     center_features: bool = False
     center_source: str = "lfw"  # whose public photos: LFW's, or CelebA's (then not an independent check of the CelebA people)
 

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from device_sdk.training import PrefixCache, Workspace, mean_feature_embedding, prefix_cache, train_local, trainable_keys, wire_arrays
+from device_sdk.training import PrefixCache, Workspace, prefix_cache, train_local, trainable_keys, wire_arrays
 from facecore.federation.config import training_seed
 from facecore.federation.protocol import EMBEDDING_KEY
 from facecore.federation.selection import least_recently_selected
@@ -37,6 +37,7 @@ from facecore.federation.wire import as_received, backbone_deltas, update_tensor
 from facecore.models.checkpoint import atomic_torch_save
 from facecore.models.preprocess import embed_faces
 from facecore.models.registry import embedding_dim_of
+from facecore.templates import mean_feature_embedding
 from simulator.cross_device.config import (
     EXECUTION_FIELDS,
     LEGACY_DEFAULTS,

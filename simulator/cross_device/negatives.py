@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from device_sdk.training import PrefixCache, PublicIdentities, mean_feature_embedding, prefix_cache, split_backbone
+from device_sdk.training import PrefixCache, PublicIdentities, prefix_cache, split_backbone
 from facecore.align.geometry import FaceGeometry
 from facecore.align.pipeline import FaceAligner
 from facecore.data.faces import load_labelled_faces
@@ -76,20 +76,3 @@ def load_public_negatives(manifest: SplitManifest, root: Path, count: int, geome
     images = [image for image in manifest.images("public", root) if image.identity in chosen]
     data = load_labelled_faces(images, FaceAligner(geometry=geometry), desc="aligning public negatives")
     return PublicNegatives(data.classes, data.faces, data.labels)
-
-
-CENTER_PHOTOS = 1000
-
-
-def public_feature_center(
-    manifest: SplitManifest, root: Path, model: torch.nn.Module, geometry: FaceGeometry, seed: int = 0, source: str = "lfw",
-) -> np.ndarray:
-    """The direction the model's features of public faces of `source` (lfw or celeba) share
-    (the unit mean of the unit features of a seeded sample of CENTER_PHOTOS, as a template is made): the fixed centre of a run with
-    center_features. Public, so no evaluation or device photo enters it."""
-    images = [image for image in manifest.images("public", root) if image.identity.startswith(f"{source}:")]
-    if len(images) < 2:
-        raise FaceCoreError(f"center_features needs public {source} photos in the split")
-    picked = np.random.default_rng([seed, 13]).choice(len(images), min(CENTER_PHOTOS, len(images)), replace=False)
-    faces = load_labelled_faces([images[i] for i in sorted(picked)], FaceAligner(geometry=geometry), desc="public faces for the feature centre").faces
-    return mean_feature_embedding(embed_faces(model, faces))

@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from device_sdk.training import LocalTrainingConfig, mean_feature_embedding, train_local
+from device_sdk.training import LocalTrainingConfig, train_local
 from facecore.align.geometry import ARCFACE_112
 from facecore.capture import get_capture
 from facecore.data.synthetic import synthetic_faces
 from facecore.models.preprocess import embed_faces
 from facecore.models.testing import calibrated_backbone
+from facecore.templates import mean_feature_embedding
 from simulator.cross_device.config import CrossDeviceConfig
 from simulator.cross_device.engine import CrossDeviceSimulation
 from simulator.cross_device.population import DEVICE_STREAM, Population, SimDevice, captured

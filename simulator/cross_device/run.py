@@ -11,6 +11,7 @@ import torch
 
 from facecore.align.geometry import geometry_of
 from facecore.data.split import SplitConfig, SplitManifest, build_split
+from facecore.eval.feature_center import public_feature_center
 from facecore.eval.plots import save_line_plot
 from facecore.models.checkpoint import load_backbone, save_backbone, verification_of
 from facecore.models.preprocess import embed_faces
@@ -18,7 +19,7 @@ from simulator.cross_device.config import CrossDeviceConfig
 from simulator.cross_device.engine import CrossDeviceSimulation, Evaluator
 from simulator.cross_device.evaluation import EVALUATED, evaluators
 from simulator.cross_device.markdown import label, write_markdown
-from simulator.cross_device.negatives import load_public_negatives, public_feature_center
+from simulator.cross_device.negatives import load_public_negatives
 from simulator.cross_device.population import load_population
 
 
@@ -59,8 +60,8 @@ def _central(config: CrossDeviceConfig, population, model, evaluator: Evaluator,
     Like FedFace, the classifier starts from each identity's mean feature and trains at the devices'
     learning rate: a random head at 10x that rate first wrecked the backbone (LFW 85.3 -> 68.5% after
     one epoch, seed 0), which measured the recovery, not an upper bound."""
-    from device_sdk.training import mean_feature_embedding
     from facecore.data.faces import LabelledFaces
+    from facecore.templates import mean_feature_embedding
     from pretrain.config import PretrainConfig
     from pretrain.trainer import Pretrainer
 

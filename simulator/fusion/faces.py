@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from device_sdk.personal import PersonalConfig, train_personal_verifier
 from device_sdk.personal_calibration import calibrate
-from device_sdk.training import LocalTrainingConfig, mean_feature_embedding, prefix_cache, split_backbone
+from device_sdk.training import LocalTrainingConfig, prefix_cache, split_backbone
 from facecore.align.geometry import ARCFACE_112, FaceGeometry
 from facecore.align.pipeline import FaceAligner
 from facecore.data.faces import load_labelled_faces
@@ -36,6 +36,7 @@ from facecore.eval.metrics import roc_auc, roc_curve, tar_at_far
 from facecore.eval.plots import save_roc_plot
 from facecore.fusion import FUSIONS
 from facecore.models.preprocess import faces_to_tensor
+from facecore.templates import mean_feature_embedding
 from simulator.fusion.config import FusionInputError
 
 FARS = (1e-2, 1e-3, 1e-4)

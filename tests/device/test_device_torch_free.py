@@ -1,4 +1,4 @@
-"""The device's everyday commands without torch: `fedface device register|enroll|verify|status|unenroll`,
+"""The device's everyday commands without torch: `fedface device register|enroll|add-photos|verify|status|unenroll`,
 each in its own process against a real server process, and the SDK's FaceDevice doing the same in one
 process; and the enrollment template that the ONNX model computes, against the torch path on real LFW faces."""
 from __future__ import annotations
@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from device_sdk.device import FaceDevice
-from device_sdk.embedding import mean_feature_embedding
 from device_sdk.inference import OnnxEmbedder
 from facecore.align.cache import AlignedFaceCache
 from facecore.align.geometry import geometry_of
 from facecore.align.pipeline import FaceAligner
 from facecore.models.preprocess import embed_faces
+from facecore.templates import mean_feature_embedding
 from server_process import ServerProcess
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,7 +49,7 @@ SDK = (
 )
 # What the child keeps from this environment: where the caches and the detector's files are, and which detector.
 PASSED_ON = ("HOME", "FEDFACE_CACHE", "FEDFACE_PACKAGES", "FEDFACE_DETECTOR")
-COMMANDS = ("register", "enroll", "verify", "status", "unenroll")
+COMMANDS = ("register", "enroll", "add-photos", "verify", "status", "unenroll")
 COLIN_POWELL = [f"Colin_Powell/Colin_Powell_{n:04d}.jpg" for n in range(1, 7)]
 
 
@@ -67,11 +67,12 @@ def _loaded(stderr: str) -> list[str]:
 @pytest.fixture(scope="module")
 def cli_runs(server: ServerProcess, owners: list[list[Path]],
              tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.CompletedProcess[str]]:
-    """The five commands, in this order, each a fresh `fedface` process on one new state folder."""
+    """The six commands, in this order, each a fresh `fedface` process on one new state folder."""
     state = tmp_path_factory.mktemp("cli") / "device"
     common = ["--server", server.url, "--state", str(state)]
     arguments = {
-        "register": [], "enroll": ["--photos", *map(str, owners[0][:5])], "verify": [str(owners[0][-1])],
+        "register": [], "enroll": ["--photos", *map(str, owners[0][:5])], "add-photos": ["--photos", *map(str, owners[0][5:7])],
+        "verify": [str(owners[0][-1])],
         "status": ["--json"], "unenroll": [],
     }
     runs = {}
@@ -91,7 +92,7 @@ def test_each_everyday_command_runs_without_torch(
     assert run.returncode == 0, run.stderr
     assert _loaded(run.stderr) == []
     expected = {
-        "register": "registered as ", "enroll": "enrolled 5 faces with model ", "verify": ": match, score ",
+        "register": "registered as ", "enroll": "enrolled 5 faces with model ", "add-photos": "added 2 faces", "verify": ": match, score ",
         "status": '"enrolled": true', "unenroll": "unenrolled: ",
     }[command]
     assert expected in run.stdout

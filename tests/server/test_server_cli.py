@@ -122,7 +122,7 @@ def test_round_commands_against_a_real_server(server: ServerProcess) -> None:
     # Execute: list with no rounds; open; status into a pipe nobody reads; close; list again
     empty = _admin(server, "round", "list")
     opened = _admin(
-        server, "round", "open", "--target", "3", "--min", "2", "--deadline", "120", "--selection-window", "0",
+        server, "round", "open", "--settings", "paper", "--target", "3", "--min", "2", "--deadline", "120", "--selection-window", "0",
         "--trainable-blocks", "2", "--lr", "0.1", "--spreadout-nu", "0", "--spreadout-lr", "10", "--spreadout-center",
         "--local-steps", "1", "--weighting", "devices", "--keep-templates", "--server-momentum", "0.9", "--spreadout-steps", "0",
     )
@@ -155,6 +155,41 @@ def test_round_commands_against_a_real_server(server: ServerProcess) -> None:
 
 
 @pytest.mark.slow
+def test_round_open_takes_the_fleet_camera_settings_on_the_centre_model_center_published(
+    server: ServerProcess, small_lfw_data: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Prepare: a random bootstrap model, which publishes no centre; 40 public photos make one quickly
+    import facecore.eval.feature_center as feature_center
+
+    monkeypatch.setattr(feature_center, "CENTER_PHOTOS", 40)
+    connection = ["--server", server.url, "--data-dir", str(server.data_dir)]
+    # Execute: open before any centre; publish one from the LFW public photos; open with the defaults and one override
+    refused = _admin(server, "round", "open")
+    centred = cli.main(["admin", "model", "center", "--source", "lfw", "--data", str(small_lfw_data), "--json", *connection])
+    published = json.loads(capsys.readouterr().out)
+    opened = _admin(server, "round", "open", "--lr", "0.005", "--local-epochs", "2", "--json")
+    # Assert: one line that names the fix; the centre is the core's for exactly the server's bytes; the round runs on it
+    from facecore.align.geometry import geometry_of
+    from facecore.data.split import SplitConfig, build_split
+    from facecore.models.checkpoint import load_backbone
+
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1 and "fedface admin model center" in refused.stderr
+    assert centred == 0 and published["version"] == server.admin("GET", "/v1/admin/models")[0]["version"]
+    token = (server.data_dir / "admin_token").read_text().strip()
+    blob = httpx.get(f"{server.url}/v1/admin/models/{published['version']}/backbone", headers={"Authorization": f"Bearer {token}"}).content
+    (server.data_dir.parent / "v.pt").write_bytes(blob)
+    model = load_backbone(server.data_dir.parent / "v.pt")
+    expected = feature_center.public_feature_center(build_split(small_lfw_data, SplitConfig(seed=0)), small_lfw_data, model, geometry_of(model), source="lfw")
+    np.testing.assert_allclose(published["feature_center"], expected, atol=1e-6)
+    config = json.loads(opened.stdout)["config"]
+    assert opened.returncode == 0, opened.stderr
+    assert config["local"] | {"feature_center": None} == config["local"] | {
+        "lr": 0.005, "trainable_blocks": 4, "train_embedding": False, "epochs": 2, "feature_center": None}
+    np.testing.assert_allclose(config["local"]["feature_center"], expected, atol=1e-6)
+    assert (config["spreadout"]["steps"], config["aggregation"]["weighting"], config["aggregation"]["server_momentum"]) == (0, "devices", 0.9)
+
+
+@pytest.mark.slow
 def test_model_calibrate_publishes_the_threshold_of_the_downloaded_version(server: ServerProcess, small_lfw_data: Path) -> None:
     # Prepare: the first 80 people of each LFW fold; 151 impostor pairs, enough for a FAR of 1%
     # Execute: list; calibrate the current version on LFW fold 1 (FAR 1%, to keep it short); list again;
@@ -178,9 +213,9 @@ def test_model_calibrate_publishes_the_threshold_of_the_downloaded_version(serve
     assert (published["verify_threshold"], published["verify_far"], published["calibration"]) == (
         expected["threshold"], 0.01, expected["calibration"])
     assert "the model never trained on" in published["calibration"]
-    # VERSION ROUND CREATED (date, time) THRESHOLD FAR CALIBRATED-FOR; the random bootstrap model publishes none
-    assert before.stdout.splitlines()[1].split()[1:] == ["bootstrap", *after.stdout.splitlines()[1].split()[2:4], "-", "-", "this", "version"]
-    assert after.stdout.splitlines()[1].split()[4:] == [f"{expected['threshold']:.4f}", "0.01", "this", "version"]
+    # VERSION ROUND CREATED (date, time) THRESHOLD FAR CALIBRATED-FOR CENTRE; the random bootstrap model publishes neither
+    assert before.stdout.splitlines()[1].split()[1:] == ["bootstrap", *after.stdout.splitlines()[1].split()[2:4], "-", "-", "this", "version", "-"]
+    assert after.stdout.splitlines()[1].split()[4:] == [f"{expected['threshold']:.4f}", "0.01", "this", "version", "-"]
     assert test_folds.returncode == 1 and "are the test set" in test_folds.stderr and len(test_folds.stderr.splitlines()) == 1
     assert unknown.returncode == 1 and "no version among the server's newest 1 start with 'ffff'" in unknown.stderr
 

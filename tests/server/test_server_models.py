@@ -155,3 +155,36 @@ def test_a_threshold_is_refused_without_the_admin_token_out_of_range_or_for_an_u
     assert [r.status_code for r in out_of_range] == [422] * 5
     assert client.get("/v1/admin/models", headers=admin).json()[0]["verify_threshold"] is None
     assert download.status_code == 200 and hashlib.sha256(download.content).hexdigest() == version
+
+
+def test_a_published_feature_centre_reaches_devices_and_rounds_and_the_next_version_inherits_it(
+    client: TestClient, admin: dict, rng: np.random.Generator,
+) -> None:
+    # Prepare: one enrolled device on the bootstrap version, which publishes no centre (a random model)
+    (device,) = enrolled_devices(client, 1, rng)
+    v1 = device.request("GET", "/v1/models/current").json()["version"]
+    center = unit_vector(rng).tolist()
+    body = {"vector": center, "source": "1000 public celeba photos"}
+    # Execute: refused ones first, then the operator's centre; a round on it; one device trains
+    refused = [
+        client.put(f"/v1/admin/models/{v1}/feature-center", json={**body, **bad}, headers=admin).status_code
+        for bad in ({"vector": [2 * x for x in center]}, {"vector": (np.ones(64) / 8).tolist()}, {"source": ""})
+    ]
+    anonymous = client.put(f"/v1/admin/models/{v1}/feature-center", json=body).status_code
+    unknown = client.put(f"/v1/admin/models/{'0' * 64}/feature-center", json=body, headers=admin).status_code
+    unpublished = device.request("GET", "/v1/models/current").json()["feature_center"]
+    published = client.put(f"/v1/admin/models/{v1}/feature-center", json=body, headers=admin)
+    seen_by_device = device.request("GET", "/v1/models/current").json()["feature_center"]
+    short_round = client.post("/v1/admin/rounds", headers=admin, json={
+        "target_participants": 1, "min_participants": 1, "local": {"feature_center": (np.ones(64) / 8).tolist()}})
+    round_ = open_round(client, admin, target_participants=1, local={"feature_center": seen_by_device, "train_embedding": False})
+    device.checkin()
+    device.upload(round_["id"], update_file(make_delta(load_backbone_bytes(device.backbone(v1).content), rng), unit_vector(rng), v1, 5))
+    versions = client.get("/v1/admin/models", headers=admin).json()
+    # Assert: bad centres and strangers change nothing; the device reads the published one; the round's version carries it
+    assert refused == [422, 422, 422] and (anonymous, unknown) == (401, 404) and unpublished is None
+    assert published.status_code == 200 and published.json()["feature_center"] == pytest.approx(center)
+    assert seen_by_device == pytest.approx(center)
+    assert short_round.status_code == 422 and "embeds in 128" in short_round.json()["detail"]
+    assert versions[1]["version"] == v1 and versions[0]["round_id"] == round_["id"]
+    assert versions[0]["feature_center"] == pytest.approx(center)

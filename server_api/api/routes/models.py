@@ -14,7 +14,7 @@ from server_api.api.deps import AdminDep, CtxDep, CurrentDevice, SessionDep
 from server_api.crud import versions as version_crud
 from server_api.errors import NotFound
 from server_api.models import ModelVersion
-from server_api.schemas import FaceGeometryPublic, ModelVersionAdminPublic, ModelVersionPublic, VerificationCreate
+from server_api.schemas import FaceGeometryPublic, FeatureCenterCreate, ModelVersionAdminPublic, ModelVersionPublic, VerificationCreate
 from server_api.services import version_admin, versions
 from server_api.storage.blobs import CHUNK
 
@@ -36,6 +36,7 @@ def _public(version: ModelVersion) -> ModelVersionPublic:
         backbone_url=f"/v1/models/{version.version_hash}/backbone",
         onnx_url=f"/v1/models/{version.version_hash}/onnx" if version.onnx_blob else None,
         verify_threshold=(version.verification or {}).get("threshold"), verify_far=(version.verification or {}).get("far"),
+        feature_center=version.feature_center,
     )
 
 
@@ -94,6 +95,7 @@ def _admin_public(version: ModelVersion) -> ModelVersionAdminPublic:
         version=version.version_hash, backbone=version.backbone, round_id=version.round_id, created_at=version.created_at,
         verify_threshold=verification.get("threshold"), verify_far=verification.get("far"),
         calibration=verification.get("calibration"), calibrated_for=verification.get("calibrated_for", version.version_hash),
+        feature_center=version.feature_center,
     )
 
 
@@ -108,6 +110,13 @@ def admin_download_backbone(version: VersionPath, _: AdminDep, ctx: CtxDep, sess
     """The version's fp32 backbone file, for the operator to calibrate its threshold on public faces."""
     found = versions.for_download(session, version)
     return _serve(ctx, found.version_hash, found.version_hash, None, "application/octet-stream", f"backbone-{version[:12]}-fp32.pt")
+
+
+@admin_router.put("/{version}/feature-center", response_model=ModelVersionAdminPublic, responses=_admin_errors)
+def set_feature_center(version: VersionPath, body: FeatureCenterCreate, _: AdminDep, session: SessionDep) -> ModelVersionAdminPublic:
+    """Publish the unit mean feature of public faces under this version: fleet-camera rounds opened on it centre the devices' loss on it,
+    and the versions they make inherit it."""
+    return _admin_public(version_admin.set_feature_center(session, version, body.vector, body.source))
 
 
 @admin_router.put("/{version}/verification", response_model=ModelVersionAdminPublic, responses=_admin_errors)

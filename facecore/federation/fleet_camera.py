@@ -1,0 +1,43 @@
+"""The round settings that adapt a strong pretrained model to a fleet's camera.
+
+A fleet camera (a night door camera, a near-infrared face-unlock sensor) shows faces the web photos
+never did. Each device enrolled its owner from ordinary photos, and its own camera adds photos of the
+same owner (`FaceDevice.add_photos`). These rounds teach the shared backbone to map the camera's view
+of each owner onto the template the pretrained model made from the ordinary photos.
+
+Invariants, each of which the recipe needs (simulator/REPORT.md, section 8, measured on tuning people,
+never on LFW folds 6-10):
+- templates stay as enrolled (`train_embedding` false, no spreadout): moving them lets the rounds
+  chase their own targets;
+- the positive loss runs on features and template less `feature_center`, a fixed unit mean feature of
+  public faces under the pretrained model: the features all lean one way, so uncentred cosines sit
+  above the margin and the loss is zero;
+- one small step a round, every device counted once, and server momentum: the loss is sharp, and a
+  larger device step raises it.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from facecore.federation.config import is_unit_vector
+
+LOCAL_LR = 0.002
+TRAINABLE_BLOCKS = 4
+SERVER_MOMENTUM = 0.9
+
+
+def fleet_camera_settings(feature_center: Sequence[float], secure_aggregation: bool = False) -> dict[str, dict[str, Any]]:
+    """The `local`, `spreadout` and `aggregation` sections of a round config. Secure aggregation
+    sums updates weighted by their photos, so it keeps that weighting instead of one per device."""
+    center = [float(x) for x in feature_center]
+    if not is_unit_vector(center):
+        raise ValueError("the feature centre must be a unit vector (the normalised mean feature of public faces)")
+    return {
+        "local": {"epochs": 1, "lr": LOCAL_LR, "trainable_blocks": TRAINABLE_BLOCKS, "train_embedding": False, "feature_center": center},
+        "spreadout": {"steps": 0},
+        "aggregation": {"weighting": "samples" if secure_aggregation else "devices", "server_momentum": SERVER_MOMENTUM},
+    }
+
+
+__all__ = ["fleet_camera_settings"]
