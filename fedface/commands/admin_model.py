@@ -37,8 +37,6 @@ def add_arguments(objects: Any) -> None:
         "LFW people folds --folds (6-10 are the test set and refused), and publish it: devices read it with the current "
         "model (every online verify and round), and the next round's version inherits it. Needs the LFW data (--data, else $FEDFACE_DATA).",
     )
-    calibrate.add_argument("version", nargs="?", metavar="VERSION",
-                           help="a version hash or its first characters, as `model list` shows (default: the current one)")
     calibrate.add_argument("--far", type=float, default=1e-3, help="false-accept rate to calibrate for (default: 0.001)")
     calibrate.add_argument("--folds", default="1-5", help="LFW people folds to calibrate on (default: 1-5; 6-10 are refused)")
     calibrate.add_argument("--data", metavar="DIR", help="data root holding lfw/ (default: $FEDFACE_DATA, else ../shared/data)")
@@ -52,13 +50,14 @@ def add_arguments(objects: Any) -> None:
         "public people, never a device's or an evaluation person's), and publish it: `fedface admin round open` centres the "
         "devices' loss on the current version's centre, and a round's version inherits it. Needs the data (--data, else $FEDFACE_DATA).",
     )
-    center.add_argument("version", nargs="?", metavar="VERSION",
-                        help="a version hash or its first characters, as `model list` shows (default: the current one)")
     center.add_argument("--source", choices=("celeba", "lfw"), default="celeba",
                         help="whose public photos (default: celeba; the LFW photos' centre does not adapt the default model, "
                         "simulator/REPORT.md section 8)")
     center.add_argument("--data", metavar="DIR", help="data root (default: $FEDFACE_DATA, else ../shared/data)")
     list_.add_argument("--limit", type=int, default=20, metavar="N", help="versions to show")
+    for sub in (calibrate, center):
+        sub.add_argument("version", nargs="?", metavar="VERSION",
+                         help="a version hash or its first characters, as `model list` shows (default: the current one)")
     for sub in (list_, calibrate, center):
         connection_arguments(sub)
 
