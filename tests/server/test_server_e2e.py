@@ -41,7 +41,8 @@ def wait_for(capsys: pytest.CaptureFixture[str], server: ServerProcess, status: 
 
 def run_round(capsys, server: ServerProcess, devices: list[Device], rng: np.random.Generator):  # type: ignore[no-untyped-def]
     # The window must hold all 20 check-ins even on a loaded 2-core CI machine.
-    round_ = admin(capsys, server, "round", "open", "--settings", "paper", "--target", str(TARGET), "--min", "8", "--deadline", "120", "--selection-window", "5")
+    round_ = admin(capsys, server, "round", "open", "--settings", "paper", "--target", str(TARGET), "--min", "8", "--deadline", "120",
+                   "--selection-window", "5")
     waits = [device.checkin().json() for device in devices]
     assert all(w["status"] == "waiting" for w in waits), waits  # everyone checked in inside the selection window
     time.sleep(max(w["retry_after_s"] for w in waits) + 0.5)
