@@ -5,12 +5,14 @@ device that restarts mid-round has dropped out, which the protocol tolerates, an
 held can leak from disk. Key steps come before local training because their deadlines are short.
 
 The device does not take the server's word for the round's safety: it refuses a threshold below
-2 or at most half of the members, unmasks only for at least max(2, t) survivors, and treats a
+2 or at most half of the members, and a member list in which a key appears twice or its own keys
+appear under another index; it unmasks only for at least max(2, t) survivors, and treats a
 member whose public key is not a usable X25519 point as dropped (no shares, no pairwise mask).
 """
 from __future__ import annotations
 
 import base64
+import math
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -18,7 +20,16 @@ from typing import Any
 import numpy as np
 
 from device_sdk.errors import RoundClosed
-from facecore.secagg import Advert, SecAggAborted, SecAggClient, check_threshold, is_valid_public_key, quantize, weighted_update
+from facecore.secagg import (
+    Advert,
+    SecAggAborted,
+    SecAggClient,
+    check_members,
+    check_threshold,
+    is_valid_public_key,
+    quantize,
+    weighted_update,
+)
 
 Request = Callable[..., Any]  # FaceDevice._request: (method, path, body=..., expect=...) -> httpx.Response
 AFTER_KEYS = ("masked_input", "unmask", "aggregating", "completed", "failed")
@@ -33,7 +44,9 @@ class SecureRound:
         self.request, self.url, self.poll, self.timeout = request, url, poll, timeout
         self.client = SecAggClient(0, 0)
         self.key_sharers: list[int] = []
+        self.members = 0  # how many the server listed, which this device accepted with the threshold
         self.bound = self.scale = 0.0
+        self.max_update_norm = math.inf
 
     def _state(self) -> dict[str, Any]:
         return self.request("GET", self.url).json()
@@ -52,19 +65,17 @@ class SecureRound:
     def join(self) -> None:
         """Advertise keys, share them with every member, and take the shares addressed to this
         device. Returns once masked uploads are open and this device is a key sharer."""
-        advert = self.client.advertise()
-        state = self.request("POST", f"{self.url}/advert", body={"c_public": _b64(advert.c_public), "s_public": _b64(advert.s_public)}, expect=(201,)).json()
+        mine = self.client.advertise()
+        state = self.request("POST", f"{self.url}/advert", body={"c_public": _b64(mine.c_public), "s_public": _b64(mine.s_public)}, expect=(201,)).json()
         self.client.index = state["index"]
         state = self._until(lambda s: s["phase"] != "advertise", state, "the other devices' keys")
         if state["phase"] != "share_keys":
             raise RoundClosed(f"round {state['round_id']}: the key-sharing step closed before this device could share ({state['phase']})")
-        check_threshold(int(state["threshold"]), len(state["members"]))
-        self.client.threshold = int(state["threshold"])
-        adverts = {}
-        for m in state["members"]:
-            advert = Advert(m["index"], base64.b64decode(m["c_public"]), base64.b64decode(m["s_public"]))
-            if is_valid_public_key(advert.c_public) and is_valid_public_key(advert.s_public):
-                adverts[advert.index] = advert
+        listed = [Advert(int(m["index"]), base64.b64decode(m["c_public"]), base64.b64decode(m["s_public"])) for m in state["members"]]
+        check_members(listed, Advert(self.client.index, mine.c_public, mine.s_public))
+        check_threshold(int(state["threshold"]), len(listed))
+        self.client.threshold, self.members = int(state["threshold"]), len(listed)
+        adverts = {a.index: a for a in listed if is_valid_public_key(a.c_public) and is_valid_public_key(a.s_public)}
         ciphertexts = self.client.share_keys(adverts)
         state = self.request("POST", f"{self.url}/shares", body={"shares": {str(v): _b64(blob) for v, blob in ciphertexts.items()}}).json()
         state = self._until(lambda s: s["phase"] in AFTER_KEYS, state, "the other devices' shares")
@@ -72,11 +83,13 @@ class SecureRound:
             raise RoundClosed(f"round {state['round_id']}: this device is not among the key sharers ({state['phase']})")
         self.key_sharers = [int(v) for v in state["key_sharers"] if int(v) in adverts]
         self.bound, self.scale = float(state["bound"]), float(state["scale"])
+        self.max_update_norm = float(state.get("max_update_norm") or math.inf)
         self.client.receive_shares({int(k): base64.b64decode(v) for k, v in state["shares"].items()})
 
     def masked(self, delta: Mapping[str, np.ndarray], n_samples: int) -> np.ndarray:
-        """The uint32 masked vector of n_samples x delta, clipped to the round's per-coordinate bound."""
-        vector = weighted_update(delta, n_samples)
+        """The uint32 masked vector of n_samples x delta: the delta clipped to the round's L2 bound, the
+        weighted vector to its per-coordinate bound."""
+        vector = weighted_update(delta, n_samples, self.max_update_norm)
         return self.client.masked_input(quantize(vector, self.bound, self.scale), self.key_sharers)
 
     def unmask(self) -> str:

@@ -17,14 +17,19 @@ def _b64(raw: bytes) -> str:
 
 
 class ScriptedServer:
-    """Answers every request with the next scripted state and records what the device sent."""
+    """Answers every request with the next scripted state and records what the device sent. A
+    member list carries the device's own advert at its index, as an honest server's does, unless
+    `as_listed`."""
 
-    def __init__(self, states: list[dict[str, Any]]) -> None:
-        self.states, self.sent = list(states), list[tuple[str, str, Any]]()
+    def __init__(self, states: list[dict[str, Any]], as_listed: bool = False) -> None:
+        self.states, self.sent, self.as_listed = list(states), list[tuple[str, str, Any]](), as_listed
 
     def __call__(self, method: str, path: str, body: Any = None, expect: tuple[int, ...] = (200,)) -> Any:
         self.sent.append((method, path, body))
         state = self.states.pop(0)
+        advert = next((b for _, p, b in self.sent if p.endswith("/advert")), None)
+        if "members" in state and advert is not None and not self.as_listed:
+            state = state | {"members": [m | advert if m["index"] == state["index"] else m for m in state["members"]]}
         return type("Response", (), {"json": staticmethod(lambda: state)})()
 
 
@@ -73,3 +78,33 @@ def test_a_member_with_a_low_order_key_is_treated_as_dropped() -> None:
     # Assert: shares went to members 2 and 4 only, none to the low-order key
     shares = next(body for method, path, body in server.sent if path.endswith("/shares"))["shares"]
     assert sorted(shares) == ["2", "4"]
+
+
+def test_the_device_refuses_a_member_list_with_a_repeated_key() -> None:
+    # Prepare: member 3 advertised member 2's encryption key (a server that let it, or forged the list)
+    members = _members(3)
+    members[2]["c_public"] = members[1]["c_public"]
+    server = ScriptedServer([
+        {"round_id": 7, "phase": "advertise", "index": 1},
+        {"round_id": 7, "phase": "share_keys", "index": 1, "threshold": 2, "members": members},
+    ])
+    # Execute / Assert: refused before any share leaves the device
+    with pytest.raises(SecAggAborted, match="appears twice"):
+        SecureRound(server, "/v1/rounds/7/secagg", poll=0).join()
+    assert not any(path.endswith("/shares") for _, path, _ in server.sent)
+
+
+def test_the_device_refuses_its_own_keys_under_another_index() -> None:
+    # Prepare: the server lists this device's advert as member 2, and a key of its own at the device's index 1
+    server = ScriptedServer([
+        {"round_id": 7, "phase": "advertise", "index": 1},
+        {"round_id": 7, "phase": "share_keys", "index": 1, "threshold": 2, "members": _members(3)},
+    ], as_listed=True)
+    round_ = SecureRound(server, "/v1/rounds/7/secagg", poll=0)
+    mine = round_.client.advertise()  # the keys join() will advertise, which the server replays as member 2
+    server.states[1]["members"][1] |= {"c_public": _b64(mine.c_public), "s_public": _b64(mine.s_public)}
+    # Execute / Assert
+    with pytest.raises(SecAggAborted, match="at its index 1 alone"):
+        round_.join()
+    assert not any(path.endswith("/shares") for _, path, _ in server.sent)
+

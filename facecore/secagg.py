@@ -115,6 +115,21 @@ def check_threshold(threshold: int, n_members: int) -> None:
         raise SecAggAborted(f"refusing threshold t={threshold} for {n_members} member(s): need 2 <= t, n/2 < t <= n")
 
 
+def check_members(adverts: Sequence[Advert], own: Advert) -> None:
+    """A device's own check of the member list a server sends: every public key appears once, and
+    this device's keys only under its own index. A repeated key would let one member read shares
+    meant for another, or make two members' pairwise masks cancel; its own keys elsewhere mean the
+    server is replaying this device's advert as another member."""
+    keys = [key for advert in adverts for key in (advert.c_public, advert.s_public)]
+    if len(set(keys)) != len(keys):
+        raise SecAggAborted("refusing a member list in which a public key appears twice")
+    mine = {own.c_public, own.s_public}
+    elsewhere = [a.index for a in adverts if a.index != own.index and mine & {a.c_public, a.s_public}]
+    listed = [a for a in adverts if a.index == own.index]
+    if elsewhere or len(listed) != 1 or (listed[0].c_public, listed[0].s_public) != (own.c_public, own.s_public):
+        raise SecAggAborted(f"refusing a member list that does not hold this device's keys at its index {own.index} alone")
+
+
 def is_valid_public_key(raw: bytes) -> bool:
     """False for anything that is not a usable X25519 public key: wrong length, or a low-order
     point, whose shared secret is all zeros (RFC 7748 section 6.1) and which `cryptography` refuses."""
@@ -159,10 +174,15 @@ def unpack(vector: np.ndarray, like: Mapping[str, np.ndarray], keys: Sequence[st
     return out
 
 
-def weighted_update(delta: Mapping[str, np.ndarray], n_samples: int) -> np.ndarray:
-    """What a device masks in FedAvg: n_samples x its delta over the float tensors. The server
-    divides the unmasked sum by the sum of the n_samples the devices sent in the clear."""
-    return pack(delta, float_keys(delta)) * float(n_samples)
+def weighted_update(delta: Mapping[str, np.ndarray], n_samples: int, max_norm: float = math.inf) -> np.ndarray:
+    """What a device masks in FedAvg: n_samples x its delta over the float tensors, the delta first
+    clipped to L2 norm `max_norm` (the round's bound, which the server checks the sum against). The
+    server divides the unmasked sum by the sum of the n_samples the devices sent in the clear."""
+    vector = pack(delta, float_keys(delta))
+    length = float(np.linalg.norm(vector))
+    if length > max_norm:
+        vector = vector * (max_norm / length)
+    return vector * float(n_samples)
 
 
 def quantize(x: np.ndarray, bound: float, scale: float) -> np.ndarray:

@@ -115,7 +115,7 @@ def run_demo(
                     **fleet_camera_settings(center, secure),
                 }
                 if secure:
-                    config["secure_aggregation"] = {"enabled": True, "key_phase_s": 120, "unmask_phase_s": 120}
+                    config["secure_aggregation"] = {**config.get("secure_aggregation", {}), "enabled": True, "key_phase_s": 120, "unmask_phase_s": 120}
                 opened = server.admin("POST", "/v1/admin/rounds", json=config)
                 with clock(f"round {number} training"):
                     losses = _train_all(fleet, number, turns, secure)

@@ -104,6 +104,11 @@ class SecureAggregationSettings(StrictModel):
     key_phase_s: float = Field(default=30, ge=1, le=86400, description="seconds for each of the advertise and share-keys steps")
     unmask_phase_s: float = Field(default=60, ge=1, le=86400, description="seconds the unmasking step waits for answers")
     scale_bits: int = Field(default=14, ge=4, le=24, description="fixed point: updates are scaled by 2**scale_bits")
+    max_update_norm: float = Field(
+        default=10.0, gt=0, le=1e6, allow_inf_nan=False,
+        description="L2 bound on each device's backbone delta: devices clip to it, and a round whose unmasked sum is longer than "
+        "the sum over uploaders of n_samples x this bound fails and publishes nothing",
+    )
 
 
 class RoundConfig(StrictModel):

@@ -16,7 +16,9 @@ def test_the_settings_make_a_round_that_keeps_templates_and_centres_the_loss() -
     assert (config.local.train_embedding, config.local.lr, config.local.trainable_blocks, config.spreadout.steps) == (False, 0.002, 4, 0)
     assert config.local.feature_center == pytest.approx(center.tolist())
     assert (config.aggregation.weighting, config.aggregation.server_momentum) == ("devices", 0.9)
-    assert secure["aggregation"]["weighting"] == "samples"
+    assert secure["aggregation"]["weighting"] == "samples" and "secure_aggregation" not in plain
+    secure_config = RoundConfig.model_validate({"target_participants": 2, **secure, "secure_aggregation": {"enabled": True, **secure["secure_aggregation"]}})
+    assert (secure_config.secure_aggregation.scale_bits, secure_config.secure_aggregation.max_update_norm) == (22, 0.05)
 
 
 def test_a_centre_that_is_not_a_unit_vector_is_refused() -> None:

@@ -106,6 +106,7 @@ class SecAggStatePublic(BaseModel):
     threshold: int | None = None
     scale: float
     bound: float | None = Field(default=None, description="|value| limit per coordinate of the scaled update, once members are known")
+    max_update_norm: float | None = Field(default=None, description="L2 bound each device clips its delta to before weighting and masking")
     members: list[SecAggMemberPublic] | None = None
     key_sharers: list[int] | None = None
     shares: dict[str, str] | None = Field(default=None, description="sender index -> ciphertext addressed to this device")

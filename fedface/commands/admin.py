@@ -232,7 +232,7 @@ def _round_config(args: argparse.Namespace, feature_center: list[float] | None) 
         "spreadout": {"steps": args.spreadout_steps},
         "aggregation": {"weighting": args.weighting, "server_momentum": args.server_momentum},
     }
-    chosen = {part: preset[part] | {k: v for k, v in given[part].items() if v is not None} for part in preset}
+    chosen = {part: preset[part] | {k: v for k, v in given.get(part, {}).items() if v is not None} for part in preset}
     config = {
         "min_participants": args.min,
         "target_participants": args.target,
@@ -249,6 +249,7 @@ def _round_config(args: argparse.Namespace, feature_center: list[float] | None) 
             **chosen["aggregation"],
         },
         "secure_aggregation": {
+            **chosen.get("secure_aggregation", {}),
             "enabled": args.secure_aggregation,
             "key_phase_s": args.secagg_key_phase,
             "unmask_phase_s": args.secagg_unmask_phase,

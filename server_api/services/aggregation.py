@@ -210,7 +210,7 @@ def _compute_and_finalize(ctx: ServerContext, round_id: int) -> bool:
 
 
 def _secure_strategy(config: RoundConfig, inputs: secure_aggregation.UnmaskInputs, previous_step: Weights | None) -> Strategy:
-    material = UnmaskMaterial(inputs.adverts, inputs.key_sharers, inputs.answers, inputs.threshold, inputs.scale)
+    material = UnmaskMaterial(inputs.adverts, inputs.key_sharers, inputs.answers, inputs.threshold, inputs.scale, inputs.max_update_norm)
     return strategy_for(config, backbone=SecureFedAvg(material), previous_step=previous_step)
 
 

@@ -15,7 +15,8 @@ t = max(2, floor(fraction x members) + 1) and is never lowered to fit the member
 fewer than t members, or fewer than max(min_participants, t) masked uploads, fails and publishes
 nothing, so no published model is one device's update in disguise. Public keys that are not
 usable X25519 points (low order, all zero) are refused at the advert, so one member cannot make
-every honest device's key agreement fail.
+every honest device's key agreement fail, and so is a key another member of the round already
+advertised (409), so no device can pose as another or cancel its masks.
 
 A step is closed by time or by everyone having acted; either is final, so no request can see a
 step reopen. Every device write is one transaction that takes the round lock first
@@ -153,6 +154,7 @@ class DeviceStep:
     retry_after_s: float | None = None
     threshold: int | None = None
     bound: float | None = None
+    max_update_norm: float | None = None
     members: list[MemberKeys] | None = None
     key_sharers: list[int] | None = None
     shares: dict[int, bytes] | None = None  # sender index -> ciphertext addressed to this device
@@ -171,7 +173,7 @@ def state_for(session: Session, round_id: int, device: Device) -> DeviceStep:
         step = replace(step, retry_after_s=max(0.5, min(2.0, (v.keys_until - v.now).total_seconds())))
     if phase in ("share_keys", "masked_input") and me is not None:
         step = replace(
-            step, threshold=v.threshold, bound=mask_bound(len(v.members), v.scale),
+            step, threshold=v.threshold, bound=mask_bound(len(v.members), v.scale), max_update_norm=v.settings.max_update_norm,
             members=[MemberKeys(m.index, m.c_public, m.s_public) for m in v.members],
         )
     if phase == "share_keys":
@@ -204,6 +206,10 @@ def advertise(session: Session, round_id: int, device: Device, body: SecAggAdver
             raise Conflict(f"device {device.id} already advertised keys for round {round_id}")
         if v.phase != "advertise":
             raise Conflict(f"round {round_id} is past the advertise step ({v.phase})")
+        taken = {key for m in v.members for key in (m.c_public, m.s_public)}
+        if c_public in taken or s_public in taken:
+            # A copied key would let its holder read the shares meant for the key's owner, or make two members' masks cancel.
+            raise Conflict(f"round {round_id}: a member already advertised one of these public keys; each member's keys must be its own")
         row = secagg_crud.add_member(session, round_id, device.id, c_public, s_public)
         audit.record(session, f"device:{device.id}", "secagg.advertised", round_id=round_id, device_id=device.id, index=row.index)
     return state_for(session, round_id, device)
@@ -301,6 +307,7 @@ class UnmaskInputs:
     answers: list[dict[str, dict[int, tuple[int, int]]]]
     threshold: int
     scale: float
+    max_update_norm: float
     index_of: dict[str, int]
 
 
@@ -316,5 +323,5 @@ def unmask_inputs(session: Session, round_: Round) -> UnmaskInputs:
         adverts={m.index: Advert(m.index, m.c_public, m.s_public) for m in rows},
         key_sharers=[m.index for m in rows if m.shared_at is not None], answers=answers,
         threshold=threshold_for(len(rows), settings.threshold_fraction), scale=float(2**settings.scale_bits),
-        index_of={m.device_id: m.index for m in rows},
+        max_update_norm=settings.max_update_norm, index_of={m.device_id: m.index for m in rows},
     )

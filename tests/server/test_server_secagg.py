@@ -238,3 +238,57 @@ def _selected_round(client: TestClient, admin: dict, rng: np.random.Generator, n
     for device in devices:
         assert device.checkin().json()["status"] == "selected"
     return round_, devices
+
+
+def test_a_key_another_member_advertised_is_refused(client: TestClient, admin: dict, rng: np.random.Generator) -> None:
+    # Prepare: the first device advertises its two keys
+    round_, devices = _selected_round(client, admin, rng, 3)
+    url = f"/v1/rounds/{round_['id']}/secagg/advert"
+    first, fresh = SecAggClient(0, 0).advertise(), SecAggClient(0, 0).advertise()
+    assert devices[0].request("POST", url, {"c_public": _b64(first.c_public), "s_public": _b64(first.s_public)}).status_code == 201
+    # Execute: the others copy the first's c key, its s key (as their c key), or both
+    copies = [
+        devices[1].request("POST", url, {"c_public": _b64(first.c_public), "s_public": _b64(fresh.s_public)}),
+        devices[1].request("POST", url, {"c_public": _b64(first.s_public), "s_public": _b64(fresh.s_public)}),
+        devices[2].request("POST", url, {"c_public": _b64(first.c_public), "s_public": _b64(first.s_public)}),
+    ]
+    own = devices[1].request("POST", url, {"c_public": _b64(fresh.c_public), "s_public": _b64(fresh.s_public)})
+    # Assert: 409 each time, no member added, and keys of its own still let a device join
+    assert [r.status_code for r in copies] == [409, 409, 409] and "its own" in copies[0].json()["detail"]
+    indices = [d.request("GET", f"/v1/rounds/{round_['id']}/secagg").json()["index"] for d in devices]
+    assert own.status_code == 201 and indices == [1, 2, None]
+
+
+def test_a_member_that_uploads_random_words_fails_the_round_and_nothing_is_published(
+    client: TestClient, admin: dict, rng: np.random.Generator,
+) -> None:
+    # Prepare: 3 members; two upload honest masked updates, the third random 32-bit words of the right length
+    round_, members = _keyed_round(client, admin, rng, 3)
+    base = load_backbone_bytes(members[0].device.backbone(round_["base_version"]).content)
+    states = [m.receive() for m in members]
+    for member, state in zip(members[:2], states[:2], strict=True):
+        assert member.upload(make_delta(base, rng), 4, round_["base_version"], state) == 201
+    length = sum(int(v.size) for v in base.values() if v.dtype.kind == "f")
+    words = rng.integers(0, 2**32, length, dtype=np.uint64).astype(np.uint32)
+    body = tensorfile.dumps({"secagg.masked": words.view(np.int32), "class_embedding": unit_vector(rng)},
+                            {"fedface": f'{{"base_version": "{round_["base_version"]}", "n_samples": 4, "metrics": {{}}}}'})
+    assert members[2].device.upload(round_["id"], body).status_code == 201  # masked: the server cannot tell it apart
+    # Execute: everyone answers the unmasking request
+    assert [m.answer() for m in members] == [200, 200, 200]
+    tick(client)
+    # Assert: the round failed on the sum's length, and the current model is still the base
+    status = client.get(f"/v1/admin/rounds/{round_['id']}", headers=admin).json()
+    assert status["status"] == "failed" and status["result_version"] is None, status
+    assert "not a bounded update" in status["failure_reason"] and "nothing is published" in status["failure_reason"]
+    assert members[0].device.request("GET", "/v1/models/current").json()["version"] == round_["base_version"]
+
+
+def test_the_round_publishes_its_update_bound_and_the_device_clips_to_it() -> None:
+    # Prepare: a delta 5 long, a bound of 2
+    from facecore.secagg import weighted_update
+
+    delta = {"w": np.full(25, 1.0, np.float32), "steps": np.zeros(1, np.int64)}
+    # Execute
+    clipped, free = weighted_update(delta, 3, max_norm=2.0), weighted_update(delta, 3)
+    # Assert: clipped to 2 before the weighting by 3 photos; untouched without a bound
+    assert np.linalg.norm(clipped) == pytest.approx(6.0) and np.linalg.norm(free) == pytest.approx(15.0)

@@ -5,9 +5,17 @@ Each device sends y_u = quantize(n_u * delta_u) + masks (mod 2^32) over the mode
 removes the masks with the survivors' shares, and divides by the sum of n_u: the sample-weighted
 FedAvg of the survivors, to within the fixed-point rounding of 0.5 / scale per device and
 coordinate. Integer buffers (BatchNorm's step counter) keep the base model's value.
+
+Masking hides each input, so the server cannot check one; it checks their sum. Honest devices clip
+delta_u to L2 norm `max_update_norm` (C) before weighting, so the unmasked sum is at most
+sum(n_u) x C long, plus the rounding. A member that uploads anything else (random words, a scaled
+update) makes the sum longer than that unless its own input is within about the same bound: the
+round then fails (SecAggAborted) and publishes nothing. Within the bound, one member can still move
+the mean by up to about 2 x C x n_u / sum(n_u) in L2.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -15,7 +23,7 @@ import numpy as np
 
 from facecore.federation.strategies.base import AggregateResult, ClientUpdate, Strategy, Weights
 from facecore.federation.strategies.fedavg import cast_like
-from facecore.secagg import Advert, dequantize, float_keys, unmask_total, unpack
+from facecore.secagg import Advert, SecAggAborted, dequantize, float_keys, unmask_total, unpack
 
 MASKED = "masked"
 
@@ -30,6 +38,7 @@ class UnmaskMaterial:
     answers: Sequence[Mapping[str, Mapping[int, tuple[int, int]]]]
     threshold: int
     scale: float
+    max_update_norm: float = math.inf
 
 
 class SecureFedAvg(Strategy):
@@ -64,6 +73,7 @@ class SecureFedAvg(Strategy):
             raise ValueError("no masked updates were sent")
         m = self.material
         summed = dequantize(unmask_total(total, senders, m.adverts, m.key_sharers, m.answers, m.threshold), m.scale)
+        check_sum_bound(summed, n_samples, len(senders), m.max_update_norm, m.scale)
         mean = unpack(summed / n_samples, base, keys)
         weights: Weights = {
             k: cast_like(np.asarray(base[k], np.float64) + mean[k], np.asarray(base[k])) if k in mean else np.array(base[k], copy=True)
@@ -71,3 +81,15 @@ class SecureFedAvg(Strategy):
         }
         metrics = {k: metric_sums[k] / metric_weights[k] for k in metric_sums}
         return AggregateResult(weights=weights, n_clients=len(senders), n_samples=n_samples, metrics=metrics)
+
+
+def check_sum_bound(summed: np.ndarray, n_samples: int, n_devices: int, max_update_norm: float, scale: float) -> None:
+    """Fail the round when the unmasked sum of n_u x delta_u is longer than honest clipped inputs can make it:
+    sum(n_u) x C, plus each device's rounding of at most 0.5 / scale per coordinate."""
+    limit = n_samples * max_update_norm + n_devices * 0.5 / scale * math.sqrt(summed.size)
+    length = float(np.linalg.norm(summed))
+    if not length <= limit:
+        raise SecAggAborted(f"the unmasked sum of the updates is {length:.4g} long, above the {limit:.4g} that {n_devices} inputs clipped to "
+                            f"L2 {max_update_norm:g} and weighted by {n_samples} photos allow: a member's masked input was not a bounded "
+                            "update; nothing is published")
+

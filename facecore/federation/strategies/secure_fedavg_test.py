@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from facecore.federation.strategies import ClientUpdate, FedAvg
-from facecore.federation.strategies.secure_fedavg import MASKED, SecureFedAvg, UnmaskMaterial
-from facecore.secagg import SecAggClient, key_in_process, mask_bound, quantize, weighted_update
+from facecore.federation.strategies.secure_fedavg import MASKED, SecureFedAvg, UnmaskMaterial, check_sum_bound
+from facecore.secagg import SecAggAborted, SecAggClient, key_in_process, mask_bound, quantize, weighted_update
 
 SCALE = 2.0**14
 
@@ -54,3 +54,13 @@ def test_an_update_from_a_non_member_is_refused() -> None:
     strategy = SecureFedAvg(UnmaskMaterial({1: SecAggClient(1, 2).advertise()}, [1], [], 2, SCALE))
     with pytest.raises(ValueError, match="not a member"):
         strategy.aggregate_train(1, base, [ClientUpdate({MASKED: np.zeros(17, np.int32)}, 1, client_id="9")])
+
+
+def test_the_sum_bound_passes_clipped_inputs_and_fails_a_scaled_one() -> None:
+    # Prepare: three devices' weighted deltas, each clipped to L2 1 and weighted by 4 photos; one scaled by 100
+    rng = np.random.default_rng(0)
+    inputs = [4 * v / np.linalg.norm(v) for v in rng.standard_normal((3, 1000))]
+    # Execute / Assert: the honest sum is within 12 x 1 (plus rounding); the scaled member's is not
+    check_sum_bound(np.sum(inputs, axis=0), 12, 3, 1.0, SCALE)
+    with pytest.raises(SecAggAborted, match="not a bounded update"):
+        check_sum_bound(inputs[0] + inputs[1] + 100 * inputs[2], 12, 3, 1.0, SCALE)
