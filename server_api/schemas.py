@@ -86,9 +86,14 @@ class VerificationCreate(StrictModel):
     """The body of `PUT /v1/admin/models/{version}/verification`: a threshold the operator calibrated
     for this version on public faces (`fedface admin model calibrate`). The server holds no faces."""
 
-    threshold: FiniteFloat = Field(ge=-1.0, le=1.0, description="cosine at or above which verify() accepts")
-    far: FiniteFloat = Field(gt=0.0, lt=1.0, description="the false-accept rate it was calibrated for")
+    # Strict: a JSON number, never a string such as "0.3" (nor true); below the model's FAR 10% point it needs `force`.
+    threshold: FiniteFloat = Field(strict=True, ge=-1.0, le=1.0, description="cosine at or above which verify() accepts")
+    far: FiniteFloat = Field(strict=True, gt=0.0, lt=1.0, description="the false-accept rate it was calibrated for")
     calibration: str = Field(min_length=1, max_length=500, description="on which faces, e.g. 'all 796,147 impostor pairs of ...'")
+    force: bool = Field(
+        default=False, strict=True, exclude=True,
+        description="publish a threshold below the model's own FAR 10% point (one that accepts more than 1 impostor in 10)",
+    )
 
 
 class FeatureCenterCreate(StrictModel):

@@ -54,6 +54,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--ssl-keyfile", metavar="FILE", help="TLS private key (PEM); needs --ssl-certfile")
     parser.add_argument(
+        "--forwarded-allow-ips",
+        metavar="IPS",
+        help="comma-separated addresses or networks of the reverse proxies whose X-Forwarded-For names the client "
+        "(default: $FEDFACE_FORWARDED_ALLOW_IPS, else none: the client is the connecting address)",
+    )
+    parser.add_argument(
         "--log-level",
         type=str.upper,
         choices=LOG_LEVELS,
@@ -69,6 +75,7 @@ def _export_settings(args: argparse.Namespace) -> None:
         "FEDFACE_DATA_DIR": args.data_dir,
         "FEDFACE_MODEL": args.model,
         "FEDFACE_LOG_LEVEL": args.log_level,
+        "FEDFACE_FORWARDED_ALLOW_IPS": args.forwarded_allow_ips,
     }
     for name, value in values.items():
         if value is not None:
@@ -123,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
 
     _export_settings(args)
     settings = Settings()
+    trusted_proxies = settings.trusted_proxies()  # a malformed list is one line, before anything starts
     configure_logging(settings.log_level, human=settings.dev)
     secrets = resolve_secrets(settings)
     # Migrate and create the first model here, so errors print as one line before uvicorn starts.
@@ -142,6 +150,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"fedface server: dev mode, admin token in {settings.data_dir / ADMIN_TOKEN_FILE}", file=sys.stderr)
         if not _is_loopback(args.host):
             print("fedface server: warning: dev secrets on a non-loopback address", file=sys.stderr)
+    if trusted_proxies:
+        print(f"fedface server: client addresses from X-Forwarded-For of {', '.join(trusted_proxies)}", file=sys.stderr)
     uvicorn.run(
         "server_api.main:create_app_from_env",
         factory=True,
@@ -150,6 +160,10 @@ def run(args: argparse.Namespace) -> int:
         workers=args.workers,
         ssl_certfile=args.ssl_certfile,
         ssl_keyfile=args.ssl_keyfile,
+        # Forwarded headers only from the listed proxies: uvicorn's own default trusts them from 127.0.0.1, so any
+        # local client could pick the address its rate limits are kept under.
+        proxy_headers=bool(trusted_proxies),
+        forwarded_allow_ips=trusted_proxies,
         log_config=logging_config(settings.log_level, human=settings.dev),
         timeout_graceful_shutdown=10,
     )

@@ -37,7 +37,8 @@ LimitsDep = Annotated[RequestLimits, Depends(get_limits)]
 
 
 def client_address(request: Request) -> str:
-    # Behind a proxy, uvicorn puts X-Forwarded-For here when the proxy is in FORWARDED_ALLOW_IPS.
+    # The connecting address, or the X-Forwarded-For client when the connection comes from a proxy listed in
+    # FEDFACE_FORWARDED_ALLOW_IPS (`fedface server` hands uvicorn that list and nothing else; default none).
     return request.client.host if request.client else "unknown"
 
 

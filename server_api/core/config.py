@@ -9,6 +9,7 @@ environment and must not be weak.
 from __future__ import annotations
 
 import base64
+import ipaddress
 import os
 import secrets
 from dataclasses import dataclass
@@ -61,6 +62,11 @@ class Settings(BaseSettings):
     address_burst: int = Field(
         default=100, ge=1, description="registrations and failed authentications an address may make at once",
     )
+    # Reverse proxies whose X-Forwarded-For (and -Proto) uvicorn believes: comma-separated addresses or networks.
+    # Empty (the default): no one's, so a client cannot pick the address its rate limits are kept under.
+    forwarded_allow_ips: str = Field(
+        default="", description="proxies trusted to name the client in X-Forwarded-For, e.g. '10.0.0.5,10.1.0.0/16'",
+    )
     max_concurrent_uploads: int = Field(default=32, ge=1, description="upload bodies received and checked at once")
     upload_body_timeout_s: float = Field(default=120.0, gt=0, description="an upload body must arrive within this")
     # Registration needs an admin-issued one-time token: None means required, except with --dev.
@@ -89,6 +95,27 @@ class Settings(BaseSettings):
 
     def enrollment_token_required(self) -> bool:
         return not self.dev if self.require_enrollment_token is None else self.require_enrollment_token
+
+    def trusted_proxies(self) -> list[str]:
+        """`forwarded_allow_ips` as uvicorn's list; [] trusts no one. Refused (ConfigError) unless every entry
+        is an IP address or network: uvicorn would take a typo for a host name and silently trust nothing, and
+        '*' would let every client choose its own address."""
+        return parse_trusted_proxies(self.forwarded_allow_ips)
+
+
+def parse_trusted_proxies(text: str) -> list[str]:
+    """Comma-separated IP addresses and networks (CIDR), normalised; empty text is []."""
+    entries = [item.strip() for item in text.split(",") if item.strip()]
+    trusted = []
+    for entry in entries:
+        try:
+            trusted.append(str(ipaddress.ip_network(entry, strict=False) if "/" in entry else ipaddress.ip_address(entry)))
+        except ValueError:
+            raise ConfigError(
+                f"FEDFACE_FORWARDED_ALLOW_IPS: {entry!r} is not an IP address or network (CIDR); list the reverse "
+                "proxies in front of the server, e.g. 10.0.0.5,10.1.0.0/16"
+            ) from None
+    return trusted
 
 
 @dataclass(frozen=True)

@@ -12,14 +12,18 @@ import binascii
 import hmac
 import os
 import re
+from urllib.parse import urlsplit
 
 from cryptography.exceptions import InvalidSignature, InvalidTag
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from server_api.errors import AuthenticationFailed, InvalidInput
+from server_api.errors import AuthenticationFailed, Forbidden, InvalidInput
 
 NONCE_PATTERN = re.compile(r"^[A-Za-z0-9_-]{16,64}$")
+# ASCII digits only: int() also takes a sign, "_" separators, surrounding spaces and non-ASCII digits, so one
+# signed instant would have many spellings. 12 digits reach the year 33658.
+UNIX_SECONDS = re.compile(r"[0-9]{1,12}")
 
 
 def parse_public_key(text: str) -> bytes:
@@ -38,11 +42,9 @@ def parse_public_key(text: str) -> bytes:
 
 
 def check_timestamp(timestamp: str, now: float, window_s: int) -> None:
-    try:
-        sent = int(timestamp)
-    except ValueError:
-        raise AuthenticationFailed("X-Timestamp must be integer unix seconds") from None
-    if abs(now - sent) > window_s:
+    if not UNIX_SECONDS.fullmatch(timestamp):
+        raise AuthenticationFailed("X-Timestamp must be integer unix seconds, in ASCII digits only")
+    if abs(now - int(timestamp)) > window_s:
         raise AuthenticationFailed(f"X-Timestamp is more than {window_s} s away from server time")
 
 
@@ -63,6 +65,29 @@ def check_admin_token(presented: str | None, expected: str) -> None:
     # compare_digest over bytes keeps the comparison time independent of where they differ.
     if not presented or not hmac.compare_digest(presented.encode(), expected.encode()):
         raise AuthenticationFailed("missing or wrong admin token")
+
+
+def check_same_origin(fetch_site: str | None, origin: str | None, host: str | None) -> None:
+    """A form post that changes the `/ui` session (log in, log out) must come from the server's own pages.
+
+    A browser's `Sec-Fetch-Site` decides when it sends one: only "same-origin" passes. Older browsers send
+    only `Origin` with a POST: its host and port must be the request's `Host` (the scheme is left out, so a
+    TLS proxy that forwards plain HTTP still passes; behind a proxy, forward the Host header). A request with
+    neither comes from no browser (curl, a script), which no other site can make a user's browser send.
+    """
+    if fetch_site is not None:
+        if fetch_site.strip().lower() != "same-origin":
+            raise Forbidden(f"cross-site request refused (Sec-Fetch-Site: {fetch_site[:20]})")
+        return
+    if origin is not None and (not host or _netloc(origin) != host.strip().lower()):
+        raise Forbidden("cross-site request refused (Origin is not this server)")
+
+
+def _netloc(origin: str) -> str | None:
+    try:
+        return urlsplit(origin.strip()).netloc.lower() or None
+    except ValueError:  # e.g. an unclosed IPv6 bracket
+        return None
 
 
 class TemplateCipher:

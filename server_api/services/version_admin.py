@@ -5,9 +5,15 @@ The server holds no faces, so it cannot calibrate: the operator does, on public 
 read (`/v1/models/current`) and what the next round's version inherits; the version's file keeps
 the one it was published with, since its bytes name the version. The feature centre (the unit
 mean feature of public faces, facecore.eval.feature_center) is published and inherited the same way.
+
+A threshold below the model's own FAR 10% point (`FAR_10_KEY` in the `verification` a bundled model ships
+with, `facecore/weights/<name>.json`, kept through recalibrations and inherited by rounds) is refused unless
+the operator forces it: devices would accept one impostor in ten or more. Without that figure only the range
+[-1, 1] is checked.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -20,21 +26,44 @@ from server_api.errors import InvalidInput, NotFound
 from server_api.models import ModelVersion
 
 log = get_logger("version_admin")
+# The cosine above which 10% of impostor pairs score (LFW folds 1-5, as the shipped threshold was calibrated).
+FAR_10_KEY = "threshold_far_0.1"
 
 
-def set_verification(session: Session, version_hash: str, verification: dict[str, Any]) -> ModelVersion:
+def set_verification(session: Session, version_hash: str, verification: dict[str, Any], force: bool = False) -> ModelVersion:
     """Replace the version's published threshold with one calibrated for it (no `calibrated_for`:
-    it is this version's own)."""
+    it is this version's own). Its FAR 10% point, if it has one, stays; a threshold below it needs `force`."""
+    threshold = verification["threshold"]
+    if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not -1.0 <= threshold <= 1.0:
+        raise InvalidInput(f"the threshold must be a cosine: a finite number in [-1, 1], got {threshold!r}")
     with transaction(session):
         version = version_crud.get_by_hash(session, version_hash)
         if version is None:
             raise NotFound(f"model version {version_hash} does not exist")
-        previous = (version.verification or {}).get("threshold")
-        version.verification = dict(verification)
-        audit.record(session, "admin", "model.calibrated", version=version_hash, threshold=verification["threshold"],
-                     far=verification["far"], previous_threshold=previous)
-    log.info("verification threshold set", extra={"fields": {"version": version_hash, "threshold": verification["threshold"]}})
+        stored = version.verification or {}
+        previous, floor = stored.get("threshold"), _far_10_point(stored)
+        below = floor is not None and threshold < floor
+        if below and not force:
+            raise InvalidInput(
+                f"threshold {threshold:g} is below this model's FAR 10% point, {floor:.4f}: devices would accept more than "
+                'one impostor in ten; send "force": true to publish it anyway'
+            )
+        version.verification = dict(verification) | ({FAR_10_KEY: floor} if floor is not None else {})
+        audit.record(session, "admin", "model.calibrated", version=version_hash, threshold=threshold,
+                     far=verification["far"], previous_threshold=previous, forced_below_far_10=below)
+    fields = {"version": version_hash, "threshold": threshold}
+    if below:
+        log.warning("verification threshold forced below the FAR 10% point", extra={"fields": fields | {"far_10_point": floor}})
+    else:
+        log.info("verification threshold set", extra={"fields": fields})
     return version
+
+
+def _far_10_point(verification: dict[str, Any]) -> float | None:
+    value = verification.get(FAR_10_KEY)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
 
 
 def set_feature_center(session: Session, version_hash: str, vector: list[float], source: str) -> ModelVersion:

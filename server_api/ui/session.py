@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 
 COOKIE_NAME = "fedface_ui"
 LIFETIME_S = 12 * 3600
+# ASCII digits only: str.isdigit() also takes "²" (which int() refuses: a 500) and other scripts' digits.
+_EXPIRY = re.compile(r"[0-9]{1,12}")
 
 
 def _mac(admin_token: str, expires: int) -> str:
@@ -25,6 +28,6 @@ def issue(admin_token: str, now: float) -> str:
 
 def is_valid(value: str | None, admin_token: str, now: float) -> bool:
     expires_text, _, mac = (value or "").partition(".")
-    if not expires_text.isdigit() or len(expires_text) > 12 or int(expires_text) < now:
+    if not _EXPIRY.fullmatch(expires_text) or int(expires_text) < now:
         return False
     return hmac.compare_digest(mac.encode(), _mac(admin_token, int(expires_text)).encode())

@@ -3,7 +3,8 @@ refused before their body, per-device and per-address rate limits (429), the cap
 flight (503), the body read timeout (408), the abandoned-upload log line, and 0700/0600 data.
 
 Every limit is set small through FEDFACE_* variables so each test stays within seconds. A test
-that needs its own client address sends X-Forwarded-For, which uvicorn honours from 127.0.0.1.
+that needs its own client address sends X-Forwarded-For, which the server believes from 127.0.0.1
+only because FEDFACE_FORWARDED_ALLOW_IPS lists it (test_server_forwarded.py: none by default).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ LIMITS = {
     "FEDFACE_ADDRESS_RATE_PER_S": "0.5", "FEDFACE_ADDRESS_BURST": str(ADDRESS_BURST),
     "FEDFACE_MAX_CONCURRENT_UPLOADS": str(UPLOAD_SLOTS), "FEDFACE_UPLOAD_BODY_TIMEOUT_S": str(BODY_TIMEOUT_S),
     "FEDFACE_MAX_UPLOAD_BYTES": str(UPLOAD_CAP), "FEDFACE_LOG_LEVEL": "INFO",
+    "FEDFACE_FORWARDED_ALLOW_IPS": "127.0.0.1",  # the tests' loopback client plays the reverse proxy
 }
 
 

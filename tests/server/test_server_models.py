@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -11,8 +13,10 @@ from alembic.migration import MigrationContext
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from facecore.models.checkpoint import FIGURES
 from server_api.main import create_app
-from server_api.models import Base
+from server_api.models import AuditEvent, Base
+from server_api.services.version_admin import FAR_10_KEY
 from server_helpers import enrolled_devices, make_settings, open_round
 from server_testkit import load_backbone_bytes, make_delta, unit_vector, update_file
 
@@ -155,6 +159,69 @@ def test_a_threshold_is_refused_without_the_admin_token_out_of_range_or_for_an_u
     assert [r.status_code for r in out_of_range] == [422] * 5
     assert client.get("/v1/admin/models", headers=admin).json()[0]["verify_threshold"] is None
     assert download.status_code == 200 and hashlib.sha256(download.content).hexdigest() == version
+
+
+def test_a_threshold_is_a_json_number_and_without_a_far_10_point_only_its_range_is_checked(client: TestClient, admin: dict) -> None:
+    # Prepare: the random bootstrap model ships no figures, so no FAR 10% point
+    version = client.get("/v1/admin/models", headers=admin).json()[0]["version"]
+    url = f"/v1/admin/models/{version}/verification"
+    good = {"threshold": 0.4, "far": 1e-3, "calibration": "LFW folds 1-5"}
+    # Execute: numbers spelled as strings or booleans, NaN and infinity as raw JSON; then the lowest cosine there is
+    loose = [
+        client.put(url, json={**good, **bad}, headers=admin)
+        for bad in ({"threshold": "0.3"}, {"far": "0.001"}, {"threshold": True}, {"force": "true"}, {"force": 1})
+    ]
+    raw = [
+        client.put(url, content=f'{{"threshold": {text}, "far": 0.001, "calibration": "x"}}', headers=admin | {"Content-Type": "application/json"})
+        for text in ("NaN", "Infinity", "-Infinity")
+    ]
+    unpublished = client.get("/v1/admin/models", headers=admin).json()[0]["verify_threshold"]
+    lowest = client.put(url, json={**good, "threshold": -1.0}, headers=admin)
+    # Assert: nothing loose was published; with no figure to compare with, -1 is in range
+    assert [r.status_code for r in loose + raw] == [422] * 8, [r.text for r in loose + raw]
+    assert {r.json()["code"] for r in loose + raw} == {"invalid_input"} and unpublished is None
+    assert lowest.status_code == 200 and lowest.json()["verify_threshold"] == -1.0
+
+
+def test_a_threshold_below_the_models_far_10_point_needs_force_and_the_point_outlives_recalibrations_and_rounds(
+    tmp_path: Path, db_url: str, rng: np.random.Generator,
+) -> None:
+    # Prepare: the bundled mobile model, whose shipped figures carry its FAR 10% point; one enrolled device
+    floor = json.loads(FIGURES["mobile"].read_text())["verification"][FAR_10_KEY]
+    good = {"threshold": 0.6, "far": 1e-3, "calibration": "all impostor pairs of LFW folds 1-5"}
+    with TestClient(create_app(make_settings(tmp_path / "data", db_url, model="mobile"), run_scheduler=False)) as client:
+        admin = {"Authorization": f"Bearer {client.app.state.ctx.admin_token}"}
+        (device,) = enrolled_devices(client, 1, rng)
+        v1 = device.request("GET", "/v1/models/current").json()["version"]
+
+        def publish(version: str, threshold: float, **extra: object) -> httpx.Response:
+            return client.put(f"/v1/admin/models/{version}/verification", json={**good, "threshold": threshold, **extra}, headers=admin)
+
+        # Execute: -1 (every face verifies), just under the point, the same forced, -1 again, a calibrated one;
+        # then a round makes v2, which inherits the threshold, and just under the point is tried on v2
+        everyone = publish(v1, -1.0)
+        below = publish(v1, floor - 0.01)
+        forced = publish(v1, floor - 0.01, force=True)
+        after_forced = publish(v1, -1.0)
+        calibrated = publish(v1, 0.6)
+        round_ = open_round(client, admin, target_participants=1)
+        device.checkin()
+        base = load_backbone_bytes(device.backbone(v1).content)
+        assert device.upload(round_["id"], update_file(make_delta(base, rng), unit_vector(rng), v1, 5)).status_code == 201
+        v2 = device.request("GET", "/v1/models/current").json()
+        inherited_below = publish(v2["version"], floor - 0.01)
+        with client.app.state.ctx.sessions() as db:
+            audit = [e.details for e in db.query(AuditEvent).filter_by(action="model.calibrated").order_by(AuditEvent.id)]
+    # Assert: one clear 422 naming the point and the way past it; forcing works once and is audited; the point stays
+    assert 0.2 < floor < good["threshold"]
+    assert everyone.status_code == 422 and everyone.json()["code"] == "invalid_input"
+    assert everyone.json()["detail"] == (
+        f"threshold -1 is below this model's FAR 10% point, {floor:.4f}: devices would accept more than one impostor "
+        'in ten; send "force": true to publish it anyway')
+    assert below.status_code == 422 and after_forced.status_code == 422 and inherited_below.status_code == 422
+    assert forced.status_code == 200 and forced.json()["verify_threshold"] == floor - 0.01
+    assert calibrated.status_code == 200 and (v2["verify_threshold"], v2["verify_far"]) == (0.6, 1e-3)
+    assert [e["forced_below_far_10"] for e in audit] == [True, False]
 
 
 def test_a_published_feature_centre_reaches_devices_and_rounds_and_the_next_version_inherits_it(

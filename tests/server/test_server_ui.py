@@ -160,3 +160,27 @@ def test_operator_page_takes_a_bearer_token_and_refuses_a_wrong_one(server: Serv
         "default-src 'none'" in right.headers["content-security-policy"]
         and right.headers["cache-control"] == "no-store"
     )
+
+
+def test_another_sites_form_cannot_log_the_operator_out_but_the_pages_own_button_can(
+    server: ServerProcess,
+    browser: Browser,
+) -> None:
+    # Prepare: a signed-in operator; a page from another origin (a data: URL, as an attacker's site) whose form
+    # posts to this server's logout
+    page = browser.new_page()
+    page.goto(server.url + "/ui/login")
+    page.submit_form("form.login", {"token": server.admin_token()})
+    signed_in = page.evaluate("location.pathname")
+    page.goto(f"data:text/html,<form method=post action={server.url}/ui/logout></form>")
+    # Execute: the other site's form, back to /ui, then the page's own Log out button
+    page.submit_form("form", {})
+    refused = page.text()
+    page.goto(server.url + "/ui")
+    still_signed_in = page.evaluate("location.pathname")
+    page.submit_form("form[action='/ui/logout']", {})
+    logged_out = page.evaluate("location.pathname")
+    page.goto(server.url + "/ui")
+    # Assert
+    assert signed_in == "/ui" and "cross-site request refused" in refused and still_signed_in == "/ui"
+    assert logged_out == "/ui/login" and page.evaluate("location.pathname") == "/ui/login"

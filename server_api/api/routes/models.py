@@ -122,5 +122,7 @@ def set_feature_center(version: VersionPath, body: FeatureCenterCreate, _: Admin
 @admin_router.put("/{version}/verification", response_model=ModelVersionAdminPublic, responses=_admin_errors)
 def set_verification(version: VersionPath, body: VerificationCreate, _: AdminDep, session: SessionDep) -> ModelVersionAdminPublic:
     """Publish a threshold calibrated for this version: devices read it with the current model (every online verify and round), and
-    the next round's version inherits it."""
-    return _admin_public(version_admin.set_verification(session, version, body.model_dump()))
+    the next round's version inherits it. A threshold below the model's own FAR 10% point (when its figures have one) is 422
+    unless the body says `"force": true`."""
+    verification = body.model_dump(exclude={"force"})
+    return _admin_public(version_admin.set_verification(session, version, verification, force=body.force))

@@ -3,7 +3,8 @@
 A script or `curl` sends `Authorization: Bearer <admin token>`; a browser logs in once through the
 form at /ui/login, which sets an HttpOnly, SameSite=Strict cookie scoped to /ui (`ui.session`: a
 MAC of an expiry, never the token). A wrong bearer token is 401; no credentials redirect to the
-login form. Nothing under /ui changes server state except the cookie itself.
+login form. Nothing under /ui changes server state except the cookie itself, and only a form posted from
+the server's own pages may change that: log in and log out from another site are 403 (`check_same_origin`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from server_api.api.deps import CtxDep, SessionDep
-from server_api.core.security import check_admin_token
+from server_api.core.security import check_admin_token, check_same_origin
 from server_api.errors import AuthenticationFailed
 from server_api.models import utcnow
 from server_api.ui import pages, session, view
@@ -42,6 +43,11 @@ def _signed_in(request: Request, admin_token: str) -> bool:
     return session.is_valid(request.cookies.get(session.COOKIE_NAME), admin_token, time.time())
 
 
+def _same_origin(request: Request) -> None:
+    headers = request.headers
+    check_same_origin(headers.get("sec-fetch-site"), headers.get("origin"), headers.get("host"))
+
+
 def _html(text: str, status_code: int = 200) -> HTMLResponse:
     return HTMLResponse(text, status_code=status_code, headers=PAGE_HEADERS)
 
@@ -65,6 +71,7 @@ def login_form() -> HTMLResponse:
 
 @router.post("/login")
 async def login(request: Request, ctx: CtxDep) -> Response:
+    _same_origin(request)  # before the body: another site's form never gets to try a token
     form = parse_qs((await request.body()).decode("utf-8", "replace"))  # bounded by the body-size middleware
     try:
         check_admin_token((form.get("token") or [""])[0].strip(), ctx.admin_token)
@@ -84,7 +91,8 @@ async def login(request: Request, ctx: CtxDep) -> Response:
 
 
 @router.post("/logout")
-def logout() -> Response:
+def logout(request: Request) -> Response:
+    _same_origin(request)
     response = RedirectResponse("/ui/login", status_code=303)
     response.delete_cookie(session.COOKIE_NAME, path="/ui", httponly=True, samesite="strict")
     return response
