@@ -16,7 +16,7 @@ from facecore.align.detectors import detector_version
 from facecore.align.geometry import geometry_of
 from facecore.align.pipeline import FaceAligner
 from facecore.data.split import SplitConfig, build_split
-from facecore.eval.calibration import calibrate_threshold, trained_on_public
+from facecore.eval.calibration import FAR_10_KEY, calibrate_threshold, trained_on_public
 from facecore.eval.cross_source import celeba_owner_check
 from facecore.eval.feature_center import feature_center_figures
 from facecore.eval.lfw import TEST_FOLDS, evaluate, load_lfw_faces
@@ -37,6 +37,7 @@ def measure(spec: str, root: Path, progress: bool = True) -> dict[str, Any]:
     split = build_split(root, SplitConfig(seed=0))
     seen = split.sets["public"] if trained_on_public(model) else ()
     verification = calibrate_threshold(model, root / "lfw", exclude=list(seen))
+    verification[FAR_10_KEY] = calibrate_threshold(model, root / "lfw", far=0.1, exclude=list(seen))["threshold"]
     model.meta = {**(getattr(model, "meta", None) or {}), "verification": verification}  # type: ignore[assignment]  # Module types unknown attributes as Tensor | Module; meta is a dict
     folds = tuple(sorted(TEST_FOLDS))
     data = load_lfw_faces(root / "lfw", folds, aligner=FaceAligner(geometry=geometry_of(model)))

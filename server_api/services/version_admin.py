@@ -18,6 +18,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from facecore.eval.calibration import FAR_10_KEY
 from server_api.core.db import transaction
 from server_api.core.logging import get_logger
 from server_api.crud import audit
@@ -26,8 +27,6 @@ from server_api.errors import InvalidInput, NotFound
 from server_api.models import ModelVersion
 
 log = get_logger("version_admin")
-# The cosine above which 10% of impostor pairs score (LFW folds 1-5, as the shipped threshold was calibrated).
-FAR_10_KEY = "threshold_far_0.1"
 
 
 def set_verification(session: Session, version_hash: str, verification: dict[str, Any], force: bool = False) -> ModelVersion:

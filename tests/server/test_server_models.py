@@ -13,10 +13,10 @@ from alembic.migration import MigrationContext
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from facecore.eval.calibration import FAR_10_KEY
 from facecore.models.checkpoint import FIGURES
 from server_api.main import create_app
 from server_api.models import AuditEvent, Base
-from server_api.services.version_admin import FAR_10_KEY
 from server_helpers import enrolled_devices, make_settings, open_round
 from server_testkit import load_backbone_bytes, make_delta, unit_vector, update_file
 
