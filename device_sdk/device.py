@@ -11,6 +11,11 @@ methods. Importing this module, and register, enroll, verify (also with `persona
 reset, need numpy, PIL, onnxruntime, httpx and cryptography only (tests/device/test_device_torch_free.py
 checks `sys.modules` in a subprocess): a command that trains nothing must not pay torch's ~2 s and ~0.7 GB.
 Pydantic's round messages are imported where a round reads or writes them, for the same reason.
+
+A hostile server cannot make the device exhaust itself (device_sdk/README.md, "What the device refuses"):
+the model description is read capped (MAX_DESCRIPTION_BYTES) and checked (`DeviceState.remember_model`),
+model downloads are capped as they stream (MAX_MODEL_BYTES), and a backbone file is compared with its
+registry entry, finite floats only, before a model is built from it (`check_backbone_payload`).
 """
 from __future__ import annotations
 
@@ -44,7 +49,7 @@ from device_sdk.errors import (
     StateError,
 )
 from device_sdk.inference import OnnxEmbedder
-from device_sdk.state import DeviceState, check_device_id, check_version
+from device_sdk.state import MAX_MODEL_BYTES, DeviceState, check_device_id, check_version
 from device_sdk.transport import Transport
 from facecore.align.geometry import FaceGeometry, geometry_of
 from facecore.align.pipeline import FaceAligner, load_rgb
@@ -65,6 +70,8 @@ if TYPE_CHECKING:  # the types only: importing these modules imports torch or py
 
 # Faces a device trains on, enrolment and camera photos together: one local epoch stays a few seconds.
 MAX_FACES = 500
+# `/v1/models/current` is a few KiB (a 4096-value feature centre included, ~100 KiB): a body over this is not one.
+MAX_DESCRIPTION_BYTES = 2**20
 # A path on the round server: "/v1/" then segments that cannot be "." or "..", no scheme, no host, no query.
 SERVER_PATH = re.compile(r"/v1(/[A-Za-z0-9_~-][A-Za-z0-9._~-]*)+")
 
@@ -206,27 +213,37 @@ class FaceDevice:
         return (np.stack(faces) if faces else np.zeros((0, *geometry.row_shape), np.uint8)), rejected
 
     def _model(self) -> dict[str, Any]:
+        """The server's current model description, checked (`DeviceState.remember_model`) and remembered."""
         try:
-            model = self._request("GET", "/v1/models/current").json()
+            response = self._request("GET", "/v1/models/current", max_bytes=MAX_DESCRIPTION_BYTES)
         except ServerRefused as refused:
             if refused.status == 404:
                 raise DeviceError("the server has no model yet: ask its operator to start it with a model") from None
             raise
-        check_version(model.get("version"))
-        self.state.remember_model(model)
+        try:
+            model = response.json()
+        except ValueError:
+            raise BadServerResponse("the server's model description is not JSON") from None
+        self.state.remember_model(model)  # refuses a bad version, embedding_dim or face_geometry
         return model
 
     @staticmethod
     def _geometry(model: dict[str, Any]) -> FaceGeometry:
-        return FaceGeometry.from_json(model["face_geometry"])
+        try:
+            return FaceGeometry.from_json(model["face_geometry"])
+        except (KeyError, ValueError) as error:
+            why = "it has none" if isinstance(error, KeyError) else str(error)
+            raise BadServerResponse(f"the server's face_geometry of model {str(model.get('version'))[:12]} is refused: "
+                                    f"{why}") from None
 
     def _fetch_model(self, url: str, version: str, kind: str) -> Path:
         """A version-pinned file never changes: a cached copy that still has its recorded sha256 is
-        used as is; anything else is downloaded and checked against the sha256 the server names."""
+        used as is; anything else is downloaded, at most MAX_MODEL_BYTES of it, and checked against the
+        sha256 the server names (and, for a backbone, its archive: `DeviceState.store_model`)."""
         cached = self.state.cached_model(version, kind)
         if cached is not None:
             return cached
-        response = self._request("GET", url)
+        response = self._request("GET", url, max_bytes=MAX_MODEL_BYTES)
         published = response.headers.get(CONTENT_SHA256_HEADER)
         expected = published.lower() if published else (version if kind == "fp32.pt" else None)
         return self.state.store_model(version, kind, response.content, expected)
@@ -342,6 +359,8 @@ class FaceDevice:
             say("joining secure aggregation")
             secure = SecureRound(self._request, server_path(checkin.secagg_url), poll=min(poll, 1.0))
             secure.join()  # before training: the key steps have short deadlines
+            # What the device agreed to, for its user to see: a server that filled the round with puppets shows here.
+            notices.append(f"secure aggregation: {secure.members} members, threshold {secure.client.threshold}")
         say("downloading the model")
         backbone = self._load_backbone(checkin.backbone_url, check_version(checkin.base_version))
         if faces.shape[1:] != geometry_of(backbone).row_shape:
@@ -563,11 +582,29 @@ class FaceDevice:
         self.state.clear_pending()
 
     def _load_backbone(self, url: str, version: str) -> nn.Module:
-        """The round's torch backbone (for training: it imports torch), downloaded once per version."""
+        """The round's torch backbone (for training: it imports torch), downloaded once per version and
+        checked against its registry entry (`check_backbone_payload`) before a model is built from it."""
+        import torch
+
+        from device_sdk.backbone_check import check_backbone_payload
         from device_sdk.round_files import load_backbone_file
 
         dtype = "fp16" if self.upload_fp16 else "fp32"
-        path = self._fetch_model(f"{server_path(url)}?dtype={dtype}", check_version(version), f"{dtype}.pt")
+        kind = f"{dtype}.pt"
+        path = self._fetch_model(f"{server_path(url)}?dtype={dtype}", check_version(version), kind)
+        try:
+            try:
+                # mmap: the tensors are compared in place, not read in whole before the comparison
+                payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except Exception as error:  # torch raises many types for a corrupt or hostile pickle
+                reason = " ".join(f"{type(error).__name__}: {error}".split())[:200]
+                raise BadServerResponse(f"the server's {kind} file of model {version[:12]} is refused: torch cannot "
+                                        f"read it ({reason})") from None
+            check_backbone_payload(payload, f"{kind} file of model {version[:12]}")
+            del payload
+        except BadServerResponse:
+            self.state.drop_model(version, kind)  # not kept: the next round downloads it afresh
+            raise
         return load_backbone_file(path)
 
     def _shared_template(self, embedding: np.ndarray) -> np.ndarray:

@@ -3,16 +3,21 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
+import json
 import os
 import stat
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import device_sdk.state
 from device_sdk.errors import BadServerResponse, NotRegistered, StateError
-from device_sdk.state import KEY_ENV, DeviceState
+from device_sdk.state import KEY_ENV, MAX_BACKBONE_PICKLE_BYTES, MAX_BACKBONE_TENSORS, DeviceState, check_torch_archive
+from facecore.align.geometry import ARCFACE_112
 
 VERSION = "ab" * 32
 
@@ -169,3 +174,92 @@ def test_delete_removes_the_state_files_only(tmp_path: Path) -> None:
     # Assert
     assert {p.name for p in removed} == {"device.key", "device.json", "identity.enc", "template.enc", "models"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]
+
+
+GEOMETRY = ARCFACE_112.to_json()
+
+
+@pytest.mark.parametrize(("change", "refusal"), [
+    ({"embedding_dim": 10**9}, "embedding_dim 1000000000 is not an integer in 16..4096"),
+    ({"embedding_dim": 0}, "embedding_dim 0 is not an integer in 16..4096"),
+    ({"embedding_dim": "128"}, "embedding_dim '128' is not an integer in 16..4096"),
+    ({"face_geometry": GEOMETRY | {"size": 10**6}}, "face_geometry size 1000000 is not an integer in 16..256 pixels"),
+    ({"face_geometry": GEOMETRY | {"size": 112.5}}, "face_geometry size 112.5 is not an integer in 16..256 pixels"),
+    ({"face_geometry": GEOMETRY | {"template": [[float("nan"), 50.0]] + GEOMETRY["template"][1:]}},
+     r"face_geometry template point 0 \(nan, 50\) is not inside the 112px crop"),
+    ({"face_geometry": GEOMETRY | {"template": [[50.0, 50.0]] * 5}}, "face_geometry template's eyes are 0px apart, under 0.1 of"),
+    ({"face_geometry": GEOMETRY | {"template": GEOMETRY["template"][:4]}}, "face_geometry template is not a list of 5"),
+    ({"face_geometry": GEOMETRY | {"key": "../../cache"}}, "face_geometry key '../../cache' is not 1-64 letters"),
+    ({"face_geometry": "arcface112"}, "face_geometry a face geometry is an object with key, size and template"),
+    ({"verify_threshold": -1.5}, "verify_threshold '-1.5' is not a number in"),
+    ({"verify_threshold": "0.3"}, "verify_threshold '0.3' is not a number in"),
+])
+def test_a_model_description_out_of_range_is_refused_in_one_line_and_not_remembered(
+    tmp_path: Path, change: dict[str, object], refusal: str,
+) -> None:
+    # Prepare: what /v1/models/current sends, with one field out of its range
+    state = registered(tmp_path / "device")
+    description = {"version": VERSION, "embedding_dim": 128, "face_geometry": GEOMETRY} | change
+    # Execute / Assert
+    with pytest.raises(BadServerResponse, match=f"^the server's model {VERSION[:12]} is refused: {refusal}") as refused:
+        state.remember_model(json.loads(json.dumps(description)))
+    assert "\n" not in str(refused.value)
+    assert state.current_model() is None
+    # Execute / Assert: the same description in range is remembered
+    state.remember_model(in_range := {"version": VERSION, "embedding_dim": 128, "face_geometry": GEOMETRY})
+    assert state.current_model() == in_range
+
+
+def test_a_model_file_over_the_cap_is_refused_and_not_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: a 1 KiB cap stands for MAX_MODEL_BYTES
+    state = registered(tmp_path / "device")
+    monkeypatch.setattr(device_sdk.state, "MAX_MODEL_BYTES", 1024)
+    # Execute / Assert
+    with pytest.raises(BadServerResponse, match="onnx file of model abababababab is refused: 1025 bytes is over MAX_MODEL_BYTES"):
+        state.store_model(VERSION, "onnx", b"x" * 1025, None)
+    assert not list(state.models_dir().iterdir())
+    state.store_model(VERSION, "onnx", b"x" * 1024, None)
+
+
+def _archive(entries: dict[str, bytes], compression: int = zipfile.ZIP_STORED) -> bytes:
+    """A zip laid out as torch.save lays out its files."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression) as archive:
+        for name, data in entries.items():
+            archive.writestr(name, data)
+    return buffer.getvalue()
+
+
+TORCH_ENTRIES = {"archive/data.pkl": b"pickle", "archive/byteorder": b"little", "archive/version": b"3",
+                 **{f"archive/data/{n}": b"\0" * 64 for n in range(10)}}
+
+
+@pytest.mark.parametrize(("entries", "refusal"), [
+    ({**TORCH_ENTRIES, **{f"archive/data/{n}": b"" for n in range(MAX_BACKBONE_TENSORS + 20)}},
+     f"declares {MAX_BACKBONE_TENSORS + 23} entries .* over MAX_BACKBONE_TENSORS \\({MAX_BACKBONE_TENSORS}\\) tensors"),
+    ({**TORCH_ENTRIES, "archive/data.pkl": b"(" * (MAX_BACKBONE_PICKLE_BYTES + 1)},
+     f"pickle 'archive/data.pkl' is {MAX_BACKBONE_PICKLE_BYTES + 1} bytes, over MAX_BACKBONE_PICKLE_BYTES"),
+    (None, "it is not a zip archive"),
+])
+def test_a_backbone_archive_past_its_caps_is_refused_before_torch_reads_it(
+    tmp_path: Path, entries: dict[str, bytes] | None, refusal: str,
+) -> None:
+    # Prepare
+    state = registered(tmp_path / "device")
+    data = _archive(entries) if entries is not None else b"not a zip" * 100
+    # Execute / Assert
+    with pytest.raises(BadServerResponse, match=f"^the server's fp16.pt file of model abababababab is refused: .*{refusal}"):
+        state.store_model(VERSION, "fp16.pt", data, None)
+    assert not list(state.models_dir().iterdir())
+    # Execute / Assert: an archive within the caps is kept
+    assert state.store_model(VERSION, "fp16.pt", _archive(TORCH_ENTRIES), None).exists()
+
+
+def test_a_compressed_backbone_archive_is_capped_at_its_unpacked_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: 64 KiB of zeros that deflate to a few hundred bytes, under a 16 KiB cap
+    monkeypatch.setattr(device_sdk.state, "MAX_MODEL_BYTES", 16 * 1024)
+    data = _archive({**TORCH_ENTRIES, "archive/data/0": b"\0" * 65536}, zipfile.ZIP_DEFLATED)
+    assert len(data) < 16 * 1024
+    # Execute / Assert
+    with pytest.raises(BadServerResponse, match=r"\(unpacked\) is refused: 6\d{4} bytes is over MAX_MODEL_BYTES"):
+        check_torch_archive(data, "fp16.pt file")

@@ -6,6 +6,11 @@ Errors are typed by HTTP status and, when the body carries one, its machine-read
 (device_sdk.errors.refusal), never by the wording of `detail`: the caller, which knows what it
 asked for, says what a refusal means (device_sdk.device). The signed message and header names are
 the protocol's (facecore.federation.protocol).
+
+Every response body is streamed and capped (`max_bytes`, by default MAX_MODEL_BYTES: nothing the server
+sends is larger than a model file): a declared Content-Length over the cap is refused before the body is
+read, and a body that passes the cap is refused as it does, so an endless download holds at most the cap
+(plus one chunk) in memory. Bodies are asked for unencoded, and counted after any decoding.
 """
 from __future__ import annotations
 
@@ -17,11 +22,15 @@ from typing import Any
 import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from device_sdk.errors import AuthError, ServerUnavailable, refusal
+from device_sdk.errors import AuthError, BadServerResponse, ServerUnavailable, refusal
+from device_sdk.state import MAX_MODEL_BYTES
 from facecore.federation import protocol
 
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}
 MAX_RETRY_AFTER_S = 30.0
+MAX_RESPONSE_BYTES = MAX_MODEL_BYTES  # the default cap on a response body
+# Headers of a streamed response that describe its encoded body, not the bytes read from it.
+_BODY_HEADERS = ("content-encoding", "content-length", "transfer-encoding")
 
 
 def signature_headers(key: Ed25519PrivateKey, device_id: str | None, method: str, path: str, body: bytes) -> dict[str, str]:
@@ -45,14 +54,15 @@ class Transport:
 
     def request(
         self, method: str, path: str, key: Ed25519PrivateKey, device_id: str | None, body: bytes | dict[str, Any] | None = None,
-        headers: dict[str, str] | None = None, expect: tuple[int, ...] = (200,),
+        headers: dict[str, str] | None = None, expect: tuple[int, ...] = (200,), max_bytes: int = MAX_RESPONSE_BYTES,
     ) -> httpx.Response:
+        """`max_bytes`: the most the response body may hold; more is a BadServerResponse (not retried)."""
         raw = json.dumps(body).encode() if isinstance(body, dict) else (body or b"")
         extra = {"Content-Type": "application/json"} if isinstance(body, dict) else {}
         for attempt in range(self.retries + 1):
             signed = signature_headers(key, device_id, method, path, raw)
             try:
-                response = self.http.request(method, path, content=raw, headers={**extra, **(headers or {}), **signed})
+                response = self._send(method, path, raw, {**extra, **(headers or {}), **signed}, max_bytes)
             except httpx.TransportError as error:
                 if attempt == self.retries:
                     reason = " ".join(f"{type(error).__name__}: {error}".split())
@@ -68,6 +78,13 @@ class Transport:
                 continue
             return self._check(response, expect)
         raise AssertionError("unreachable")
+
+    def _send(self, method: str, path: str, content: bytes, headers: dict[str, str], max_bytes: int) -> httpx.Response:
+        """One attempt, its body read whole only up to `max_bytes`."""
+        with self.http.stream(method, path, content=content, headers={"Accept-Encoding": "identity", **headers}) as streamed:
+            body = read_capped(streamed, max_bytes, f"response to {method} {path.split('?')[0]}")
+        kept = [(name, value) for name, value in streamed.headers.multi_items() if name.lower() not in _BODY_HEADERS]
+        return httpx.Response(streamed.status_code, headers=kept, content=body, request=streamed.request)
 
     def _sleep(self, attempt: int, retry_after: str | None = None) -> None:
         # full jitter: many devices retrying after one outage must not hammer the server in lockstep
@@ -89,6 +106,21 @@ class Transport:
         if status >= 500:
             raise ServerUnavailable(f"server error {status} after retries: {detail}")
         raise refusal(status, detail, code)
+
+
+def read_capped(response: httpx.Response, max_bytes: int, what: str) -> bytes:
+    """A streamed response's body, refused (BadServerResponse) once it declares or passes `max_bytes`."""
+    declared = response.headers.get("Content-Length", "")
+    if declared.isdigit() and int(declared) > max_bytes:
+        raise BadServerResponse(f"the server's {what} is refused: its Content-Length {int(declared)} is over the "
+                                f"{max_bytes}-byte limit")
+    body = bytearray()
+    for chunk in response.iter_bytes():
+        body += chunk
+        if len(body) > max_bytes:
+            raise BadServerResponse(f"the server's {what} is refused: it passed the {max_bytes}-byte limit "
+                                    "(an endless or oversized body); stopped reading")
+    return bytes(body)
 
 
 def error_body(response: httpx.Response) -> tuple[str, str | None]:

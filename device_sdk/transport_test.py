@@ -1,12 +1,15 @@
 """A server refusal becomes the SDK exception its `code` names, whatever its `detail` says; without a
-known code, only the HTTP status types it."""
+known code, only the HTTP status types it. A response body is read only up to its cap."""
 from __future__ import annotations
+
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from device_sdk.errors import NotEnrolled, RoundClosed, ServerRefused
+from device_sdk.errors import BadServerResponse, NotEnrolled, RoundClosed, ServerRefused
+from device_sdk.state import MAX_MODEL_BYTES
 from device_sdk.transport import Transport
 from facecore.federation.protocol import ErrorCode
 
@@ -41,3 +44,59 @@ def test_without_a_known_code_only_the_status_types_a_refusal(body: dict[str, st
     refused = _refused(body)
     # Assert
     assert type(refused) is ServerRefused and refused.status == 409
+
+
+class Endless(httpx.SyncByteStream):
+    """A body that never ends, counting what the device pulled from it."""
+
+    def __init__(self, chunk: int = 64 * 1024) -> None:
+        self.chunk, self.pulled = b"\0" * chunk, 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        while True:
+            self.pulled += len(self.chunk)
+            yield self.chunk
+
+
+def _serving(response: Callable[[], httpx.Response], retries: int = 2) -> tuple[Transport, list[int]]:
+    calls: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        return response()
+
+    transport = Transport("http://fedface.invalid", retries=retries, backoff=0.0)
+    transport.http = httpx.Client(base_url="http://fedface.invalid", transport=httpx.MockTransport(handler))
+    return transport, calls
+
+
+def test_an_endless_body_is_refused_once_it_passes_the_cap_and_not_asked_for_again() -> None:
+    # Prepare: a 1 MiB cap, a server streaming zeros forever
+    body = Endless()
+    transport, calls = _serving(lambda: httpx.Response(200, stream=body))
+    # Execute / Assert
+    with pytest.raises(BadServerResponse, match=r"^the server's response to GET /v1/models/x/onnx is refused: it passed the "
+                                                r"1048576-byte limit \(an endless or oversized body\); stopped reading$"):
+        transport.request("GET", "/v1/models/x/onnx?dtype=fp16", Ed25519PrivateKey.generate(), "d" * 32, max_bytes=2**20)
+    assert 2**20 < body.pulled <= 2**20 + len(body.chunk)
+    assert len(calls) == 1  # a refusal is not retried
+
+
+def test_a_body_that_declares_more_than_the_cap_is_refused_before_it_is_read() -> None:
+    # Prepare
+    body = Endless()
+    transport, _ = _serving(lambda: httpx.Response(200, headers={"Content-Length": str(10 * 2**30)}, stream=body))
+    # Execute / Assert
+    with pytest.raises(BadServerResponse, match=f"its Content-Length {10 * 2**30} is over the {MAX_MODEL_BYTES}-byte limit$"):
+        transport.request("GET", "/v1/models/x/backbone", Ed25519PrivateKey.generate(), "d" * 32)
+    assert body.pulled == 0
+
+
+def test_a_body_within_the_cap_is_read_whole_with_its_headers() -> None:
+    # Prepare
+    transport, _ = _serving(lambda: httpx.Response(200, headers={"X-Content-SHA256": "ab" * 32}, content=b"m" * 1000))
+    # Execute
+    response = transport.request("GET", "/v1/models/x/onnx", Ed25519PrivateKey.generate(), "d" * 32, max_bytes=1000)
+    # Assert
+    assert response.content == b"m" * 1000 and response.headers["X-Content-SHA256"] == "ab" * 32
+    assert transport.bytes_down == 1000

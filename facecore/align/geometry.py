@@ -9,6 +9,8 @@ convention stays one pair of numbers.
 """
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +18,16 @@ from typing import Any
 import numpy as np
 
 from facecore.align.template import ARCFACE_TEMPLATE, FACE_SIZE
+
+# What `from_json` accepts (it reads geometries a round server sends devices, as well as manifests). The
+# registered backbones crop 112 or 150 px and face recognisers in use crop 96-224 px: 256 leaves room while
+# bounding one crop at 192 KiB (a device holds up to 500) and one warp at a few milliseconds.
+MIN_CROP_SIZE = 16
+MAX_CROP_SIZE = 256
+# The eyes of a usable template lie at least this share of the crop apart (ArcFace's: 0.31); closer, the
+# similarity warp squeezes the whole face into a few pixels.
+MIN_EYE_DISTANCE = 0.1
+GEOMETRY_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # it names cache folders
 
 
 @dataclass(frozen=True)
@@ -51,7 +63,30 @@ class FaceGeometry:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> FaceGeometry:
-        return cls(str(data["key"]), int(data["size"]), tuple((float(x), float(y)) for x, y in data["template"]))
+        """The inverse of `to_json`, refusing anything outside sane declared ranges (a server may send
+        this): ValueError, one line naming the field and its limit."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"a face geometry is an object with key, size and template, got {type(data).__name__}")
+        key, size, template = data.get("key"), data.get("size"), data.get("template")
+        if not isinstance(key, str) or not GEOMETRY_KEY.fullmatch(key):
+            raise ValueError(f"key {str(key)[:40]!r} is not 1-64 letters, digits, '.', '_' or '-'")
+        if isinstance(size, bool) or not isinstance(size, int) or not MIN_CROP_SIZE <= size <= MAX_CROP_SIZE:
+            raise ValueError(f"size {repr(size)[:40]} is not an integer in {MIN_CROP_SIZE}..{MAX_CROP_SIZE} pixels")
+        if not isinstance(template, list | tuple) or len(template) != 5:
+            raise ValueError("template is not a list of 5 (x, y) points")
+        points: list[tuple[float, float]] = []
+        for index, point in enumerate(template):
+            if (not isinstance(point, list | tuple) or len(point) != 2
+                    or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in point)):
+                raise ValueError(f"template point {index} is not a pair of numbers")
+            x, y = float(point[0]), float(point[1])
+            if not (math.isfinite(x) and math.isfinite(y) and 0 < x < size and 0 < y < size):
+                raise ValueError(f"template point {index} ({x:g}, {y:g}) is not inside the {size}px crop")
+            points.append((x, y))
+        if math.dist(points[0], points[1]) < MIN_EYE_DISTANCE * size:
+            raise ValueError(f"template's eyes are {math.dist(points[0], points[1]):.3g}px apart, under "
+                             f"{MIN_EYE_DISTANCE:g} of the {size}px crop")
+        return cls(key, size, tuple(points))
 
     def describe(self) -> str:
         return f"5-point similarity warp to a {self.size}x{self.size} crop ({self.key})"

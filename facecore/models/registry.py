@@ -8,9 +8,10 @@ is why ``embedding_dim=None`` means "the backbone's default" here.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any, TypeVar, cast
 
+import torch
 from torch import nn
 
 from facecore.align.geometry import FaceGeometry, geometry_of
@@ -77,3 +78,13 @@ def embedding_dim_of(model: nn.Module) -> int:
 def backbone_geometry(name: str) -> FaceGeometry:
     """The crop geometry of a registered backbone, without keeping a model around."""
     return geometry_of(get_backbone(name))
+
+
+@lru_cache(maxsize=16)
+def expected_state(name: str, embedding_dim: int | None = None) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """{state_dict key: (shape, dtype)} of a freshly built ``name`` backbone, built on torch's meta
+    device: no weights are allocated, so a file's tensors can be checked against it before a model is
+    built for them (whatever ``embedding_dim`` the file claims)."""
+    with torch.device("meta"):
+        model = get_backbone(name, embedding_dim=embedding_dim)
+    return {key: (tuple(value.shape), value.dtype) for key, value in model.state_dict().items()}

@@ -63,6 +63,7 @@ def test_a_secure_aggregation_round_completes_with_devices_training_in_parallel(
         summaries = list(pool.map(lambda device: device.train_round(wait=30, poll=0.5), fleet))
     # Assert: every masked update was unmasked into the new version
     assert {s.round_id for s in summaries} == {opened["id"]}
+    assert all("secure aggregation: 3 members, threshold 3" in s.notices for s in summaries)  # what each device agreed to
     done = _wait_for(server, opened["id"], "completed")
     assert done["summary"]["n_updates"] == len(fleet) and done["result_version"] != opened["base_version"]
     assert done["summary"]["secure_aggregation"] == {"members": 3, "key_sharers": 3, "answers": 3, "threshold": 3}
