@@ -186,6 +186,22 @@ def _silence_stdout() -> None:
     os.dup2(devnull, sys.stdout.fileno())
 
 
+def _stopped_cause(error: BaseException) -> Stopped | None:
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, Stopped):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
+def _die_stopped(command: str, stopped: Stopped) -> NoReturn:
+    print(f"{command}: " + ("interrupted" if stopped.signum == signal.SIGINT else f"stopped by {stopped.name}"), file=sys.stderr)
+    die_of(stopped.signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     command = "fedface"
     try:
@@ -207,8 +223,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         _silence_stdout()
         return EXIT_BROKEN_PIPE
     except Stopped as stopped:
-        print(f"{command}: " + ("interrupted" if stopped.signum == signal.SIGINT else f"stopped by {stopped.name}"), file=sys.stderr)
-        die_of(stopped.signum)
+        _die_stopped(command, stopped)
     except KeyboardInterrupt:
         print(f"{command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Exception as error:
+        # A signal that lands inside a C extension's import (onnxruntime's) comes back as that
+        # import's error, with the Stopped as its cause: it is still the signal that ended the run.
+        cause = _stopped_cause(error)
+        if cause is None:
+            raise
+        _die_stopped(command, cause)

@@ -268,3 +268,23 @@ def test_sim_capture_examples_without_data_is_one_line(capsys: pytest.CaptureFix
     err = capsys.readouterr().err
     assert code == 1 and err.startswith("fedface sim: error: face data not found") and err.count("\n") == 1
     assert not (tmp_path / "grid.png").exists()
+
+
+def test_a_signal_that_lands_inside_an_import_is_still_the_signal_that_stopped_the_run() -> None:
+    # Prepare: what onnxruntime's import raises when SIGHUP arrives during it, and an unrelated error
+    import signal
+
+    from facecore.lifetime import Stopped
+    from fedface.cli import _stopped_cause
+
+    stopped = Stopped(signal.SIGHUP)
+    try:
+        try:
+            raise stopped
+        except Stopped as error:
+            raise ImportError("initialization failed") from error
+    except ImportError as error:
+        wrapped = error
+    # Execute / Assert: the Stopped is found behind the import's error; nothing is found behind an unrelated one
+    assert _stopped_cause(wrapped) is stopped
+    assert _stopped_cause(ValueError("bad")) is None

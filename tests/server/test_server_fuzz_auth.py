@@ -5,13 +5,16 @@ device, so the parsing behind the signature check is what gets fuzzed, on a real
   the path naming the signing device, the open round and the current model, and an
   Idempotency-Key on uploads;
 - upload bodies (hypothesis): random bytes, and valid update files with a mutated header,
-  flipped bytes, a wrong header length or a cut tail.
+  flipped bytes, a wrong header length or a cut tail;
+- the secure-aggregation steps' bodies (hypothesis) in a secure round: any JSON, hostile JSON, and
+  adverts, shares and unmasking answers of the wrong size, encoding or kind.
 
 No answer may be a 5xx and the server may log no error. The run is bounded by the example counts
 below (the test asserts how many requests it made).
 """
 from __future__ import annotations
 
+import base64
 import json
 import secrets
 import struct
@@ -204,3 +207,67 @@ def test_random_and_mutated_update_files_never_make_the_server_fail(fleet: Fleet
     statuses = fleet.statuses[before:]
     assert len(statuses) >= UPLOAD_EXAMPLES - 10
     assert statuses.count(422) >= 0.8 * len(statuses), {code: statuses.count(code) for code in set(statuses)}
+
+
+SECAGG_EXAMPLES = 300
+
+
+@pytest.fixture(scope="module")
+def secure_round(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, list[Device], int]]:
+    """A server whose open round runs secure aggregation, held at its advertise step, with selected devices."""
+    server = ServerProcess(tmp_path_factory.mktemp("fuzz_secagg") / "data", **NO_LIMITS).start()
+    try:
+        http = httpx.Client(base_url=server.url, timeout=30)
+        devices = [Device(http) for _ in range(N_DEVICES)]
+        for index, device in enumerate(devices):
+            assert device.register().status_code == 201
+            assert device.enroll(unit_vector(np.random.default_rng(index))).status_code == 201
+        config = {"target_participants": N_DEVICES, "min_participants": 2, "deadline_s": 1800, "selection_window_s": 0,
+                  "secure_aggregation": {"enabled": True, "key_phase_s": 600, "unmask_phase_s": 600}}
+        opened = http.post("/v1/admin/rounds", json=config, headers={"Authorization": f"Bearer {server.admin_token()}"}).json()
+        assert {d.checkin().json()["status"] for d in devices} == {"selected"}
+        yield server, devices, opened["id"]
+    finally:
+        server.stop()
+    assert "ERROR" not in server.log.read_text(errors="replace")
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _secagg_bodies() -> st.SearchStrategy[bytes]:
+    """Bodies for the three secure-aggregation steps: any JSON, JSON no Python value serialises to, and
+    well-formed messages with keys, shares or answers of the wrong size, encoding or kind."""
+    key = st.binary(max_size=40).map(_b64) | st.text(max_size=50) | _JSON
+    index = st.integers(-(2**70), 2**70).map(str) | st.text(max_size=10)
+    advert = st.fixed_dictionaries({"c_public": key, "s_public": key})
+    shares = st.fixed_dictionaries({"shares": st.dictionaries(index, key, max_size=6) | _JSON})
+    answer = st.dictionaries(index, st.integers(-(2**600), 2**600).map(str) | st.text(max_size=20), max_size=6)
+    unmask = st.fixed_dictionaries({"s": answer | _JSON, "b": answer | _JSON})
+    messages = (advert | shares | unmask | _JSON).map(lambda value: json.dumps(value).encode())
+    return messages | st.sampled_from(_HOSTILE_JSON) | st.binary(max_size=512)
+
+
+@pytest.mark.slow
+def test_mutated_secure_aggregation_bodies_never_make_the_server_fail(secure_round: tuple[ServerProcess, list[Device], int]) -> None:
+    # Prepare
+    _, devices, round_id = secure_round
+    statuses: list[int] = []
+
+    # Execute: each body posted, signed by a selected member-to-be, to one of the three steps
+    @settings(_FUZZ, max_examples=SECAGG_EXAMPLES)
+    @given(body=_secagg_bodies(), step=st.sampled_from(["advert", "shares", "unmask"]), who=st.integers(0, N_DEVICES - 1))
+    def post(body: bytes, step: str, who: int) -> None:
+        response = devices[who].request("POST", f"/v1/rounds/{round_id}/secagg/{step}", body, headers={"Content-Type": "application/json"})
+        statuses.append(response.status_code)
+        # Assert: below 500
+        assert response.status_code < 500, f"{step}: {response.status_code} {response.text[:300]}"
+
+    post()
+    # Assert: the run was the size this test claims; every answer a refusal of the input or of the step, but for
+    # at most one accepted advert per device
+    counts = {code: statuses.count(code) for code in set(statuses)}
+    assert len(statuses) >= SECAGG_EXAMPLES - 10
+    assert set(counts) <= {201, 400, 403, 409, 422} and counts.get(201, 0) <= N_DEVICES, counts
+    assert counts.get(422, 0) >= 0.8 * len(statuses), counts
