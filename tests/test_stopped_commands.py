@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -50,8 +52,9 @@ class Command:
     """`fedface ARGS...` in a session of its own, its output in a file, its temporary files under `tmp`."""
 
     def __init__(self, args: list[str], folder: Path, env: dict[str, str]) -> None:
-        self.tmp = folder / "tmp"
-        self.tmp.mkdir()
+        # Short, not under pytest's deep folder: the server's process pool puts a Unix socket in it, and
+        # a socket's path is limited to 107 bytes.
+        self.tmp = Path(tempfile.mkdtemp(prefix="fs-", dir="/tmp"))
         self.output = folder / "output.log"
         with self.output.open("wb") as output:
             self.process = subprocess.Popen([sys.executable, "-m", "fedface", *args], cwd=REPO, env=env | {"TMPDIR": str(self.tmp)},
@@ -155,6 +158,7 @@ def _stopped_and_checked(command: Command, signum: signal.Signals, moment: re.Pa
     if signum != signal.SIGKILL:
         assert SAYS[signum] in command.text() and "Traceback" not in command.text(), command.text()[-3000:]
         assert list(command.tmp.glob("fedface-demo-*")) == []
+    shutil.rmtree(command.tmp, ignore_errors=True)  # kill -9 leaves the scratch folder by design
 
 
 @pytest.mark.slow
