@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import re
+
+# The expiry is unix seconds in ASCII digits, as a signed timestamp: str.isdigit() also takes "²" (which int()
+# refuses: a 500) and other scripts' digits.
+from server_api.core.security import UNIX_SECONDS
 
 COOKIE_NAME = "fedface_ui"
 LIFETIME_S = 12 * 3600
-# ASCII digits only: str.isdigit() also takes "²" (which int() refuses: a 500) and other scripts' digits.
-_EXPIRY = re.compile(r"[0-9]{1,12}")
 
 
 def _mac(admin_token: str, expires: int) -> str:
@@ -28,6 +29,6 @@ def issue(admin_token: str, now: float) -> str:
 
 def is_valid(value: str | None, admin_token: str, now: float) -> bool:
     expires_text, _, mac = (value or "").partition(".")
-    if not _EXPIRY.fullmatch(expires_text) or int(expires_text) < now:
+    if not UNIX_SECONDS.fullmatch(expires_text) or int(expires_text) < now:
         return False
     return hmac.compare_digest(mac.encode(), _mac(admin_token, int(expires_text)).encode())
