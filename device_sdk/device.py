@@ -583,29 +583,17 @@ class FaceDevice:
 
     def _load_backbone(self, url: str, version: str) -> nn.Module:
         """The round's torch backbone (for training: it imports torch), downloaded once per version and
-        checked against its registry entry (`check_backbone_payload`) before a model is built from it."""
-        import torch
-
-        from device_sdk.backbone_check import check_backbone_payload
+        checked against its registry entry before a model is built from it (`load_backbone_file`)."""
         from device_sdk.round_files import load_backbone_file
 
         dtype = "fp16" if self.upload_fp16 else "fp32"
         kind = f"{dtype}.pt"
         path = self._fetch_model(f"{server_path(url)}?dtype={dtype}", check_version(version), kind)
         try:
-            try:
-                # mmap: the tensors are compared in place, not read in whole before the comparison
-                payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-            except Exception as error:  # torch raises many types for a corrupt or hostile pickle
-                reason = " ".join(f"{type(error).__name__}: {error}".split())[:200]
-                raise BadServerResponse(f"the server's {kind} file of model {version[:12]} is refused: torch cannot "
-                                        f"read it ({reason})") from None
-            check_backbone_payload(payload, f"{kind} file of model {version[:12]}")
-            del payload
+            return load_backbone_file(path, f"{kind} file of model {version[:12]}")
         except BadServerResponse:
             self.state.drop_model(version, kind)  # not kept: the next round downloads it afresh
             raise
-        return load_backbone_file(path)
 
     def _shared_template(self, embedding: np.ndarray) -> np.ndarray:
         """The template as the server may see it: blurred when the owner asked for template noise."""

@@ -20,6 +20,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from device_sdk.backbone_check import check_backbone_payload
+from device_sdk.errors import BadServerResponse
 from device_sdk.secure_round import SecureRound
 from device_sdk.training import LocalUpdate, wire_arrays
 from facecore import tensorfile
@@ -29,9 +31,17 @@ from facecore.federation.wire import Precision, update_tensors
 from facecore.models.registry import get_backbone
 
 
-def load_backbone_file(path: Path) -> nn.Module:
-    """The backbone a round downloaded (fp16 or fp32 torch file), in fp32 and eval mode."""
-    payload = torch.load(path, map_location="cpu", weights_only=True)
+def load_backbone_file(path: Path, what: str) -> nn.Module:
+    """The backbone a round downloaded (fp16 or fp32 torch file), in fp32 and eval mode. Read once,
+    mapped rather than copied, and checked against its registry entry (`check_backbone_payload`)
+    before a model is built from it; a file torch cannot read, or that fails the check, is a
+    BadServerResponse naming `what`."""
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as error:  # torch raises many types for a corrupt or hostile pickle
+        reason = " ".join(f"{type(error).__name__}: {error}".split())[:200]
+        raise BadServerResponse(f"the server's {what} is refused: torch cannot read it ({reason})") from None
+    check_backbone_payload(payload, what)
     model = get_backbone(payload["backbone"], embedding_dim=payload["embedding_dim"])
     model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in payload["state_dict"].items()})
     return model.eval()
