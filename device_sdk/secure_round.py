@@ -5,8 +5,9 @@ device that restarts mid-round has dropped out, which the protocol tolerates, an
 held can leak from disk. Key steps come before local training because their deadlines are short.
 
 The device does not take the server's word for the round's safety: it refuses a threshold below
-2 or at most half of the members, and a member list in which a key appears twice or its own keys
-appear under another index; it unmasks only for at least max(2, t) survivors, and treats a
+2 or at most half of the members, a member list in which a key appears twice or its own keys
+appear under another index, one longer than the count of selected devices the server publishes
+beside it, and one shorter than its owner's floor (`min_members`); it unmasks only for at least max(2, t) survivors, and treats a
 member whose public key is not a usable X25519 point as dropped (no shares, no pairwise mask).
 """
 from __future__ import annotations
@@ -24,6 +25,7 @@ from facecore.secagg import (
     Advert,
     SecAggAborted,
     SecAggClient,
+    check_member_count,
     check_members,
     check_threshold,
     is_valid_public_key,
@@ -40,8 +42,9 @@ def _b64(raw: bytes) -> str:
 
 
 class SecureRound:
-    def __init__(self, request: Request, url: str, poll: float = 1.0, timeout: float = 600.0) -> None:
+    def __init__(self, request: Request, url: str, poll: float = 1.0, timeout: float = 600.0, min_members: int = 2) -> None:
         self.request, self.url, self.poll, self.timeout = request, url, poll, timeout
+        self.min_members = min_members
         self.client = SecAggClient(0, 0)
         self.key_sharers: list[int] = []
         self.members = 0  # how many the server listed, which this device accepted with the threshold
@@ -73,6 +76,7 @@ class SecureRound:
             raise RoundClosed(f"round {state['round_id']}: the key-sharing step closed before this device could share ({state['phase']})")
         listed = [Advert(int(m["index"]), base64.b64decode(m["c_public"]), base64.b64decode(m["s_public"])) for m in state["members"]]
         check_members(listed, Advert(self.client.index, mine.c_public, mine.s_public))
+        check_member_count(len(listed), state.get("selected"), self.min_members)
         check_threshold(int(state["threshold"]), len(listed))
         self.client.threshold, self.members = int(state["threshold"]), len(listed)
         adverts = {a.index: a for a in listed if is_valid_public_key(a.c_public) and is_valid_public_key(a.s_public)}

@@ -18,7 +18,8 @@ def _b64(raw: bytes) -> str:
 
 class ScriptedServer:
     """Answers every request with the next scripted state and records what the device sent. A
-    member list carries the device's own advert at its index, as an honest server's does, unless
+    member list carries the device's own advert at its index, and comes with the count of selected
+    devices it was drawn from (its own length unless scripted), as an honest server's does, unless
     `as_listed`."""
 
     def __init__(self, states: list[dict[str, Any]], as_listed: bool = False) -> None:
@@ -30,6 +31,7 @@ class ScriptedServer:
         advert = next((b for _, p, b in self.sent if p.endswith("/advert")), None)
         if "members" in state and advert is not None and not self.as_listed:
             state = state | {"members": [m | advert if m["index"] == state["index"] else m for m in state["members"]]}
+            state = {"selected": len(state["members"])} | state
         return type("Response", (), {"json": staticmethod(lambda: state)})()
 
 
@@ -108,3 +110,21 @@ def test_the_device_refuses_its_own_keys_under_another_index() -> None:
         round_.join()
     assert not any(path.endswith("/shares") for _, path, _ in server.sent)
 
+
+
+@pytest.mark.parametrize(("selected", "min_members", "refusal"), [
+    (3, 2, "member list of 4: the server publishes 3 selected"),
+    (None, 2, "member list of 4: the server publishes None selected"),
+    (4, 5, "round of 4 members: this device takes part only with at least 5"),
+], ids=["more-members-than-selected", "no-selected-count", "below-the-owner-floor"])
+def test_the_device_refuses_a_membership_it_cannot_reconcile_before_sharing_anything(
+        selected: int | None, min_members: int, refusal: str) -> None:
+    # Prepare: 4 members listed beside a published count of selected devices, or none
+    server = ScriptedServer([
+        {"round_id": 7, "phase": "advertise", "index": 1},
+        {"round_id": 7, "phase": "share_keys", "index": 1, "threshold": 3, "members": _members(4), "selected": selected},
+    ])
+    # Execute / Assert
+    with pytest.raises(SecAggAborted, match=refusal):
+        SecureRound(server, "/v1/rounds/7/secagg", poll=0, min_members=min_members).join()
+    assert not any(path.endswith("/shares") for _, path, _ in server.sent)  # no shares left the device

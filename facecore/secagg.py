@@ -130,6 +130,17 @@ def check_members(adverts: Sequence[Advert], own: Advert) -> None:
         raise SecAggAborted(f"refusing a member list that does not hold this device's keys at its index {own.index} alone")
 
 
+def check_member_count(n_members: int, selected: object, min_members: int) -> None:
+    """A device's check of how many members a round has: no more than the devices the server says it
+    selected (the count its admin API and /ui show), and at least the device owner's own floor. A
+    server that fills a round with puppet members must then also show them as selected devices, and a
+    floor above 2 makes each round cost it that many puppets."""
+    if isinstance(selected, bool) or not isinstance(selected, int) or not n_members <= selected:
+        raise SecAggAborted(f"refusing a member list of {n_members}: the server publishes {str(selected)[:20]} selected devices")
+    if n_members < min_members:
+        raise SecAggAborted(f"refusing a round of {n_members} members: this device takes part only with at least {min_members}")
+
+
 def is_valid_public_key(raw: bytes) -> bool:
     """False for anything that is not a usable X25519 public key: wrong length, or a low-order
     point, whose shared secret is all zeros (RFC 7748 section 6.1) and which `cryptography` refuses."""

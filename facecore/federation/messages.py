@@ -108,6 +108,8 @@ class SecAggStatePublic(BaseModel):
     bound: float | None = Field(default=None, description="|value| limit per coordinate of the scaled update, once members are known")
     max_update_norm: float | None = Field(default=None, description="L2 bound each device clips its delta to before weighting and masking")
     members: list[SecAggMemberPublic] | None = None
+    selected: int | None = Field(default=None, description="devices the round selected, as the admin API and /ui count them; "
+                                 "members are those of them that advertised keys, never more")
     key_sharers: list[int] | None = None
     shares: dict[str, str] | None = Field(default=None, description="sender index -> ciphertext addressed to this device")
     survived: list[int] | None = None

@@ -156,6 +156,7 @@ class DeviceStep:
     bound: float | None = None
     max_update_norm: float | None = None
     members: list[MemberKeys] | None = None
+    selected: int | None = None  # the round's selected devices, published beside its members
     key_sharers: list[int] | None = None
     shares: dict[int, bytes] | None = None  # sender index -> ciphertext addressed to this device
     survived: list[int] | None = None
@@ -174,7 +175,7 @@ def state_for(session: Session, round_id: int, device: Device) -> DeviceStep:
     if phase in ("share_keys", "masked_input") and me is not None:
         step = replace(
             step, threshold=v.threshold, bound=mask_bound(len(v.members), v.scale), max_update_norm=v.settings.max_update_norm,
-            members=[MemberKeys(m.index, m.c_public, m.s_public) for m in v.members],
+            members=[MemberKeys(m.index, m.c_public, m.s_public) for m in v.members], selected=v.n_selected,
         )
     if phase == "share_keys":
         step = replace(step, retry_after_s=max(0.5, min(2.0, (v.shares_until - v.now).total_seconds())))

@@ -292,3 +292,18 @@ def test_the_round_publishes_its_update_bound_and_the_device_clips_to_it() -> No
     clipped, free = weighted_update(delta, 3, max_norm=2.0), weighted_update(delta, 3)
     # Assert: clipped to 2 before the weighting by 3 photos; untouched without a bound
     assert np.linalg.norm(clipped) == pytest.approx(6.0) and np.linalg.norm(free) == pytest.approx(15.0)
+
+
+def test_the_member_list_comes_with_the_selected_count_the_admin_api_shows(client: TestClient, admin: dict, rng: np.random.Generator) -> None:
+    # Prepare: 4 selected, 3 advertise keys
+    round_, devices = _selected_round(client, admin, rng, 4)
+    members = [Member(d, round_["id"]) for d in devices[:3]]
+    for member in members:
+        member.advertise()
+    # Execute: the advertise step times out
+    shift_round(client, round_["id"], selection_at=31)
+    state = members[0].state()
+    # Assert: the device sees 3 members of 4 selected, the same 4 the operator sees
+    status = client.get(f"/v1/admin/rounds/{round_['id']}", headers=admin).json()
+    assert state["phase"] == "share_keys" and len(state["members"]) == 3
+    assert state["selected"] == status["n_selected"] == 4

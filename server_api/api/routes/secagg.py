@@ -28,7 +28,8 @@ def _public(step: DeviceStep) -> SecAggStatePublic:
     ]
     return SecAggStatePublic(
         round_id=step.round_id, phase=step.phase, retry_after_s=step.retry_after_s, index=step.index,  # type: ignore[arg-type]
-        threshold=step.threshold, scale=step.scale, bound=step.bound, max_update_norm=step.max_update_norm, members=members, key_sharers=step.key_sharers,
+        threshold=step.threshold, scale=step.scale, bound=step.bound, max_update_norm=step.max_update_norm, members=members, selected=step.selected,
+        key_sharers=step.key_sharers,
         shares=None if step.shares is None else {str(k): _b64(b) for k, b in step.shares.items()},
         survived=step.survived, dropped=step.dropped, answered=step.answered,
     )
