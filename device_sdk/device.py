@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -43,13 +43,21 @@ from device_sdk.errors import (
     NotEnoughPhotos,
     NotEnrolled,
     NotRegistered,
+    RegistrationRefused,
     RoundClosed,
     ServerRefused,
     ServerUnavailable,
     StateError,
 )
 from device_sdk.inference import OnnxEmbedder
-from device_sdk.state import MAX_MODEL_BYTES, DeviceState, check_device_id, check_version
+from device_sdk.state import (
+    MAX_DESCRIPTION_BYTES,
+    MAX_MODEL_BYTES,
+    DeviceState,
+    check_device_id,
+    check_model_description,
+    check_version,
+)
 from device_sdk.transport import Transport
 from facecore.align.geometry import FaceGeometry, geometry_of
 from facecore.align.pipeline import FaceAligner, load_rgb
@@ -70,8 +78,10 @@ if TYPE_CHECKING:  # the types only: importing these modules imports torch or py
 
 # Faces a device trains on, enrolment and camera photos together: one local epoch stays a few seconds.
 MAX_FACES = 500
-# `/v1/models/current` is a few KiB (a 4096-value feature centre included, ~100 KiB): a body over this is not one.
-MAX_DESCRIPTION_BYTES = 2**20
+# How long after a round's deadline `wait_for_round_end` still expects its model: the server aggregates as soon as
+# the deadline passes, and retakes a stuck aggregation after its lease (60 s by default); a round still without a
+# model after twice that has most likely failed.
+ROUND_END_GRACE_S = 120.0
 # A path on the round server: "/v1/" then segments that cannot be "." or "..", no scheme, no host, no query.
 SERVER_PATH = re.compile(r"/v1(/[A-Za-z0-9_~-][A-Za-z0-9._~-]*)+")
 
@@ -126,6 +136,22 @@ class RoundSummary:
     steps: int
     resent: bool = False  # the update saved by an earlier train (server down or a crash) was sent now
     notices: tuple[str, ...] = ()  # what else happened on the way, e.g. a saved update discarded as late
+    deadline_at: datetime | None = None  # the round's upload deadline, when known
+    base_version: str | None = None  # the model the round trained from, when known
+
+
+@dataclass(frozen=True)
+class RoundEnd:
+    """What `wait_for_round_end` saw: the server's current model, and the round that made it."""
+
+    round_id: int  # the round this device's update went to
+    model_version: str  # the server's current model when the wait ended
+    made_by_round: int | None  # the round that made it, once >= round_id; None: no new model by `gave_up_at`
+    gave_up_at: datetime
+
+    @property
+    def ended(self) -> bool:
+        return self.made_by_round is not None
 
 
 @dataclass(frozen=True)
@@ -178,6 +204,9 @@ class FaceDevice:
         self._training_slot = training_slot if training_slot is not None else nullcontext()
         self._embedders: dict[str, OnnxEmbedder] = {}  # by model version: a session takes ~0.1 s to build
         self._signer: tuple[str, Ed25519PrivateKey] | None = None
+        # The round of the last update the server accepted from this object: with the pending upload on disk, it
+        # tells a caller whose train was interrupted what is left to send.
+        self.accepted_round: int | None = None
 
     # ---- plumbing --------------------------------------------------------------------------
     @property
@@ -212,8 +241,10 @@ class FaceDevice:
                 faces.append(found[0])
         return (np.stack(faces) if faces else np.zeros((0, *geometry.row_shape), np.uint8)), rejected
 
-    def _model(self) -> dict[str, Any]:
-        """The server's current model description, checked (`DeviceState.remember_model`) and remembered."""
+    def _model(self, remember: bool = True) -> dict[str, Any]:
+        """The server's current model description, checked (`check_model_description`) and, with `remember`,
+        remembered (`DeviceState.remember_model`). A caller that will not also cache the model's ONNX file
+        leaves `remember` off: an offline verify falls back to the model remembered, and needs its file."""
         try:
             response = self._request("GET", "/v1/models/current", max_bytes=MAX_DESCRIPTION_BYTES)
         except ServerRefused as refused:
@@ -224,7 +255,10 @@ class FaceDevice:
             model = response.json()
         except ValueError:
             raise BadServerResponse("the server's model description is not JSON") from None
-        self.state.remember_model(model)  # refuses a bad version, embedding_dim or face_geometry
+        if remember:
+            self.state.remember_model(model)  # refuses a bad version, embedding_dim or face_geometry
+        else:
+            check_model_description(model)
         return model
 
     @staticmethod
@@ -261,22 +295,45 @@ class FaceDevice:
     # ---- API -----------------------------------------------------------------------------
     def register(self, enrollment_token: str | None = None) -> str:
         """Create this device's key pair and register it; on a registered folder, return its id unchanged.
-        `enrollment_token`: the one-time token a production server's operator issued for this device."""
+        `enrollment_token`: the one-time token a production server's operator issued for this device (without
+        one, such a server refuses: RegistrationRefused). The key pair is made in memory and the state folder
+        written only once the server accepted it: a refusal, an unreachable server or Ctrl-C leaves no state."""
         existing = self.state.registration()
         if existing is not None:
             return existing
-        if not self.state.present():
-            self.state.create()
-        key = self.state.signing_key(create=True)
-        assert key is not None
+        # An identity sealed here by an earlier version's interrupted registration is offered again: the server
+        # may have registered it (a lost answer), and a known key registers without spending a token.
+        key = self.state.signing_key()
+        fresh = key is None
+        if key is None:
+            self.state.check_creatable()
+            key = Ed25519PrivateKey.generate()
         public = base64.b64encode(key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)).decode()
         body = {"public_key": public} | ({"enrollment_token": enrollment_token} if enrollment_token else {})
-        response = self.transport.request("POST", "/v1/devices", key, None, body=body, expect=(200, 201))
+        try:
+            response = self.transport.request("POST", "/v1/devices", key, None, body=body, expect=(200, 201))
+        except AuthError as refused:
+            raise RegistrationRefused(refused.status, refused.detail or str(refused), bool(enrollment_token),
+                                      str(self.state.dir)) from None
+        except ServerRefused as refused:
+            if refused.status != 422 or not enrollment_token:
+                raise
+            raise RegistrationRefused(422, refused.detail, True, str(self.state.dir)) from None
+        except ServerUnavailable as down:
+            raise ServerUnavailable(f"{down}; nothing was saved in {self.state.dir}" if fresh else str(down)) from None
         device_id = check_device_id(response.json().get("device_id"))
-        return self.state.update_info(device_id=device_id)["device_id"]
+        self.state.save_registration(device_id, key if fresh else None)
+        return device_id
 
-    def enroll(self, photos: Sequence[str | Path]) -> EnrollResult:
-        model = self._model()
+    def enroll(self, photos: Sequence[str | Path], progress: Callable[[str], None] | None = None) -> EnrollResult:
+        """Detect and align the owner's faces, embed them and upload the template. A device that is not
+        registered, or already enrolled (here or on the server), is refused before any photo is read.
+        `progress` hears each step as it starts."""
+        say = progress or (lambda _: None)
+        # Remembered only once `_embedder` cached its ONNX file: a refusal before that leaves the model last seen as it was.
+        model = self._model(remember=False)
+        self._require_not_enrolled()
+        say("detecting and aligning faces")
         faces, rejected = self._align(photos, self._geometry(model))
         if len(faces) < self.min_photos:
             raise NotEnoughPhotos(len(faces), self.min_photos, rejected)
@@ -289,18 +346,36 @@ class FaceDevice:
                 raise DeviceError("the server already holds an enrollment for this device: run unenroll first to "
                                   "enroll again") from None
             raise
+        self.state.remember_model(model)
         self.state.save_faces(faces)
         self.state.save_template(embedding)
         self.state.update_info(enrolled=True, model_version=model["version"])
         return EnrollResult(len(faces), tuple(rejected), model["version"], tuple(rejected.values()))
 
-    def add_photos(self, photos: Sequence[str | Path]) -> EnrollResult:
+    def _require_not_enrolled(self) -> None:
+        """Refuse an enrollment the server would refuse only after the photos were detected (seconds each)."""
+        device_id, _ = self._identity()
+        again = "run unenroll first to enroll again"
+        info = self.state.info()
+        if info.get("enrolled"):
+            model = f" (with model {str(info['model_version'])[:12]})" if info.get("model_version") else ""
+            raise DeviceError(f"this device is already enrolled{model}: {again}")
+        try:
+            held = self._request("GET", f"/v1/devices/{device_id}", max_bytes=MAX_DESCRIPTION_BYTES).json()
+        except (ValueError, ServerRefused):
+            return  # a server that does not say: its 409 to the upload below still refuses a second enrollment
+        if isinstance(held, dict) and held.get("enrolled") is True:
+            raise DeviceError(f"the server already holds an enrollment for this device: {again}")
+
+    def add_photos(self, photos: Sequence[str | Path], progress: Callable[[str], None] | None = None) -> EnrollResult:
         """Add photos this device's own camera took of its owner (at an unlock, say) to the faces it
         trains on from the next round; the template stays the enrolment's. Rounds that keep the
-        templates then teach the shared model to map this camera's view of the owner onto it."""
+        templates then teach the shared model to map this camera's view of the owner onto it.
+        `progress` hears each step as it starts, once the device is known to be enrolled."""
         self._identity()
         self._enrolled_faces()
         model = self._model()
+        (progress or (lambda _: None))("detecting and aligning faces")
         faces, rejected = self._align(photos, self._geometry(model))
         if not len(faces):
             raise NotEnoughPhotos(0, 1, rejected)
@@ -331,7 +406,13 @@ class FaceDevice:
     ) -> RoundSummary:
         """Send an update an earlier call saved, else check in (waiting up to `wait` seconds for a
         round and a slot; None: until the round this device joins ends), train, upload once.
-        `progress` hears each step as it starts."""
+        `progress` hears each step as it starts. One train at a time per state folder: another one
+        running (in this process or another) raises TrainingInProgress before anything is done."""
+        self._identity()
+        with self.state.train_lock():  # before torch's import: a refused second train costs nothing
+            return self._train_round(wait, poll, progress)
+
+    def _train_round(self, wait: float | None, poll: float, progress: Callable[[str], None] | None) -> RoundSummary:
         # Training's modules, here and not at the top: they import torch (see the module's docstring).
         from device_sdk.round_files import update_file
         from device_sdk.secure_round import SecureRound
@@ -377,6 +458,7 @@ class FaceDevice:
         body = update_file(backbone, update, checkin.base_version, template, precision, secure)
         meta = {"round_id": round_id, "key": f"{self._identity()[0]}-{round_id}-{secrets.token_hex(8)}",
                 "url": server_path(checkin.upload_url), "deadline_at": checkin.deadline_at.isoformat(),
+                "base_version": checkin.base_version,
                 "loss_before": update.loss_before, "loss_after": update.loss_after, "steps": update.steps}
         # Persist before sending: a crash or an outage after this point resends the same bytes under the same key.
         self.state.save_pending(meta, body)
@@ -391,7 +473,29 @@ class FaceDevice:
             secure.unmask()
         return RoundSummary(round_id, update.loss_before, update.loss_after, time.perf_counter() - started,
                             self.transport.bytes_up - up0, self.transport.bytes_down - down0, update.steps,
-                            notices=tuple(notices))
+                            notices=tuple(notices), deadline_at=checkin.deadline_at,
+                            base_version=checkin.base_version)
+
+    def wait_for_round_end(self, summary: RoundSummary, poll: float = 2.0, grace: float = ROUND_END_GRACE_S) -> RoundEnd:
+        """After `summary`'s update was accepted: wait for the model its round makes and return it. A device
+        cannot ask a round's status, and a check-in would join the next round, so this reads only the
+        server's current model (whose `round_id` names the round that made it), every `poll` seconds. A
+        round that fails makes none: `grace` seconds after the round's deadline this gives up and returns
+        a RoundEnd without a new model, naming the server's current one."""
+        round_id = summary.round_id
+        give_up = (summary.deadline_at or datetime.now(UTC)) + timedelta(seconds=grace)
+        while True:
+            try:
+                model = self._model(remember=False)
+            except ServerUnavailable as down:
+                raise ServerUnavailable(f"this device's update for round {round_id} was accepted, but the server became "
+                                        f"unreachable while waiting for the round to end: {down}") from None
+            made = model.get("round_id")
+            if isinstance(made, int) and not isinstance(made, bool) and made >= round_id:
+                return RoundEnd(round_id, model["version"], made, give_up)
+            if datetime.now(UTC) >= give_up:
+                return RoundEnd(round_id, model["version"], None, give_up)
+            time.sleep(poll)
 
     def personalize(self, config: PersonalConfig | None = None, cohort: np.ndarray | None = None) -> PersonalizeResult:
         """Opt-in: train the fused personal verifier (FedFusion) on the owner's faces, on the
@@ -559,7 +663,8 @@ class FaceDevice:
             raise ServerUnavailable(f"the server is still unreachable: the update saved for round {meta['round_id']} "
                                     "stays saved and will be resent by the next train") from None
         return RoundSummary(meta["round_id"], float(meta["loss_before"]), float(meta["loss_after"]), 0.0, len(body), 0,
-                            int(meta["steps"]), resent=True)
+                            int(meta["steps"]), resent=True, deadline_at=_deadline(meta.get("deadline_at")),
+                            base_version=meta.get("base_version"))
 
     def _post_update(self, meta: dict[str, Any], body: bytes) -> None:
         """Upload a saved update; clear it once the server took it or refused it for good."""
@@ -579,6 +684,7 @@ class FaceDevice:
                                   "update is discarded; run train again to join the next round") from None
             raise ServerRefused(refused.status, f"the update for round {round_id} was refused and discarded: "
                                 f"{refused.detail}", refused.code) from None
+        self.accepted_round = round_id
         self.state.clear_pending()
 
     def _load_backbone(self, url: str, version: str) -> nn.Module:
@@ -607,4 +713,4 @@ def _query(path: str) -> str:
     return "?" + path.split("?", 1)[1] if "?" in path else ""
 
 
-__all__ = ["EnrollResult", "FaceDevice", "PersonalizeResult", "ResetResult", "RoundSummary", "VerifyResult"]
+__all__ = ["EnrollResult", "FaceDevice", "PersonalizeResult", "ResetResult", "RoundEnd", "RoundSummary", "VerifyResult"]

@@ -90,11 +90,44 @@ def refusal(status: int, detail: str, code: str | None) -> ServerRefused:
 
 
 class AuthError(DeviceError):
-    """The server rejected this device's signature or identity."""
+    """The server rejected this device's signature or identity (HTTP 401 or 403)."""
+
+    def __init__(self, message: str, status: int | None = None, detail: str | None = None) -> None:
+        self.status, self.detail = status, detail
+        super().__init__(message)
+
+
+class RegistrationRefused(AuthError):
+    """The server refused to register this device (401 or 403; 422 when a token was given, for its form): without
+    an enrollment token, most likely as a production server does; with one, the token (malformed, unknown, used
+    or expired). Nothing was written to the state folder.
+    `how` names where the token goes, for the caller's audience: the SDK's argument by default, the CLI's
+    flag and variable from `fedface device register`."""
+
+    SDK_HOW = "register(enrollment_token=...)"
+
+    def __init__(self, status: int | None, detail: str, token_given: bool, state_dir: str, how: str = SDK_HOW) -> None:
+        self.token_given, self.state_dir, self.how = token_given, state_dir, how
+        refused = f"the server refused to register this device ({status}: {detail})"
+        if token_given:
+            fix = "check the enrollment token (each is used once, whole, before it expires) or ask the server's " \
+                  "operator for a new one (`fedface admin token issue`)"
+        else:
+            fix = f"a production server registers a device only with a one-time enrollment token: ask its operator for " \
+                  f"one (`fedface admin token issue`) and pass it with {how}"
+        super().__init__(f"{refused}; {fix}; nothing was saved in {state_dir}", status, detail)
+
+    def saying(self, how: str) -> RegistrationRefused:
+        """The same refusal, naming `how` a token is passed (the CLI's flag and variable)."""
+        return RegistrationRefused(self.status, self.detail or "", self.token_given, self.state_dir, how)
+
+
+class TrainingInProgress(DeviceError):
+    """Another train holds this state folder's lock: a second one would train the same round again."""
 
 
 __all__ = [
     "AuthError", "BadServerResponse", "DeviceError", "NoFaceFound", "NotAnImage", "NotEnoughPhotos", "NotEnrolled",
-    "NotRegistered", "RefusedNotEnrolled", "RefusedRoundClosed", "RoundClosed", "ServerRefused", "ServerUnavailable",
-    "StateError", "refusal",
+    "NotRegistered", "RefusedNotEnrolled", "RefusedRoundClosed", "RegistrationRefused", "RoundClosed", "ServerRefused",
+    "ServerUnavailable", "StateError", "TrainingInProgress", "refusal",
 ]

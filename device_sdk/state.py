@@ -1,9 +1,15 @@
 """The device's local state under `state_dir`: identity key, template, cached models, aligned faces.
 
 Invariants:
-- Only `create()` (called by registration) makes the folder and its key. Every other entry point
-  reads; a folder that is not a registered device, or whose key no longer opens its files, is
-  refused with one line that names the file and the fix (`StateError`, `NotRegistered`).
+- Only registration makes the folder and its key (`save_registration`, after the server accepted the
+  device; `check_creatable` first refuses, without writing, what it would refuse). A registration that
+  fails writes nothing, or removes exactly the files it wrote: never another process's or a registered
+  device's. Every other entry point reads; a folder that is not a registered device, or whose key no
+  longer opens its files, is refused with one line that names the file and the fix (`StateError`,
+  `NotRegistered`).
+- One train at a time per folder (`train_lock`): an exclusive, non-blocking flock on `train.lock`, which
+  holds the holder's pid for the refusal to name. The kernel drops the lock when its holder dies, however
+  it dies, so a stale file never blocks.
 - The private key, the template, the owner's aligned faces, the personal verifier and an update
   waiting to be sent are sealed with AES-256-GCM (the file's name is the associated data). The key
   comes from `FEDFACE_DEVICE_KEY` (base64 of 32 bytes; on a phone, the OS keystore) or from
@@ -33,6 +39,8 @@ import shutil
 import struct
 import tempfile
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +48,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from device_sdk.errors import BadServerResponse, NotRegistered, StateError
+from device_sdk.errors import BadServerResponse, NotRegistered, StateError, TrainingInProgress
 from facecore.digest import file_sha256
 
 if TYPE_CHECKING:
@@ -53,8 +61,11 @@ DEVICE_ID = re.compile(r"[0-9a-f]{32}")
 MODEL_KINDS = ("onnx", "fp16.pt", "fp32.pt")
 SEALED = ("identity", "template", "faces", "personal", "pending_upload")
 # Everything `delete()` may remove: the folder may be one the user also keeps other files in.
-STATE_FILES = ("device.key", "device.json", "pending_upload.json", "pending_upload.bin", *(f"{n}.enc" for n in SEALED))
+STATE_FILES = ("device.key", "device.json", "pending_upload.json", "pending_upload.bin", "train.lock",
+               *(f"{n}.enc" for n in SEALED))
 
+# `/v1/models/current` is a few KiB (a 4096-value feature centre included, ~100 KiB): a body over this is not one.
+MAX_DESCRIPTION_BYTES = 2**20
 # The largest model file (backbone .pt or ONNX) a device downloads or caches. The bundled dlib ResNet's files are
 # 11 (fp16) to 22 MiB (fp32, ONNX); the largest registered backbone, iresnet34, is 130 MiB in fp32 (a test checks
 # that every registered backbone fits). 256 MiB admits all of them with room, and bounds what an endless or
@@ -83,6 +94,21 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
     finally:
         if os.path.exists(temp):
             os.unlink(temp)
+
+
+def write_new(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """`write_atomic` that never replaces: a file already at `path` (another process got there first) is a
+    FileExistsError, and `path` is left as it was."""
+    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(temp, mode)
+        os.link(temp, path)  # unlike rename, link refuses an existing name
+    finally:
+        os.unlink(temp)
 
 
 def check_version(version: object) -> str:
@@ -202,6 +228,77 @@ class DeviceState:
             raise StateError(f"{self.dir} is not empty and holds no device state: pass --state a new or empty folder")
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._cipher(create=True)
+
+    def check_creatable(self) -> None:
+        """Refuse, writing nothing, what `save_registration` would refuse after the server had accepted the
+        device: a non-empty folder that holds no device state, a bad FEDFACE_DEVICE_KEY, a folder that
+        cannot be made or written."""
+        if self.dir.is_dir() and not self.present() and any(self.dir.iterdir()):
+            raise StateError(f"{self.dir} is not empty and holds no device state: pass --state a new or empty folder")
+        if os.environ.get(KEY_ENV):
+            self._encryption_key(create=False)  # checks its form only
+        existing = next(parent for parent in (self.dir, *self.dir.parents) if parent.exists())
+        if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+            raise StateError(f"{existing} is not a folder this user can write: pass --state a folder you own")
+
+    def save_registration(self, device_id: str, key: Ed25519PrivateKey | None) -> None:
+        """Write a registration the server accepted: the folder, its encryption key and `key` (None: the
+        identity an earlier, interrupted registration sealed here, which the server just accepted again),
+        then device.json with the id, last, since its id is what makes the folder a registered device.
+        On any failure, Ctrl-C included, the files this call wrote are removed and the error goes on."""
+        made_dir = not self.dir.exists()
+        key_path, identity_path = self.dir / "device.key", self.dir / "identity.enc"
+        written: list[Path] = []
+        try:
+            self.check_creatable()
+            self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            if not os.environ.get(KEY_ENV) and not key_path.exists():
+                # O_EXCL: a key another process made meanwhile is refused here, never counted as written by this call
+                self._aead = AESGCM(self._create_key(key_path))
+                written.append(key_path)
+            if key is not None:
+                raw = key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
+                                        serialization.NoEncryption())
+                nonce = os.urandom(12)
+                try:
+                    write_new(identity_path, nonce + self._cipher().encrypt(nonce, raw, b"identity"))
+                except FileExistsError:
+                    raise StateError(f"{identity_path} appeared while this device was registering (another "
+                                     "register on this folder?): run register again") from None
+                written.append(identity_path)
+            self.update_info(device_id=device_id)
+        except BaseException:
+            for path in written:
+                path.unlink(missing_ok=True)
+            if made_dir and self.dir.is_dir() and not any(self.dir.iterdir()):
+                self.dir.rmdir()
+            self._aead = None
+            raise
+
+    @contextmanager
+    def train_lock(self) -> Iterator[None]:
+        """Hold this folder's train lock for the block, or raise TrainingInProgress at once (it names the
+        holder's pid when the holder wrote it). The pid is cleared when the block ends."""
+        import fcntl  # POSIX only; a device app on another OS would take its platform's lock here
+
+        path = self.dir / "train.lock"
+        handle = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        try:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(handle, 32, 0).decode(errors="replace").strip()
+                pid = f" (pid {holder})" if holder.isdigit() else ""
+                raise TrainingInProgress(f"another train is running on {self.dir}{pid}: let it finish (it sends "
+                                         "this device's update), or stop it, before training again") from None
+            os.ftruncate(handle, 0)
+            os.pwrite(handle, str(os.getpid()).encode(), 0)
+            try:
+                yield
+            finally:
+                os.ftruncate(handle, 0)
+        finally:
+            os.close(handle)  # and with it the lock
 
     def registration(self) -> str | None:
         """This folder's device id, or None before registration completed. Raises StateError when

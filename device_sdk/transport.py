@@ -102,7 +102,7 @@ class Transport:
         detail, code = error_body(response)
         status = response.status_code
         if status in (401, 403):
-            raise AuthError(f"server refused this device ({status}): {detail}")
+            raise AuthError(f"server refused this device ({status}): {detail}", status, detail)
         if status >= 500:
             raise ServerUnavailable(f"server error {status} after retries: {detail}")
         raise refusal(status, detail, code)

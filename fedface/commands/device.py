@@ -1,9 +1,10 @@
 """`fedface device ACTION`: the device SDK's command line.
 
 `--server` defaults to FEDFACE_SERVER, else http://127.0.0.1:8000 (as `fedface admin`); `--state`
-defaults to a per-user data folder. Only `register` creates state: every other action refuses a
-folder that is not a registered device. Every failure is one line (a FaceCoreError) that says
-what to do about it.
+defaults to a per-user data folder. Only `register` creates state, and only once the server accepted
+the device: every other action refuses a folder that is not a registered device, before it reads a
+photo or trains. Every failure is one line (a FaceCoreError) that says what to do about it; a train
+stopped by Ctrl-C (or SIGTERM, SIGHUP) first says whether its update is saved to be resent.
 
 Only `train` and `personalize` import torch (device_sdk.device's docstring); register, enroll, verify,
 status, unenroll and reset run on numpy and onnxruntime, and FastAPI is never imported
@@ -23,6 +24,7 @@ from device_sdk.errors import StateError
 
 if TYPE_CHECKING:
     from device_sdk.device import EnrollResult, FaceDevice
+    from device_sdk.state import DeviceState
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 ACTIONS = {
@@ -33,7 +35,7 @@ ACTIONS = {
     "verify": "compare photos (files or folders) with the enrolled owner, without torch",
     "personalize": "opt-in: train a fused personal verifier on the owner's faces (stays on this device)",
     "unenroll": "delete the owner's enrollment here and on the server",
-    "status": "show this device's registration, enrollment, pending upload and model (no server call)",
+    "status": "show this device's registration, enrollment, pending upload and the server's current model",
     "reset": "delete this device's local state, after unenrolling on the server when it can",
 }
 
@@ -98,7 +100,8 @@ def _add_photos_arguments(sub: argparse.ArgumentParser) -> None:
 
 def _train_arguments(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--wait", metavar="SECONDS", type=_seconds, nargs="?", const=None, default=0.0,
-                     help="seconds to wait for an open round and a slot; --wait alone waits until the round ends")
+                     help="seconds to wait for an open round and a slot; --wait alone waits until the round ends "
+                     "and names the model it made")
 
 
 def _verify_arguments(sub: argparse.ArgumentParser) -> None:
@@ -115,6 +118,9 @@ def _personalize_arguments(sub: argparse.ArgumentParser) -> None:
 
 def _status_arguments(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--json", action="store_true", help="print the status as JSON")
+    sub.add_argument("--timeout", metavar="SECONDS", type=_seconds, default=5.0,
+                     help="how long to wait for the server's answer before showing the model last seen "
+                     "(0: do not ask it)")
 
 
 def _reset_arguments(sub: argparse.ArgumentParser) -> None:
@@ -179,18 +185,13 @@ def _run(args: argparse.Namespace) -> int:
     device = FaceDevice(args.server, args.state, min_photos=getattr(args, "min_photos", 3),
                         verify_tls=tls_verify(args.server, args.cacert))
     if args.action == "register":
-        known = device.device_id
-        device_id = device.register(args.enrollment_token)
-        print(f"already registered as {device_id} ({args.state}): nothing changed" if known == device_id
-              else f"registered as {device_id} ({args.state})")
+        _register(device, args)
     elif args.action == "enroll":
-        print("detecting and aligning faces ...", flush=True)
-        result = device.enroll(args.photos)
+        result = device.enroll(args.photos, progress=_say)
         print(f"enrolled {result.faces} faces with model {result.model_version[:12]}")
         _print_skipped(result)
     elif args.action == "add-photos":
-        print("detecting and aligning faces ...", flush=True)
-        result = device.add_photos(args.photos)
+        result = device.add_photos(args.photos, progress=_say)
         print(f"added {result.faces} faces from this device's camera; the next round trains on them (the template stays)")
         _print_skipped(result)
     elif args.action == "train":
@@ -215,6 +216,22 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _say(step: str) -> None:
+    print(f"{step} ...", flush=True)
+
+
+def _register(device: FaceDevice, args: argparse.Namespace) -> None:
+    from device_sdk.errors import RegistrationRefused
+
+    known = device.device_id
+    try:
+        device_id = device.register(args.enrollment_token)
+    except RegistrationRefused as refused:
+        raise refused.saying("--enrollment-token TOKEN (or the FEDFACE_ENROLLMENT_TOKEN variable)") from None
+    print(f"already registered as {device_id} ({args.state}): nothing changed" if known == device_id
+          else f"registered as {device_id} ({args.state})")
+
+
 def _print_skipped(result: EnrollResult) -> None:
     if result.skipped:
         shown = ", ".join(f"{name} ({why})" for name, why in zip(result.skipped, result.reasons, strict=True))
@@ -222,21 +239,63 @@ def _print_skipped(result: EnrollResult) -> None:
 
 
 def _train(device: FaceDevice, wait: float | None) -> None:
-    summary = device.train_round(wait=wait, progress=lambda step: print(f"{step} ...", flush=True))
+    try:
+        summary = device.train_round(wait=wait, progress=_say)
+    except KeyboardInterrupt:  # Ctrl-C, or facecore.lifetime.Stopped for SIGTERM and SIGHUP: cli.main ends the run
+        print(_unsent_update(device), file=sys.stderr, flush=True)
+        raise
     for notice in summary.notices:
         print(notice)
     if summary.resent:
         print(f"round {summary.round_id}: sent the update saved by an earlier train (loss {summary.loss_before:.4f} -> "
               f"{summary.loss_after:.4f}, {summary.bytes_up:,} B up)")
-        return
-    print(f"round {summary.round_id}: loss {summary.loss_before:.4f} -> {summary.loss_after:.4f} in "
-          f"{summary.seconds:.1f} s, {summary.steps} steps, {summary.bytes_up:,} B up, {summary.bytes_down:,} B down")
+    else:
+        print(f"round {summary.round_id}: loss {summary.loss_before:.4f} -> {summary.loss_after:.4f} in "
+              f"{summary.seconds:.1f} s, {summary.steps} steps, {summary.bytes_up:,} B up, {summary.bytes_down:,} B down")
+    if wait is None:  # --wait alone: until the round ends
+        _say(f"waiting for round {summary.round_id} to end")
+        try:
+            end = device.wait_for_round_end(summary)
+        except KeyboardInterrupt:
+            print(f"the server had accepted this device's update for round {summary.round_id}: nothing is left to "
+                  "resend", file=sys.stderr, flush=True)
+            raise
+        from device_sdk.device import ROUND_END_GRACE_S  # loaded already: FaceDevice's module
+
+        if end.ended:
+            made = "" if end.made_by_round == end.round_id else f" (made by round {end.made_by_round})"
+            print(f"round {end.round_id} ended: the server's model is now {end.model_version[:12]}{made}")
+        else:
+            still = " still" if end.model_version == summary.base_version else ""
+            print(f"round {end.round_id}: no new model by {end.gave_up_at:%H:%M:%S} UTC (its deadline plus "
+                  f"{ROUND_END_GRACE_S:.0f} s): it most likely failed; the server's model is{still} "
+                  f"{end.model_version[:12]} (`fedface device status` shows the current one)")
+
+
+def _unsent_update(device: FaceDevice) -> str:
+    """What a train stopped midway leaves: an update saved to be resent (device_sdk.state's pending upload,
+    sealed before the upload starts), one the server already accepted, or nothing."""
+    try:
+        pending = device.state.pending_meta()
+    except (StateError, OSError) as error:  # an unreadable leftover must not hide that the run was stopped
+        return f"could not read {device.state.dir}'s saved update ({error})"
+    if pending is not None:
+        return (f"the update for round {pending['round_id']} is saved in {device.state.dir} and will be resent by "
+                "the next train (unless the round's deadline passes first)")
+    if device.accepted_round is not None:
+        return f"the server had accepted this device's update for round {device.accepted_round}: nothing is left to resend"
+    return "no update was saved: nothing will be resent, and the next train checks in and trains afresh"
 
 
 def _status(args: argparse.Namespace) -> int:
     from device_sdk.state import DeviceState
 
-    status = DeviceState(args.state).summary()
+    state = DeviceState(args.state)
+    status = state.summary()
+    current, problem = _server_model(state, args)
+    # `server_model`: the server's current model when it answered, else the one last seen (`server_model_current`).
+    status |= {"server": args.server, "server_model": current or status["server_model"],
+               "server_model_current": current is not None, "server_error": problem}
     if args.json:
         print(json.dumps(status))
         return 0
@@ -246,13 +305,46 @@ def _status(args: argparse.Namespace) -> int:
         "device": f"{status['device_id']} (registered)",
         "enrolled": f"yes, with model {status['enrolled_model'][:12]}" if status["enrolled"] else "no: run enroll",
         "pending": f"an update for round {pending}, resent by the next train" if pending is not None else "none",
-        "model": f"{status['server_model'][:12]} (last seen on the server)" if status["server_model"]
-        else "not seen yet",
+        "model": _model_row(status),
         "personal": "a personal verifier" if status["personal_verifier"] else "none",
     }
     for label, value in rows.items():
         print(f"{label:<9} {value}")
     return 0
+
+
+def _server_model(state: DeviceState, args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """(the server's current model version, None), or (None, why the server did not say): one signed GET, no
+    retry, `--timeout` seconds at most (0: not asked). Nothing is written: the model a later offline verify
+    falls back to stays the one whose ONNX file a verify or enroll cached."""
+    from device_sdk.errors import DeviceError, ServerUnavailable
+    from device_sdk.state import MAX_DESCRIPTION_BYTES, check_version
+    from device_sdk.transport import Transport
+
+    if args.timeout == 0:
+        return None, "the server was not asked (--timeout 0)"
+    device_id, key = state.require_registered(), state.signing_key()
+    assert key is not None  # require_registered checked that identity.enc opens
+    transport = Transport(args.server, timeout=args.timeout, retries=0, verify=tls_verify(args.server, args.cacert))
+    try:
+        response = transport.request("GET", "/v1/models/current", key, device_id, max_bytes=MAX_DESCRIPTION_BYTES)
+        described = response.json()
+        return check_version(described.get("version") if isinstance(described, dict) else None), None
+    except ServerUnavailable:
+        return None, f"the server at {args.server} cannot be reached now"
+    except ValueError:
+        return None, f"the server at {args.server} sent a model description that is not JSON"
+    except DeviceError as error:  # a refusal (removed device, no model yet) or a malformed answer
+        return None, f"the server at {args.server} did not say ({error})"
+    finally:
+        transport.close()
+
+
+def _model_row(status: dict[str, Any]) -> str:
+    model = status["server_model"]
+    if status["server_model_current"]:
+        return f"{model[:12]} (the server's current model)"
+    return f"{model[:12]} (the last one seen: {status['server_error']})" if model else f"not seen yet ({status['server_error']})"
 
 
 def _reset(args: argparse.Namespace) -> int:

@@ -4,7 +4,9 @@ One process scores every photo without torch (device_sdk.verify). Output: one li
 the order given (a folder's photos sorted by name), then the threshold, its false-accept rate and
 the model's version; with --json, one JSON object per photo per line carrying the same fields.
 Exit status 0 when every photo got a score (a match or not), 1 when one could not be scored (not
-an image, no face): its line says which. The caller adds --server, --state and --cacert.
+an image, no face): its line says which. Paths that hold no photo at all (an empty folder, a folder
+of other files) are one error line and exit 1, before the server is asked: a verify that scored
+nothing never reads as a pass. The caller adds --server, --state and --cacert.
 """
 from __future__ import annotations
 
@@ -36,6 +38,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--threshold is a cosine in [-1, 1], got {args.threshold}")
     photos = list_photos(args.photos)
     state = DeviceState(args.state)
+    state.require_registered()  # a mistyped --state is the more useful thing to hear first
+    if not photos:
+        from device_sdk.errors import DeviceError
+        from facecore.data.records import IMAGE_SUFFIXES
+
+        raise DeviceError(f"no photos to verify in {', '.join(map(str, args.photos))}: a folder's photos "
+                          f"are its {', '.join(sorted(IMAGE_SUFFIXES))} files")
     # One quick retry: a verify should answer, not wait out a long backoff; offline it uses the cached model.
     transport = Transport(args.server, timeout=10.0, retries=1, verify=tls_verify(args.server, args.cacert))
     model = device_model(state, transport)

@@ -6,6 +6,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(autouse=True)
 def _no_device_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("FEDFACE_DEVICE_KEY", "FEDFACE_SERVER"):
+    for name in ("FEDFACE_DEVICE_KEY", "FEDFACE_SERVER", "FEDFACE_ENROLLMENT_TOKEN"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -189,16 +190,16 @@ def test_enroll_names_each_unusable_photo_and_why(
 
 
 def test_status_reports_registration_enrollment_and_model(
-    device_dir: Path, capsys: pytest.CaptureFixture[str],
+    server: ServerProcess, device_dir: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
     # Execute
-    code, out, _ = fedface(capsys, "device", "status", "--state", device_dir, "--json")
+    code, out, _ = fedface(capsys, "device", "status", "--server", server.url, "--state", device_dir, "--json")
     status = json.loads(out)
     # Assert
     assert code == 0 and len(status["device_id"]) == 32 and status["enrolled"] is True
     assert len(status["enrolled_model"]) == 64 and status["server_model"] == status["enrolled_model"]
     assert status["pending_upload_round"] is None
-    code, out, _ = fedface(capsys, "device", "status", "--state", device_dir)
+    code, out, _ = fedface(capsys, "device", "status", "--server", server.url, "--state", device_dir)
     assert code == 0 and f"enrolled  yes, with model {status['enrolled_model'][:12]}" in out
 
 
@@ -246,11 +247,12 @@ def test_a_corrupt_cached_onnx_is_downloaded_again(
     assert served.headers["X-Content-SHA256"] == hashlib.sha256(served.content).hexdigest() == good
 
 
-def _start_train(server: ServerProcess, state: Path, log: Path) -> subprocess.Popen[str]:
+def _start_train(server: ServerProcess, state: Path, log: Path, *wait: str) -> subprocess.Popen[str]:
+    """`fedface device train --wait 180` (or `wait`'s arguments) in its own process: stdout piped, stderr to `log`."""
     env = {k: v for k, v in os.environ.items() if k not in ("FEDFACE_DEVICE_KEY", "FEDFACE_SERVER")}
     env |= {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-u", "-m", "fedface", "device", "train", "--server", server.url, "--state", str(state),
-               "--wait", "180"]
+               *(wait or ("--wait", "180"))]
     with log.open("w") as stderr:
         return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
 
@@ -339,6 +341,180 @@ def test_a_late_upload_says_the_deadline_passed(
     assert code != 0 and "Traceback" not in err, err
     assert f"round {opened['id']}'s upload deadline" in err and "passed before this device's update arrived" in err
     assert not (device_dir / "pending_upload.json").exists()
+
+
+def test_a_refused_or_failed_registration_names_the_token_option_and_leaves_no_state(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Prepare: a server that registers devices only with an enrollment token, as production does; an empty
+    # folder the user made for the device, and one that does not exist yet
+    token_server = ServerProcess(tmp_path / "data", FEDFACE_REQUIRE_ENROLLMENT_TOKEN="true").start()
+    made, fresh = tmp_path / "made", tmp_path / "fresh"
+    made.mkdir()
+    try:
+        token = token_server.admin("POST", "/v1/admin/enrollment-tokens", json={"count": 1})["tokens"][0]
+        # Execute / Assert: no token, a bad token, a server that is down: one line each, and no state written
+        for state in (made, fresh):
+            code, _, err = fedface(capsys, "device", "register", "--server", token_server.url, "--state", state)
+            assert "--enrollment-token TOKEN" in one_line_error(code, err) and "FEDFACE_ENROLLMENT_TOKEN" in err
+            assert f"nothing was saved in {state}" in err
+        for bad in ("not-a-token", "unknown-token-0123456789"):
+            code, _, err = fedface(capsys, "device", "register", "--server", token_server.url, "--state", fresh,
+                                   "--enrollment-token", bad)
+            assert "check the enrollment token" in one_line_error(code, err) and "fedface admin token issue" in err
+        code, _, err = fedface(capsys, "device", "register", "--server", "http://127.0.0.1:9", "--state", fresh)
+        assert "cannot reach the server" in one_line_error(code, err) and f"nothing was saved in {fresh}" in err
+        assert list(made.iterdir()) == [] and not fresh.exists()
+        # Execute / Assert: the SDK's refusal names its own argument, and writes nothing either
+        with pytest.raises(DeviceError, match=r"register\(enrollment_token=\.\.\.\)"):
+            FaceDevice(token_server.url, fresh).register()
+        assert not fresh.exists()
+        # Execute / Assert: enroll on the folder that was never registered refuses before it detects anything
+        code, out, err = fedface(capsys, "device", "enroll", "--server", token_server.url, "--state", fresh,
+                                 "--photos", tmp_path)
+        assert "no device state at" in one_line_error(code, err) and out == ""
+        # Execute / Assert: with the token from FEDFACE_ENROLLMENT_TOKEN it registers; a later refusal keeps that device
+        monkeypatch.setenv("FEDFACE_ENROLLMENT_TOKEN", token)
+        code, out, _ = fedface(capsys, "device", "register", "--server", token_server.url, "--state", fresh)
+        assert code == 0 and out.startswith("registered as ")
+        kept = {path.name: path.read_bytes() for path in fresh.iterdir()}
+        code, out, _ = fedface(capsys, "device", "register", "--server", token_server.url, "--state", fresh,
+                               "--enrollment-token", "not-a-token")
+        assert code == 0 and "nothing changed" in out
+        assert {path.name: path.read_bytes() for path in fresh.iterdir()} == kept
+    finally:
+        token_server.stop()
+
+
+def test_enroll_refuses_an_enrolled_device_before_detecting_any_face(
+    server: ServerProcess, device_dir: Path, owners: list[list[Path]], capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    # Prepare: a copy of the enrolled device whose own record forgot the enrollment (the server still holds it)
+    forgot = tmp_path / "forgot"
+    shutil.copytree(device_dir, forgot, ignore=shutil.ignore_patterns("models"))
+    FaceDevice(server.url, forgot).state.update_info(enrolled=False)
+    for state, why in ((device_dir, "this device is already enrolled"), (forgot, "the server already holds an enrollment")):
+        # Execute
+        code, out, err = fedface(capsys, "device", "enroll", "--server", server.url, "--state", state,
+                                 "--photos", *owners[0][4:8])
+        # Assert: refused in one line, and no photo was detected first
+        assert why in one_line_error(code, err) and "run unenroll first" in err
+        assert "detecting" not in out
+
+
+def test_verify_of_folders_without_a_photo_is_an_error(
+    server: ServerProcess, device_dir: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+) -> None:
+    # Prepare: an empty folder, and one that holds only a text file
+    empty, notes = tmp_path / "empty", tmp_path / "notes"
+    empty.mkdir()
+    notes.mkdir()
+    (notes / "readme.txt").write_text("no photos here")
+    for folder in (empty, notes):
+        # Execute
+        code, out, err = fedface(capsys, "device", "verify", "--server", server.url, "--state", device_dir, folder)
+        # Assert: one line and exit 1, not a threshold line and exit 0
+        assert f"no photos to verify in {folder}" in one_line_error(code, err) and out == ""
+
+
+def test_a_second_train_on_one_state_is_refused_and_a_dead_trains_lock_does_not_block(
+    server: ServerProcess, device_dir: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+    paused: list[subprocess.Popen[str]],
+) -> None:
+    # Prepare: a train that waits for a round (none is open), holding the state's lock
+    log = tmp_path / "first.log"
+    first = _start_train(server, device_dir, log)
+    paused.append(first)
+    _read_until(first, "checking in", log)
+    # Execute
+    code, _, err = fedface(capsys, "device", "train", "--server", server.url, "--state", device_dir)
+    # Assert: refused at once in one line naming the running train's pid
+    assert f"another train is running on {device_dir} (pid {first.pid})" in one_line_error(code, err)
+    # Execute: the first train is killed, its lock file left behind
+    first.kill()
+    first.wait(timeout=60)
+    assert (device_dir / "train.lock").exists()
+    code, _, err = fedface(capsys, "device", "train", "--server", server.url, "--state", device_dir)
+    # Assert: the next train is not blocked (it gets as far as checking in)
+    assert "no round is open" in one_line_error(code, err)
+    # Execute: a train stopped by Ctrl-C while it waits to be selected
+    log = tmp_path / "second.log"
+    second = _start_train(server, device_dir, log)
+    paused.append(second)
+    _read_until(second, "checking in", log)
+    second.send_signal(signal.SIGINT)
+    code = second.wait(timeout=60)
+    # Assert: it says that nothing was saved, then that it was interrupted
+    assert code == -signal.SIGINT and log.read_text().splitlines()[-2:] == [
+        "no update was saved: nothing will be resent, and the next train checks in and trains afresh",
+        "fedface device: interrupted",
+    ]
+
+
+def test_ctrl_c_during_an_upload_says_the_update_is_saved_and_the_next_train_sends_it(
+    server: ServerProcess, device_dir: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+    paused: list[subprocess.Popen[str]],
+) -> None:
+    # Prepare: the device trains; the server is frozen (SIGSTOP) so that the upload hangs
+    log = tmp_path / "train.log"
+    process = _start_train(server, device_dir, log)
+    paused.append(process)
+    _read_until(process, "checking in", log)
+    opened = open_round(server, target=1, minimum=1, deadline=300, window=0.5)
+    _read_until(process, "training locally", log)
+    os.killpg(server.pid, signal.SIGSTOP)
+    try:
+        _read_until(process, "uploading the update", log)
+        time.sleep(1.0)
+        # Execute
+        process.send_signal(signal.SIGINT)
+        code = process.wait(timeout=60)
+    finally:
+        os.killpg(server.pid, signal.SIGCONT)
+    # Assert: it says the update is saved and will be resent, and it is
+    lines = log.read_text().splitlines()
+    assert code == -signal.SIGINT and lines[-1] == "fedface device: interrupted", lines
+    assert lines[-2].startswith(f"the update for round {opened['id']} is saved in {device_dir} and will be resent "
+                                "by the next train")
+    assert (device_dir / "pending_upload.json").exists()
+    # Execute / Assert: the next train sends it, and the round completes with it
+    code, out, _ = fedface(capsys, "device", "train", "--server", server.url, "--state", device_dir)
+    assert code == 0 and f"round {opened['id']}: sent the update saved by an earlier train" in out
+    assert _wait_for_status(server, opened["id"], {"completed", "failed"})["status"] == "completed"
+
+
+def test_train_wait_names_the_model_its_round_made_and_status_shows_the_current_one(
+    server: ServerProcess, owners: list[list[Path]], capsys: pytest.CaptureFixture[str], tmp_path: Path,
+    paused: list[subprocess.Popen[str]],
+) -> None:
+    # Prepare: a new enrolled device that waits, with `--wait` alone, for a round
+    state = tmp_path / "device"
+    assert fedface(capsys, "device", "register", "--server", server.url, "--state", state)[0] == 0
+    assert fedface(capsys, "device", "enroll", "--server", server.url, "--state", state, "--photos", *owners[2][:3])[0] == 0
+    enrolled_model = json.loads((state / "device.json").read_text())["model_version"]
+    log = tmp_path / "train.log"
+    process = _start_train(server, state, log, "--wait")
+    paused.append(process)
+    _read_until(process, "checking in", log)
+    # Execute
+    opened = open_round(server, target=1, minimum=1, deadline=300, window=0.5)
+    ended = _read_until(process, f"round {opened['id']} ended", log)
+    code = process.wait(timeout=60)
+    # Assert: the device says that its round ended, and names the model the round made
+    made = round_status(server, opened["id"])["result_version"]
+    assert code == 0 and made != enrolled_model
+    assert ended.strip() == f"round {opened['id']} ended: the server's model is now {made[:12]}"
+    # Execute / Assert: status asks the server, and shows that model as the current one
+    code, out, _ = fedface(capsys, "device", "status", "--server", server.url, "--state", state)
+    assert code == 0 and f"model     {made[:12]} (the server's current model)" in out
+    code, out, _ = fedface(capsys, "device", "status", "--server", server.url, "--state", state, "--json")
+    shown = json.loads(out)
+    assert (shown["server_model"], shown["server_model_current"], shown["server_error"]) == (made, True, None)
+    # Execute / Assert: with the server out of reach, it says the model shown is the last one seen
+    code, out, _ = fedface(capsys, "device", "status", "--server", "http://127.0.0.1:9", "--state", state)
+    assert code == 0 and (f"model     {enrolled_model[:12]} (the last one seen: the server at http://127.0.0.1:9 "
+                          "cannot be reached now)") in out
 
 
 def test_reset_unenrolls_on_the_server_and_deletes_the_state(
