@@ -187,8 +187,11 @@ class FaceDevice:
         self, server_url: str, state_dir: str | Path, min_photos: int = 3, timeout: float = 30.0, retries: int = 4,
         aligner: FaceAligner | None = None, verify_tls: bool | str = True, upload_fp16: bool = True,
         template_noise_cos: float | None = None, training_slot: AbstractContextManager[Any] | None = None,
+        min_secure_members: int = 2,
     ) -> None:
-        """`template_noise_cos`: blur every template sent to the server so that it keeps about this
+        """`min_secure_members`: the fewest members a secure-aggregation round may have for this device to
+        take part (2, the protocol's least); each puppet a server would enrol beside it costs it one.
+        `template_noise_cos`: blur every template sent to the server so that it keeps about this
         cosine with the true one (facecore.federation.template_noise); the device keeps the clean one.
         `training_slot`: entered around local training. Only for many devices in one process (a
         simulation), e.g. a shared Semaphore, so their trainings do not all hold memory at once.
@@ -196,6 +199,9 @@ class FaceDevice:
         self.state = DeviceState(state_dir)
         self.transport = Transport(server_url, timeout=timeout, retries=retries, verify=verify_tls)
         self.min_photos = min_photos
+        if min_secure_members < 2:
+            raise DeviceError(f"min_secure_members must be at least 2 (the sum of one update is that update), got {min_secure_members}")
+        self.min_secure_members = min_secure_members
         self.upload_fp16 = upload_fp16
         if template_noise_cos is not None:
             sigma_for_cosine(template_noise_cos, 1)  # refuse a bad setting now, not at the first upload
@@ -438,7 +444,8 @@ class FaceDevice:
         secure = None
         if checkin.secagg_url:
             say("joining secure aggregation")
-            secure = SecureRound(self._request, server_path(checkin.secagg_url), poll=min(poll, 1.0))
+            secure = SecureRound(self._request, server_path(checkin.secagg_url), poll=min(poll, 1.0),
+                                 min_members=self.min_secure_members)
             secure.join()  # before training: the key steps have short deadlines
             # What the device agreed to, for its user to see: a server that filled the round with puppets shows here.
             notices.append(f"secure aggregation: {secure.members} members, threshold {secure.client.threshold}")

@@ -1,10 +1,12 @@
 """What the device reads from a server: bodies as the protocol defines them, paths on that server only."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from device_sdk.device import server_body, server_path
-from device_sdk.errors import BadServerResponse
+from device_sdk.device import FaceDevice, server_body, server_path
+from device_sdk.errors import BadServerResponse, DeviceError
 from facecore.federation.messages import CheckinPublic
 from facecore.federation.status import ParticipationStatus
 
@@ -38,3 +40,11 @@ def test_only_paths_on_the_same_server_are_followed() -> None:
     for url in ("https://elsewhere.example/v1/x", "/v1/../admin", None):
         with pytest.raises(BadServerResponse, match="not a path on it"):
             server_path(url)
+
+
+def test_a_secure_member_floor_below_two_is_refused(tmp_path: Path) -> None:
+    # Execute / Assert: refused at construction, before any round; nothing created
+    with pytest.raises(DeviceError, match="min_secure_members must be at least 2"):
+        FaceDevice("http://127.0.0.1:9", tmp_path / "device", min_secure_members=1)
+    assert FaceDevice("http://127.0.0.1:9", tmp_path / "device", min_secure_members=5).min_secure_members == 5
+    assert not (tmp_path / "device").exists()

@@ -62,11 +62,15 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _count(text: str) -> int:
+def _count(text: str, least: int = 1) -> int:
     value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be at least {least}, got {text}")
     return value
+
+
+def _members(text: str) -> int:
+    return _count(text, least=2)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -102,6 +106,9 @@ def _train_arguments(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--wait", metavar="SECONDS", type=_seconds, nargs="?", const=None, default=0.0,
                      help="seconds to wait for an open round and a slot; --wait alone waits until the round ends "
                      "and names the model it made")
+    sub.add_argument("--min-secure-members", metavar="N", type=_members, default=2,
+                     help="take part in a secure-aggregation round only with at least N members (each puppet member "
+                     "a server would enrol beside this device costs it one)")
 
 
 def _verify_arguments(sub: argparse.ArgumentParser) -> None:
@@ -183,7 +190,8 @@ def _run(args: argparse.Namespace) -> int:
     from device_sdk.device import FaceDevice
 
     device = FaceDevice(args.server, args.state, min_photos=getattr(args, "min_photos", 3),
-                        verify_tls=tls_verify(args.server, args.cacert))
+                        verify_tls=tls_verify(args.server, args.cacert),
+                        min_secure_members=getattr(args, "min_secure_members", 2))
     if args.action == "register":
         _register(device, args)
     elif args.action == "enroll":

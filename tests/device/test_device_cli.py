@@ -115,6 +115,15 @@ def test_a_mistyped_state_folder_is_refused_in_one_line_and_not_created(
     assert not (tmp_path / "typo").exists()
 
 
+def test_a_secure_member_floor_below_two_is_a_usage_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # Execute
+    with pytest.raises(SystemExit) as usage:
+        main(["device", "train", "--state", str(tmp_path / "device"), "--min-secure-members", "1"])
+    # Assert: named, and nothing created
+    assert usage.value.code == 2 and "--min-secure-members: must be at least 2, got 1" in capsys.readouterr().err
+    assert not (tmp_path / "device").exists()
+
+
 def test_a_state_that_is_a_file_or_corrupt_is_one_line_naming_the_file(
     capsys: pytest.CaptureFixture[str], tmp_path: Path,
 ) -> None:
