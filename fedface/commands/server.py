@@ -1,7 +1,10 @@
 """`fedface server`: the cross-device FedFace round server (FastAPI on uvicorn).
 
-Everything that can fail (flags, the port, secrets, migrations, the first model) is checked before
-the banner and before uvicorn starts, so a failure is one line and no half-started server.
+Everything that can fail (flags, the port, the TLS files, the database, the data folder, secrets, migrations, the first
+model) is checked before the banner and before uvicorn starts, so a failure is one line and no half-started
+server; an operator's own database URL is checked before anything is written or torch is loaded.
+In production every line the server writes once logging is configured is a JSON log record, the banner
+included (`_announce`); `--dev` writes readable text.
 Stop signals are uvicorn's (`OWN_SIGNALS`: SIGTERM is a graceful shutdown); started by the launcher,
 the server ends with its whole process group once the launching process is gone.
 """
@@ -14,6 +17,7 @@ import ipaddress
 import os
 import socket
 import sys
+from pathlib import Path
 
 from server_api.errors import ConfigError
 
@@ -109,6 +113,41 @@ def check_port_free(host: str, port: int) -> None:
             raise ConfigError(f"cannot listen on {host}:{port}: {error.strerror}{hint}") from None
 
 
+def check_tls_files(certfile: str, keyfile: str) -> None:
+    """Load the certificate and key as uvicorn will: a missing file, a bad PEM or a key of another certificate is
+    one line naming them now, not an error without a file name after the banner."""
+    import ssl
+
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(certfile, keyfile)
+    except ssl.SSLError as error:  # OpenSSL's own words, with its code
+        raise ConfigError(f"cannot use TLS certificate {certfile} with key {keyfile}: not a PEM certificate and its key ({error})") from None
+    except OSError as error:
+        raise ConfigError(f"cannot use TLS certificate {certfile} with key {keyfile}: {error.strerror}") from None
+
+
+def _announce(message: str, human: bool, **fields: object) -> None:
+    """A start-up line: plain text for a terminal (--dev); in production a log record like every other
+    line the server writes, so a log shipper that parses JSON lines never meets a bare one."""
+    if human:
+        print(f"fedface server: {message}", file=sys.stderr)
+        return
+    from server_api.core.logging import get_logger
+
+    get_logger("startup").info(message, extra={"fields": fields})
+
+
+def _make_data_dir(path: Path) -> None:
+    """The data folder, made private now: one that cannot be made (a parent that is a file, a read-only
+    file system) is one line, not a traceback from the secrets or the database that go in it."""
+    from server_api.storage.blobs import make_private_dir
+
+    try:
+        make_private_dir(path)
+    except OSError as error:
+        raise ConfigError(f"cannot use data folder {path}: {error.strerror}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     from facecore.lifetime import exit_with_parent
     from fedface.cli import UsageError
@@ -121,37 +160,52 @@ def run(args: argparse.Namespace) -> int:
     if not 0 < args.port < 65536:
         raise UsageError(f"--port must be 1-65535, got {args.port}")
     check_port_free(args.host, args.port)
+    if args.ssl_certfile:
+        check_tls_files(args.ssl_certfile, args.ssl_keyfile)
 
     import uvicorn
 
-    from server_api.core.config import ADMIN_TOKEN_FILE, Settings, resolve_secrets
+    from server_api.core.config import ADMIN_TOKEN_FILE, Settings, redact_url, resolve_secrets
+    from server_api.core.db import check_database, check_database_url
     from server_api.core.logging import configure_logging, logging_config
-    from server_api.services.context import ServerContext
 
     _export_settings(args)
     settings = Settings()
     trusted_proxies = settings.trusted_proxies()  # a malformed list is one line, before anything starts
+    database_url = settings.resolved_database_url()  # so is a database URL with an unknown scheme
+    shown_url = redact_url(settings.database_url_as_given())
+    if settings.database_url is not None:  # the operator's database: reachable before anything is written or loaded
+        check_database_url(database_url, shown_url)
     configure_logging(settings.log_level, human=settings.dev)
     secrets = resolve_secrets(settings)
+    _make_data_dir(settings.data_dir)
+
+    from server_api.services.context import ServerContext
+
     # Migrate and create the first model here, so errors print as one line before uvicorn starts.
     context = ServerContext.create(settings, secrets)
     try:
+        if settings.database_url is None:  # the default SQLite file, in the data folder just made
+            check_database(context.engine, shown_url)
         context.startup()
     finally:
         context.close()
     scheme = "https" if args.ssl_certfile else "http"
     backend = "sqlite" if settings.is_sqlite() else "postgresql"
-    print(
-        f"fedface server: {scheme}://{args.host}:{args.port} ({backend}, data in {settings.data_dir}, "
-        "API docs at /docs, operator page at /ui)",
-        file=sys.stderr,
+    url = f"{scheme}://{args.host}:{args.port}"
+    _announce(
+        f"{url} ({backend}, data in {settings.data_dir}, API docs at /docs, operator page at /ui)", settings.dev,
+        url=url, database=backend, data_dir=str(settings.data_dir),
     )
     if settings.dev:
-        print(f"fedface server: dev mode, admin token in {settings.data_dir / ADMIN_TOKEN_FILE}", file=sys.stderr)
+        _announce(f"dev mode, admin token in {settings.data_dir / ADMIN_TOKEN_FILE}", human=True)
         if not _is_loopback(args.host):
-            print("fedface server: warning: dev secrets on a non-loopback address", file=sys.stderr)
+            _announce("warning: dev secrets on a non-loopback address", human=True)
     if trusted_proxies:
-        print(f"fedface server: client addresses from X-Forwarded-For of {', '.join(trusted_proxies)}", file=sys.stderr)
+        _announce(
+            f"client addresses from X-Forwarded-For of {', '.join(trusted_proxies)}", settings.dev,
+            forwarded_allow_ips=trusted_proxies,
+        )
     uvicorn.run(
         "server_api.main:create_app_from_env",
         factory=True,

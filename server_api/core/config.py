@@ -11,18 +11,23 @@ from __future__ import annotations
 import base64
 import ipaddress
 import os
+import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy import make_url
+from sqlalchemy.exc import ArgumentError
 
 from server_api.errors import ConfigError
 
 ADMIN_TOKEN_FILE = "admin_token"
 TEMPLATE_KEY_FILE = "template.key"
 MIN_ADMIN_TOKEN_CHARS = 32
+_PASSWORD_IN_URL = re.compile(r"(://[^:/@]*:)[^@/]*@")  # scheme://user:PASSWORD@host
 _WEAK_TOKENS = {"admin", "changeme", "change-me", "password", "secret", "token", "dev", "test", "fedface", "default"}
 
 
@@ -80,14 +85,29 @@ class Settings(BaseSettings):
     # committing it, so a test can kill -9 the process mid-aggregation. Keep 0 in production.
     aggregation_pause_s: float = Field(default=0.0, ge=0)
 
+    def database_url_as_given(self) -> str:
+        """The URL as the operator wrote it (or the default SQLite file); secret, name it with :func:`redact_url`."""
+        return self.database_url or f"sqlite:///{(self.data_dir / 'fedface.db').resolve()}"
+
     def resolved_database_url(self) -> str:
-        url = self.database_url or f"sqlite:///{(self.data_dir / 'fedface.db').resolve()}"
+        """The SQLAlchemy URL to connect with. A scheme we do not ship a driver for, or a URL SQLAlchemy cannot
+        read (a port that is not a number), is a ConfigError naming the URL without its password."""
+        url = self.database_url_as_given()
         # psycopg 3 is the only PostgreSQL driver we ship; accept the usual spellings.
         for prefix in ("postgres://", "postgresql://"):
             if url.startswith(prefix):
-                return "postgresql+psycopg://" + url[len(prefix):]
+                url = "postgresql+psycopg://" + url[len(prefix):]
         if not (url.startswith("sqlite") or url.startswith("postgresql+psycopg://")):
-            raise ConfigError(f"unsupported database URL scheme in {url.split(':', 1)[0]!r}: use sqlite:/// or postgresql://")
+            scheme = url.split("://", 1)[0] if "://" in url else None
+            what = f"unsupported scheme {scheme!r}" if scheme else "not a URL"
+            raise ConfigError(
+                f"database URL {redact_url(self.database_url_as_given())}: {what}; use sqlite:///PATH or postgresql://USER@HOST/DB"
+            )
+        try:
+            make_url(url)
+        except (ArgumentError, ValueError) as error:
+            reason = "its port is not a number" if _port_is_not_a_number(url) else str(error)
+            raise ConfigError(f"database URL {redact_url(self.database_url_as_given())} is malformed: {reason}") from None
         return url
 
     def is_sqlite(self) -> bool:
@@ -101,6 +121,22 @@ class Settings(BaseSettings):
         is an IP address or network: uvicorn would take a typo for a host name and silently trust nothing, and
         '*' would let every client choose its own address."""
         return parse_trusted_proxies(self.forwarded_allow_ips)
+
+
+def redact_url(url: str) -> str:
+    """``url`` fit for a message or a log: its password, if any, replaced by ``***``."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):  # not even SQLAlchemy can read it: hide whatever stands where a password would
+        return _PASSWORD_IN_URL.sub(r"\1***@", url)
+
+
+def _port_is_not_a_number(url: str) -> bool:
+    try:
+        _ = urlsplit(url).port  # reading it is the check: it raises on "host:abc"
+    except ValueError:
+        return True
+    return False
 
 
 def parse_trusted_proxies(text: str) -> list[str]:
@@ -183,12 +219,15 @@ def _write_private(path: Path, text: str) -> None:
 
 
 def _dev_secrets(settings: Settings) -> Secrets:
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
     token_path = settings.data_dir / ADMIN_TOKEN_FILE
     key_path = settings.data_dir / TEMPLATE_KEY_FILE
-    if not token_path.exists():
-        _write_private(token_path, secrets.token_urlsafe(32) + "\n")
-    if not key_path.exists():
-        _write_private(key_path, base64.b64encode(secrets.token_bytes(32)).decode() + "\n")
-    token = settings.admin_token.get_secret_value() if settings.admin_token else token_path.read_text().strip()
+    try:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        if not token_path.exists():
+            _write_private(token_path, secrets.token_urlsafe(32) + "\n")
+        if not key_path.exists():
+            _write_private(key_path, base64.b64encode(secrets.token_bytes(32)).decode() + "\n")
+        token = settings.admin_token.get_secret_value() if settings.admin_token else token_path.read_text().strip()
+    except OSError as error:  # a parent that is a file, a read-only file system: one line, not a traceback
+        raise ConfigError(f"cannot use data folder {settings.data_dir}: {error.strerror}") from None
     return Secrets(admin_token=token, template_key=_read_key_file(key_path))

@@ -16,6 +16,12 @@ background job) owns its transaction through :func:`transaction`, which commits 
 work is done and rolls back when anything raises, so a domain error leaves nothing half-written;
 :func:`lock_round` inside it holds the round row until that commit.
 
+Start-up: :func:`check_database` connects once before anything else touches the database, so a URL
+that cannot be opened (no server there, a wrong password, an unknown host, a SQLite folder that is
+missing or unwritable) is one ConfigError naming the URL, password hidden, and the cause, never a
+driver traceback. A PostgreSQL connection attempt gives up after ``CONNECT_TIMEOUT_S`` unless the
+URL sets its own ``connect_timeout``, so a host that drops packets fails too, instead of hanging.
+
 The SQLite file is created 0600 before the first connection (its -wal and -shm files take
 the database file's mode), and an existing one is made 0600: it holds encrypted templates,
 device keys and the audit trail, which no other local user should read.
@@ -29,25 +35,82 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, make_url, select, text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import QueuePool
+
+from server_api.errors import ConfigError
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[1] / "migrations"
 SQLITE_POOL_TIMEOUT_S = 60.0  # past this a request fails with 503 (see api.handlers), never hangs
 STARTUP_LOCK_KEY = 0x46454446  # "FEDF": advisory lock id for migrations and bootstrap
+CONNECT_TIMEOUT_S = 10
 
 
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
         return _sqlite_engine(url)
-    return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
+    parsed = make_url(url)
+    connect_args = {} if "connect_timeout" in parsed.query else {"connect_timeout": CONNECT_TIMEOUT_S}
+    return create_engine(parsed, pool_pre_ping=True, pool_size=5, max_overflow=10, connect_args=connect_args)
+
+
+def check_database(engine: Engine, shown_url: str) -> None:
+    """Connect once and run a statement; anything the driver refuses is a ConfigError, one line that
+    names ``shown_url`` (the caller's spelling, password hidden) and the driver's own reason."""
+    try:
+        with engine.connect() as connection:
+            connection.exec_driver_sql("SELECT 1")
+    except DBAPIError as error:
+        raise ConfigError(f"cannot open database {shown_url}: {_cause(engine, error)}") from None
+
+
+def check_database_url(url: str, shown_url: str) -> None:
+    """:func:`check_database` on an engine of its own, disposed of after."""
+    engine = make_engine(url)
+    try:
+        check_database(engine, shown_url)
+    finally:
+        engine.dispose()
+
+
+def _cause(engine: Engine, error: DBAPIError) -> str:
+    """The driver's reason in one line, with any password the URL holds blanked out. SQLite's own reason for a
+    file it cannot open says nothing about why ("unable to open database file"), so the folder is looked at."""
+    if engine.dialect.name == "sqlite":
+        problem = _sqlite_folder_problem(engine.url.database)
+        if problem:
+            return problem
+    reason = " ".join(line.strip() for line in str(error.orig).splitlines() if line.strip())
+    password = engine.url.password
+    return reason.replace(str(password), "***") if password else reason
+
+
+def _sqlite_folder_problem(database: str | None) -> str | None:
+    """Why SQLite cannot create or open ``database`` in its folder, or None when the folder is fine."""
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    folder = os.path.dirname(os.path.abspath(database))
+    if not os.path.exists(folder):
+        return f"folder {folder} does not exist"
+    if not os.path.isdir(folder):
+        return f"{folder} is not a folder"
+    if os.path.isdir(database):
+        return f"{database} is a folder, not a database file"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"folder {folder} is not writable (SQLite writes its journal beside the database)"
+    return None
 
 
 def _private_sqlite_file(url: str) -> None:
     database = make_url(url).database
     if not database or database == ":memory:" or database.startswith("file:") or not os.path.isdir(os.path.dirname(database) or "."):
-        return  # in memory, a URI, or a folder that is not there (SQLite names that problem itself)
-    os.close(os.open(database, os.O_RDWR | os.O_CREAT, 0o600))
+        return  # in memory, a URI, or a folder that is not there (check_database names that problem)
+    try:
+        os.close(os.open(database, os.O_RDWR | os.O_CREAT, 0o600))
+    except OSError as error:  # an unwritable folder, a read-only file system, a folder by that name...
+        reason = _sqlite_folder_problem(database) or f"{error.strerror}: {database}"
+        raise ConfigError(f"cannot open database {url}: {reason}") from None
     for path in (database, database + "-wal", database + "-shm"):
         if os.path.exists(path):
             os.chmod(path, 0o600)

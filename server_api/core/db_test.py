@@ -1,15 +1,18 @@
-"""core.db.transaction: one commit when the work is done, nothing kept when it raises."""
+"""core.db.transaction: one commit when the work is done, nothing kept when it raises; core.db.check_database:
+a database that cannot be opened is one line naming it."""
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from server_api.core.db import make_engine, make_session_factory, transaction
-from server_api.errors import Conflict
+from server_api.core.db import check_database, make_engine, make_session_factory, transaction
+from server_api.errors import ConfigError, Conflict
 
 
 @pytest.fixture
@@ -60,3 +63,23 @@ def test_a_failing_statement_rolls_back_the_whole_transaction_and_leaves_the_ses
     # Assert
     assert _notes(session) == ["first"]
     session.close()
+
+
+def test_a_database_that_cannot_be_opened_is_one_config_error_naming_it_without_its_password(tmp_path: Path) -> None:
+    # Prepare: a PostgreSQL port nothing listens on; a SQLite file in a folder that is not there
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    postgres = make_engine(f"postgresql+psycopg://nobody:hunter2@127.0.0.1:{port}/x")
+    sqlite = make_engine(f"sqlite:///{tmp_path}/missing/x.db")
+    # Execute
+    with pytest.raises(ConfigError) as refused:
+        check_database(postgres, f"postgres://nobody:***@127.0.0.1:{port}/x")
+    with pytest.raises(ConfigError) as missing:
+        check_database(sqlite, f"sqlite:///{tmp_path}/missing/x.db")
+    # Assert: one line each, the URL as shown and the cause
+    assert str(refused.value).startswith(f"cannot open database postgres://nobody:***@127.0.0.1:{port}/x: ")
+    assert "Connection refused" in str(refused.value) and "hunter2" not in str(refused.value) and "\n" not in str(refused.value)
+    assert str(missing.value) == f"cannot open database sqlite:///{tmp_path}/missing/x.db: folder {tmp_path}/missing does not exist"
+    postgres.dispose()
+    sqlite.dispose()

@@ -3,16 +3,31 @@
 Call sites pass structured data as ``extra={"fields": {...}}``; both formats carry the same
 fields. Nothing here inspects payloads: keeping templates out of logs is the call sites' job,
 and they only ever log ids, counts and sizes.
+
+Invariant: once :func:`configure_logging` ran, every record and every Python warning of the process goes
+through the one handler, so in production each line is a JSON object a log shipper can parse. Warnings
+(``warnings.warn``) become records of the ``fedface.server.warnings`` logger at WARNING, or at DEBUG
+when raised inside :func:`expected_warnings` (the ONNX tracer's, which the export knows about); and
+the root logger carries the same handler, so another library's warning is a record too rather than
+Python's bare last-resort line.
 """
 from __future__ import annotations
 
 import json
 import logging
 import logging.config
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TextIO
 
 LOGGER_NAME = "fedface.server"
+WARNINGS_LOGGER = f"{LOGGER_NAME}.warnings"
+# Why the warnings raised in this context are expected; a context variable, so one thread's export
+# does not quieten a warning another thread raises meanwhile.
+_expected_because: ContextVar[str | None] = ContextVar("expected_warnings", default=None)
 
 
 class JsonFormatter(logging.Formatter):
@@ -61,11 +76,42 @@ def logging_config(level: str = "INFO", human: bool = False) -> dict[str, Any]:
             "uvicorn.error": {"level": level.upper()},
             "uvicorn.access": {"handlers": ["default"], "level": level.upper(), "propagate": False},
         },
+        # Any other library's warnings and errors: through the same handler, never as a bare stderr line.
+        "root": {"handlers": ["default"], "level": "WARNING"},
     }
 
 
 def configure_logging(level: str = "INFO", human: bool = False) -> None:
     logging.config.dictConfig(logging_config(level, human))
+    warnings.showwarning = _log_warning
+
+
+@contextmanager
+def expected_warnings(reason: str) -> Iterator[None]:
+    """Python warnings raised in this block (in this thread or task) are known and harmless, ``reason``
+    says why: logged at DEBUG with it, not at WARNING."""
+    token = _expected_because.set(reason)
+    try:
+        yield
+    finally:
+        _expected_because.reset(token)
+
+
+def _log_warning(
+    message: Warning | str, category: type[Warning], filename: str, lineno: int, file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
+    """`warnings.showwarning` once logging is configured: a warning is a log record, one line like any other."""
+    if file is not None:  # a caller that names its own stream gets the plain text it asked for
+        file.write(warnings.formatwarning(message, category, filename, lineno, line))
+        return
+    reason = _expected_because.get()
+    fields: dict[str, Any] = {"category": category.__name__, "source": f"{filename}:{lineno}"}
+    if reason is not None:
+        fields["expected"] = reason
+    logging.getLogger(WARNINGS_LOGGER).log(
+        logging.DEBUG if reason is not None else logging.WARNING, str(message), extra={"fields": fields},
+    )
 
 
 def get_logger(name: str) -> logging.Logger:

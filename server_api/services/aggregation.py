@@ -8,6 +8,9 @@ row, the new embeddings and the round's end in one transaction. A process killed
 anywhere leaves either no trace in the database or a finished round; a round
 stuck in ``aggregating`` is retaken by any worker once its lease expires.
 
+A completed round's summary records what it changed: ``change_norm``, the L2 norm of the published
+backbone minus its base (:func:`published_change_norm`).
+
 Transactions: claim, finalize (or fail) and the clean-up after each own one transaction
 (:func:`transaction`); the transitions themselves are services.rounds, run inside them.
 """
@@ -183,6 +186,7 @@ def _compute_and_finalize(ctx: ServerContext, round_id: int) -> bool:
         stream = _stream_masked(ctx, updates, secure.index_of)
     del previous
     result = strategy.aggregate_train(round_id, base_weights, stream)
+    change_norm = published_change_norm(base_weights, result.weights)
     del base_weights
     model = build_model(backbone, dim, result.weights)
     meta = {"source": f"round {round_id}", "round_id": round_id, "parent": base_hash, "verification": _inherited(base_verification, base_hash),
@@ -193,6 +197,7 @@ def _compute_and_finalize(ctx: ServerContext, round_id: int) -> bool:
     summary = {
         "n_updates": result.n_clients, "n_samples": result.n_samples, "n_embeddings": len(embeddings),
         "metrics": {k: round(v, 6) for k, v in result.metrics.items()},
+        "change_norm": change_norm,
     }
     if secure is not None:
         summary["secure_aggregation"] = {
@@ -207,6 +212,20 @@ def _compute_and_finalize(ctx: ServerContext, round_id: int) -> bool:
     if done:
         log.info("round completed", extra={"fields": {"round_id": round_id, "version": blobs.version_hash, **summary}})
     return done
+
+
+def published_change_norm(base: Weights, new: Weights) -> float:
+    """The L2 norm of what a round changed in the backbone it publishes: new minus base over every
+    floating-point tensor, the new one as stored (fp32); integer buffers (BatchNorm's batch counters) are
+    left out. Computed here because only the aggregation holds both versions in memory; the operator
+    page plots it per round."""
+    squared = 0.0
+    for name, before in base.items():
+        if before.dtype.kind != "f":
+            continue
+        step = np.asarray(new[name], dtype=np.float32).astype(np.float64) - before.astype(np.float64)
+        squared += float(np.dot(step.ravel(), step.ravel()))
+    return math.sqrt(squared)
 
 
 def _secure_strategy(config: RoundConfig, inputs: secure_aggregation.UnmaskInputs, previous_step: Weights | None) -> Strategy:

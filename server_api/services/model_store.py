@@ -17,6 +17,7 @@ from facecore.errors import CheckpointError
 from facecore.models import get_backbone
 from facecore.models.checkpoint import FORMAT, save_backbone
 from facecore.models.registry import embedding_dim_of
+from server_api.core.logging import expected_warnings
 from server_api.storage.blobs import BlobStore, LocalBlobStore
 
 
@@ -50,7 +51,9 @@ def store_model(store: LocalBlobStore, model: torch.nn.Module, export_onnx: bool
     if export_onnx:
         from export.onnx_model import export_fp32
 
-        with store.temp_file() as temp:
+        # Tracing warns of shape arithmetic it records as constants and of Slice steps it cannot fold: expected
+        # for a fixed crop size (export.onnx_model.fold_shape_arithmetic folds them after), so DEBUG, not WARNING.
+        with store.temp_file() as temp, expected_warnings("torch.onnx export of a fixed-size backbone"):
             export_fp32(model, temp)
             onnx_blob = store.put_file(temp)
     name = cast(str, model.name)  # every backbone names itself (facecore.models.registry)

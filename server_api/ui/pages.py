@@ -1,5 +1,5 @@
 """HTML of the `/ui` pages. Every value from the database passes through `escape`; the pages
-load nothing but /ui/style.css and run no script."""
+load nothing but /ui/style.css and run no script (the charts are inline SVG, `plot`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from html import escape
 from typing import Any
 
 from facecore.federation.status import RoundStatus
-from server_api.ui.plot import participation_svg
+from server_api.ui.plot import charts_html
 from server_api.ui.view import OperatorView, RoundRow, VersionRow
 
 
@@ -88,8 +88,8 @@ def operator_page(view: OperatorView) -> str:
     body = f"""<header><h1>FedFace round server</h1><div class="facts">{spans}</div>
 <form method="post" action="/ui/logout"><button type="submit">Log out</button></form></header>
 <main>
-<h2>Participation and duration per round</h2>
-{participation_svg(view.rounds)}
+<h2>Rounds at a glance</h2>
+{charts_html(view.rounds, view.versions)}
 <h2>Rounds</h2>
 <table id="rounds"><thead><tr><th class="num">#</th><th>state</th><th>strategy</th><th class="num">checked in</th>
 <th class="num">selected</th><th class="num">uploaded</th><th class="num">target / min</th><th>opened</th><th>ended</th>

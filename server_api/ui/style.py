@@ -29,6 +29,17 @@ tr.active td { background: #eef5ff; }
 .chart rect.failed { fill: var(--bad); }
 .chart polyline.duration, .chart line.duration { fill: none; stroke: #f29d38; stroke-width: 2; }
 .chart circle.duration { fill: #f29d38; }
+.chart circle.duration.active { fill: #fff; stroke: #f29d38; stroke-width: 2; }
+.chart line.target { stroke: var(--ink); stroke-width: 2; }
+.chart line.minimum { stroke: var(--ink); stroke-width: 1.5; stroke-dasharray: 3 2; }
+.chart line.deadline { stroke: var(--muted); stroke-width: 1.5; stroke-dasharray: 4 3; }
+.chart rect.change { fill: #7b61c9; }
+.chart polyline.threshold { fill: none; stroke: var(--accent); stroke-width: 1.5; }
+.chart circle.threshold { fill: var(--accent); }
+.chart circle.threshold.inherited { fill: #fff; stroke: var(--accent); stroke-width: 2; }
+.charts { display: grid; grid-template-columns: repeat(auto-fill, minmax(600px, 1fr)); gap: 8px 24px; }
+.chart-box h3 { font-size: 13px; margin: 8px 0 2px; color: var(--muted); font-weight: 600; }
+svg.chart { max-width: 100%; height: auto; }
 .login { max-width: 420px; margin: 80px auto; padding: 24px; border: 1px solid var(--line); border-radius: 8px; }
 .login input { width: 100%; padding: 8px; margin: 8px 0 12px; font: inherit; }
 button { font: inherit; padding: 6px 14px; border: 1px solid var(--line); border-radius: 6px; background: #fff; }

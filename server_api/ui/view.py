@@ -1,6 +1,11 @@
 """What the operator page shows, read from the database in one session: rounds (newest first),
 model versions with their published threshold and figures, and device counts. Read only: rows
-come from crud and are turned into plain rows here, never through the API's response models."""
+come from crud and are turned into plain rows here, never through the API's response models.
+
+Everything the charts plot is here too, from what the server already stores: a round's duration (its
+timestamps) and its deadline as opened (its config), its uploads against its target (the participation rows),
+what it changed (``change_norm`` in its summary, written at aggregation; absent for a failed round and
+for rounds aggregated before it was recorded) and each version's published threshold."""
 
 from __future__ import annotations
 
@@ -32,10 +37,12 @@ class RoundRow:
     created_at: datetime
     closed_at: datetime | None
     duration_s: float  # opening to end; to now while the round is active
+    deadline_s: float  # opening to its deadline, as the round was opened
     failure_reason: str | None
     base_version: str
     result_version: str | None
     metrics: dict[str, float]  # the devices' mean training figures (loss...), once completed
+    change_norm: float | None  # L2 norm of the published backbone minus its base, once completed
 
     @property
     def active(self) -> bool:
@@ -52,6 +59,7 @@ class VersionRow:
     threshold: float | None
     far: float | None
     calibration: str | None
+    threshold_inherited: bool  # a round's version still publishing its parent's threshold
     figures: dict[str, Any]  # any other published figure (LFW accuracy...) and the round's training metrics
 
 
@@ -69,6 +77,8 @@ def _round_row(session: Session, round_: Round, now: datetime) -> RoundRow:
     result = version_crud.get(session, round_.result_version_id) if round_.result_version_id else None
     config = round_.config or {}
     end = round_.closed_at or now
+    summary = round_.summary or {}
+    change_norm = summary.get("change_norm")
     return RoundRow(
         id=round_.id,
         status=round_.status,
@@ -83,10 +93,13 @@ def _round_row(session: Session, round_: Round, now: datetime) -> RoundRow:
         created_at=round_.created_at,
         closed_at=round_.closed_at,
         duration_s=max(0.0, (end - round_.created_at).total_seconds()),
+        # As opened: an operator's early close moves deadline_at to the moment of closing.
+        deadline_s=float(config.get("deadline_s") or (round_.deadline_at - round_.created_at).total_seconds()),
         failure_reason=round_.failure_reason,
         base_version=base.version_hash if base else "",
         result_version=result.version_hash if result else None,
-        metrics={k: float(v) for k, v in ((round_.summary or {}).get("metrics") or {}).items()},
+        metrics={k: float(v) for k, v in (summary.get("metrics") or {}).items()},
+        change_norm=float(change_norm) if isinstance(change_norm, int | float) else None,
     )
 
 
@@ -113,6 +126,7 @@ def _version_row(version: ModelVersion, rounds_by_id: dict[int, RoundRow]) -> Ve
         threshold=threshold,
         far=far,
         calibration=calibration,
+        threshold_inherited=calibrated_for is not None,
         figures=figures,
     )
 

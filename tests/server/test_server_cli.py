@@ -3,8 +3,10 @@ errors exit 1 and usage errors 2, and each operator friction point is reproduced
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -78,6 +80,72 @@ def test_a_busy_port_is_one_line_before_the_banner(tmp_path: Path, capsys: pytes
     # Assert: nothing started (no banner, no data folder, no migration), one line naming the address
     line = _one_error_line(capsys, "server")
     assert code == 1 and f"cannot listen on 127.0.0.1:{port}" in line and "in use" in line
+    assert not (tmp_path / "d").exists()
+
+
+def _server_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`fedface server ARGS` in a process of its own, as an operator runs it, none of the caller's settings."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("FEDFACE_")} | {"PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", "fedface", "server", *args], capture_output=True, text=True, env=base | (env or {}),
+        timeout=120,
+    )
+
+
+PASSWORD = "hunter2-not-for-logs"
+# case: (--db, --data-dir inside the test's folder, what the one line must say); {tmp} is the test's folder, {port} a
+# closed port
+BAD_DATABASES: dict[str, tuple[str | None, str, list[str]]] = {
+    "postgres-refused": (f"postgres://nobody:{PASSWORD}@127.0.0.1:{{port}}/x", "d",
+                         ["cannot open database postgres://nobody:***@127.0.0.1:{port}/x: ", "Connection refused"]),
+    "unknown-host": (f"postgresql://nobody:{PASSWORD}@no-such-host.invalid/x", "d",
+                     ["cannot open database postgresql://nobody:***@no-such-host.invalid/x: ", "no-such-host.invalid"]),
+    "bad-scheme": (f"mysql://nobody:{PASSWORD}@db/x", "d", ["database URL mysql://nobody:***@db/x: unsupported scheme 'mysql'"]),
+    "port-not-a-number": (f"postgresql://nobody:{PASSWORD}@db:five/x", "d", ["postgresql://nobody:***@db:five/x is malformed: its port"]),
+    "sqlite-folder-missing": ("sqlite:///{tmp}/missing/x.db", "d",
+                              ["cannot open database sqlite:///{tmp}/missing/x.db: folder {tmp}/missing does not exist"]),
+    "sqlite-folder-is-a-file": ("sqlite:///{tmp}/file/x.db", "d", ["cannot open database sqlite:///{tmp}/file/x.db: {tmp}/file is not a folder"]),
+    "sqlite-folder-unwritable": ("sqlite:///{tmp}/locked/x.db", "d", ["sqlite:///{tmp}/locked/x.db: ", "not writable"]),
+    "data-folder-is-a-file": (None, "file/d", ["cannot use data folder {tmp}/file/d: Not a directory"]),
+}
+
+
+@pytest.mark.parametrize("case", BAD_DATABASES)
+def test_a_database_that_cannot_be_opened_is_one_line_naming_it_before_the_banner(case: str, tmp_path: Path) -> None:
+    # Prepare: a file where a folder should be, a folder nobody may write to
+    if case == "sqlite-folder-unwritable" and os.geteuid() == 0:
+        pytest.skip("root may write to any folder")
+    (tmp_path / "file").write_text("not a folder")
+    (tmp_path / "locked").mkdir(mode=0o500)
+    port = free_port()
+    db_template, data_dir, expected_template = BAD_DATABASES[case]
+    db = None if db_template is None else db_template.format(tmp=tmp_path, port=port)
+    expected = [part.format(tmp=tmp_path, port=port) for part in expected_template]
+    # Execute
+    result = _server_cli("--dev", "--data-dir", str(tmp_path / data_dir), "--model", "random", "--port", str(free_port()),
+                         *(["--db", db] if db is not None else []))
+    # Assert: one line, the URL without its password, the cause; nothing started and, for the operator's own
+    # database, nothing written
+    lines = result.stderr.splitlines()
+    assert result.returncode == 1 and result.stdout == "", result.stderr
+    assert len(lines) == 1 and lines[0].startswith("fedface server: error: "), result.stderr[-3000:]
+    assert all(part in lines[0] for part in expected), lines[0]
+    assert PASSWORD not in result.stderr and "Traceback" not in result.stderr
+    assert db is None or not (tmp_path / data_dir).exists()
+
+
+def test_a_missing_or_bad_tls_file_is_one_line_naming_it_before_the_banner(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Prepare: a certificate that does not exist; a "certificate" that is not PEM
+    (tmp_path / "junk.pem").write_text("not a certificate")
+    base = ["server", "--dev", "--data-dir", str(tmp_path / "d"), "--model", "random", "--port", str(free_port())]
+    # Execute
+    missing = cli.main([*base, "--ssl-certfile", str(tmp_path / "none.pem"), "--ssl-keyfile", str(tmp_path / "none.key")])
+    missing_line = _one_error_line(capsys, "server")
+    junk = cli.main([*base, "--ssl-certfile", str(tmp_path / "junk.pem"), "--ssl-keyfile", str(tmp_path / "junk.pem")])
+    junk_line = _one_error_line(capsys, "server")
+    # Assert: nothing started, the files named
+    assert missing == 1 and f"cannot use TLS certificate {tmp_path}/none.pem with key {tmp_path}/none.key: No such file" in missing_line
+    assert junk == 1 and f"{tmp_path}/junk.pem" in junk_line and "not a PEM certificate and its key" in junk_line
     assert not (tmp_path / "d").exists()
 
 
@@ -264,6 +332,53 @@ def test_dev_server_logs_readable_lines(server: ServerProcess) -> None:
     served = [line for line in log if "GET /healthz" in line]
     assert served and all(not line.lstrip().startswith("{") for line in log)
     assert served[0][2] == ":" and " INFO " in served[0]
+
+
+class ProductionServer(ServerProcess):
+    """`fedface server` without --dev: secrets from the environment and JSON logs, as an operator deploys it."""
+
+    def __init__(self, data_dir: Path, **env: str) -> None:
+        secrets_env = {"FEDFACE_ADMIN_TOKEN": secrets.token_hex(32), "FEDFACE_TEMPLATE_KEY": base64.b64encode(os.urandom(32)).decode()}
+        super().__init__(data_dir, **(secrets_env | env))
+
+    def command(self) -> list[str]:
+        return [arg for arg in super().command() if arg != "--dev"]
+
+    def admin_token(self) -> str:
+        return self.env["FEDFACE_ADMIN_TOKEN"]
+
+
+def test_every_line_a_production_server_writes_is_json_the_export_warnings_included(tmp_path: Path) -> None:
+    # Prepare: a fresh data folder, so the first model is exported to ONNX at start; the dlib ResNet's export
+    # is the one torch warns about; DEBUG, so the warnings it demotes are written too
+    server = ProductionServer(
+        tmp_path / "data", FEDFACE_EXPORT_ONNX="true", FEDFACE_RANDOM_BACKBONE="dlib-resnet", FEDFACE_LOG_LEVEL="DEBUG",
+    )
+    # Execute: start; a page, a miss, a refused admin call and an admin one; a graceful stop
+    server.start()
+    try:
+        answers = [
+            httpx.get(server.url + "/healthz").status_code, httpx.get(server.url + "/no-such-page").status_code,
+            httpx.get(server.url + "/v1/admin/rounds", headers={"Authorization": "Bearer " + "x" * 40}).status_code,
+        ]
+        versions = server.admin("GET", "/v1/admin/models")
+    finally:
+        server.stop()
+    lines = [line for line in server.log.read_text().splitlines() if line.strip()]
+    # Assert: every line a JSON object, the banner too; torch's export warnings there as expected, at DEBUG
+    records = []
+    for line in lines:
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            pytest.fail(f"not a JSON line: {line!r}")
+    assert answers == [200, 404, 401] and versions[0]["backbone"] == "dlib-resnet"
+    assert all(isinstance(r, dict) and {"ts", "level", "logger", "msg"} <= r.keys() for r in records)
+    assert any(r.get("url") == server.url and "operator page at /ui" in r["msg"] for r in records)
+    export_warnings = [r for r in records if r["logger"] == "fedface.server.warnings"]
+    assert any(r["category"] == "TracerWarning" for r in export_warnings), [r["msg"] for r in records]
+    assert all(r["level"] == "DEBUG" and "onnx" in r["expected"] for r in export_warnings)
+    assert any('"GET /no-such-page HTTP/1.1" 404' in r["msg"] for r in records)
 
 
 def test_a_token_server_registers_only_with_an_issued_token_and_prunes_the_never_enrolled(tmp_path: Path) -> None:
