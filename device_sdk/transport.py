@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from device_sdk.errors import AuthError, BadServerResponse, ServerUnavailable, refusal
+from device_sdk.errors import AuthError, BadServerResponse, DeviceError, ServerUnavailable, refusal
 from device_sdk.state import MAX_MODEL_BYTES
 from facecore.federation import protocol
 
@@ -43,7 +43,18 @@ def signature_headers(key: Ed25519PrivateKey, device_id: str | None, method: str
 
 class Transport:
     def __init__(self, server_url: str, timeout: float = 30.0, retries: int = 4, backoff: float = 0.5, verify: bool | str = True) -> None:
-        self.http = httpx.Client(base_url=server_url.rstrip("/"), timeout=timeout, verify=verify)
+        """A server URL httpx cannot read, or a CA file (`verify` as a path) that cannot be read as
+        certificates, is a DeviceError naming it, before any request."""
+        try:
+            self.http = httpx.Client(base_url=server_url.rstrip("/"), timeout=timeout, verify=verify)
+        except httpx.InvalidURL as error:
+            raise DeviceError(f"the server URL {server_url!r} is not a valid URL ({error}): give one like "
+                              "https://host:8443") from None
+        except (OSError, ValueError) as error:  # ssl.SSLError is an OSError
+            if not isinstance(verify, str):
+                raise
+            why = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+            raise DeviceError(f"the CA certificate file {verify} cannot be used: {why}") from None
         self.retries = retries
         self.backoff = backoff
         self.bytes_up = 0

@@ -3,12 +3,13 @@ known code, only the HTTP status types it. A response body is read only up to it
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from device_sdk.errors import BadServerResponse, NotEnrolled, RoundClosed, ServerRefused
+from device_sdk.errors import BadServerResponse, DeviceError, NotEnrolled, RoundClosed, ServerRefused
 from device_sdk.state import MAX_MODEL_BYTES
 from device_sdk.transport import Transport
 from facecore.federation.protocol import ErrorCode
@@ -100,3 +101,15 @@ def test_a_body_within_the_cap_is_read_whole_with_its_headers() -> None:
     # Assert
     assert response.content == b"m" * 1000 and response.headers["X-Content-SHA256"] == "ab" * 32
     assert transport.bytes_down == 1000
+
+
+def test_a_server_url_or_ca_file_that_cannot_be_used_is_one_error_naming_it(tmp_path: Path) -> None:
+    # Prepare: a CA file that holds no certificate
+    (tmp_path / "not-a-cert.pem").write_text("nope\n")
+    # Execute / Assert: each named, before any request
+    with pytest.raises(DeviceError, match=r"the server URL 'http://\[::1' is not a valid URL"):
+        Transport("http://[::1")
+    with pytest.raises(DeviceError, match=f"the CA certificate file {tmp_path}/missing.pem cannot be used: No such file"):
+        Transport("https://127.0.0.1:9", verify=str(tmp_path / "missing.pem"))
+    with pytest.raises(DeviceError, match="not-a-cert.pem cannot be used: .*no certificate"):
+        Transport("https://127.0.0.1:9", verify=str(tmp_path / "not-a-cert.pem"))

@@ -5,7 +5,8 @@ Invariants:
   `fedface --help`), and command modules import their heavy libraries (torch, FastAPI, MTCNN)
   inside `run`, so every `--help` answers without loading them.
 - Exit codes: 0 done; 1 a runtime error (any FaceCoreError: missing data, an unreachable or
-  refusing server, a bad file), printed as one line; 2 a usage error (argparse, or a UsageError
+  refusing server, a bad file; or an OSError no command turned into one, such as an --out folder that
+  cannot be made), printed as one line; 2 a usage error (argparse, or a UsageError
   raised by a command about its flags); 130 interrupted; 141 the reader of stdout went away
   (`fedface ... | head`), quietly, as a command killed by SIGPIPE.
 - Ctrl-C (SIGINT), SIGTERM and SIGHUP unwind a command (facecore.lifetime.stopped_by_signals), so the
@@ -68,8 +69,9 @@ class UsageError(Exception):
 
 
 class HelpFormatter(argparse.HelpFormatter):
-    """Appends `(default: X)` to every option that has a default and does not already say it;
-    positional arguments show as upper case, like the options' metavars."""
+    """Appends `(default: X)` to every option that takes a value, has a default and does not already say
+    it (a flag such as `--json` or `--no-init-eval` has no value to show); positional arguments show as
+    upper case, like the options' metavars."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
@@ -78,6 +80,7 @@ class HelpFormatter(argparse.HelpFormatter):
         default = action.default
         if (
             default in (None, False, argparse.SUPPRESS)
+            or action.nargs == 0
             or isinstance(action, argparse._VersionAction)
             or not action.option_strings
         ):
@@ -222,6 +225,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         _silence_stdout()
         return EXIT_BROKEN_PIPE
+    except OSError as error:
+        stopped = _stopped_cause(error)
+        if stopped is not None:
+            _die_stopped(command, stopped)
+        # A file or folder the user named that cannot be read or written: its errno and path say what to fix.
+        print(f"{command}: error: {error}", file=sys.stderr)
+        return EXIT_RUNTIME_ERROR
     except Stopped as stopped:
         _die_stopped(command, stopped)
     except KeyboardInterrupt:

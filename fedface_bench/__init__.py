@@ -7,4 +7,6 @@ Invariants:
 - Local servers come from the one shared launcher, :mod:`server_api.launcher`.
 - Importing this package imports nothing: `flower.py` runs in the separate Flower environment.
 - Named `fedface_bench`, not `benchmarks`: opacus installs a top-level `benchmarks` package.
+- A run's result goes to stdout alone; its progress to stderr (`progress.py`); each JSON result says for every
+  goal its target, measured value and verdict (`goals.py`).
 """

@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from facecore.align.detectors import DEFAULT_DETECTOR, DETECTORS, FaceDetector, load_detector
 from facecore.align.pipeline import load_rgb
 from facecore.align.template import warp_to_template
 from facecore.data.lfw import LFW
+from fedface_bench.goals import Goal, at_least, with_goals
+from fedface_bench.progress import QUIET, Progress
 
 PHOTOS_PER_S_GOAL = 120.0
 RATIO_GOAL = 3.5
@@ -51,22 +52,23 @@ def cut_to_face_box(image: np.ndarray, box: np.ndarray) -> np.ndarray:
     return image[max(y1, 0) : y2, max(x1, 0) : x2].copy()
 
 
-def tight_crops(photos: list[Path], box_detector: FaceDetector) -> list[np.ndarray]:
+def tight_crops(photos: list[Path], box_detector: FaceDetector, progress: Progress = QUIET) -> list[np.ndarray]:
     """The photos cut to the box `box_detector` finds (photos where it finds none are left out)."""
     images = [image for image in (load_rgb(p) for p in photos) if image is not None]
     cuts = []
-    for first in tqdm(range(0, len(images), 32), desc="cutting photos to their face box", unit="batch", leave=False):
+    for first in progress.bar(range(0, len(images), 32), "cutting photos to their face box", unit="batch"):
         chunk = images[first : first + 32]
         cuts += [cut_to_face_box(image, found.box) for image, found in zip(chunk, box_detector.detect(chunk)) if found]
     return cuts
 
 
 def run_detect_bench(root: Path, photos: int = 320, rounds: int = 5, tight: int = 1000,
-                     detectors: tuple[str, ...] = DETECTORS) -> dict[str, Any]:
+                     detectors: tuple[str, ...] = DETECTORS, progress: Progress = QUIET) -> dict[str, Any]:
     from facecore.models.dlib_resnet import DLIB_GEOMETRY
 
     lfw_photos = sorted(image.path for image in LFW(root / "lfw").all_images())
     timed = spread(lfw_photos, photos)
+    progress(f"loading the detectors ({', '.join(detectors)}) and warming them up")
     loaded = {name: load_detector(name) for name in detectors}
     size, points = DLIB_GEOMETRY.size, DLIB_GEOMETRY.points
     for detector in loaded.values():  # sessions warm, files in the page cache
@@ -74,13 +76,16 @@ def run_detect_bench(root: Path, photos: int = 320, rounds: int = 5, tight: int 
     samples: dict[tuple[str, int], list[float]] = {(name, batch): [] for name in loaded for batch in BATCHES}
     misses: dict[str, int] = {}
     keys = list(samples)
-    for round_index in tqdm(range(rounds), desc="timing detection + alignment", unit="round"):
+    progress(f"timing detection + alignment of {len(timed)} LFW photos: {rounds} rounds of {len(keys)} detector x batch passes")
+    for round_index in progress.bar(range(rounds), "timing detection + alignment", unit="round"):
         shift = round_index % len(keys)
         for name, batch in keys[shift:] + keys[:shift]:
             seconds, missed = _align_pass(loaded[name], timed, batch, size, points)
             samples[name, batch].append(len(timed) / seconds)
             misses[name] = missed
-    cuts = tight_crops(spread(lfw_photos, tight), loaded.get("mtcnn") or load_detector("mtcnn")) if tight else []
+    if tight:
+        progress(f"tight crops: {tight} LFW photos cut to MTCNN's face box, then detected by each detector")
+    cuts = tight_crops(spread(lfw_photos, tight), loaded.get("mtcnn") or load_detector("mtcnn"), progress) if tight else []
     report: dict[str, Any] = {"default_detector": DEFAULT_DETECTOR, "photos": len(timed), "rounds": rounds,
                               "tight_crops": len(cuts), "detectors": {}}
     for name, detector in loaded.items():
@@ -93,7 +98,19 @@ def run_detect_bench(root: Path, photos: int = 320, rounds: int = 5, tight: int 
             "tight_found_fraction": found / len(cuts) if cuts else None,
         }
     report["goals"] = goals(report)
-    return report
+    return with_goals(report, goals_met(report))
+
+
+def goals_met(report: dict[str, Any]) -> dict[str, Goal]:
+    """The same goals as :func:`goals`, by name, in the shape every bench reports (fedface_bench.goals)."""
+    detectors = report["detectors"]
+    default = detectors[report["default_detector"]]
+    out = {"photos_per_s": at_least(PHOTOS_PER_S_GOAL, default["photos_per_s"])}
+    if "mtcnn" in detectors and report["default_detector"] != "mtcnn":
+        out["over_mtcnn"] = at_least(RATIO_GOAL, default["photos_per_s"] / detectors["mtcnn"]["photos_per_s"])
+    if default["tight_found_fraction"] is not None:
+        out["tight_found_fraction"] = at_least(TIGHT_GOAL, default["tight_found_fraction"])
+    return out
 
 
 def goals(report: dict[str, Any]) -> list[dict[str, Any]]:

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from device_sdk.device import FaceDevice
+from fedface_bench.goals import Goal, at_least, at_most
+from fedface_bench.progress import QUIET, Progress
 
 
 def _timed(call: Callable[[], Any]) -> tuple[float, Any]:
@@ -29,22 +31,29 @@ def _timed(call: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - start, result
 
 
+DEVICE_GOALS = {"enroll_20_photos_s": 10.0, "round_s": 5.0, "verify_s": 0.3}
+
+
 def bench_device(
     server_url: str, state_dir: Path, enroll_photos: list[Path], probe: Path, open_round: Callable[[], None], repeats: int = 3,
+    progress: Progress = QUIET,
 ) -> dict[str, Any]:
     from facecore.align.pipeline import FaceAligner
 
     aligner = FaceAligner()  # an app keeps its detector loaded, as each FaceDevice here shares it
     enrolled = []
-    for k in range(repeats + 1):  # the server enrolls a device once, so each repeat is a new device
+    progress(f"SDK: register and enroll {len(enroll_photos)} photos on {repeats + 1} new devices (the first one warms up)")
+    for k in progress.bar(range(repeats + 1), "enroll", unit="device"):  # the server enrolls a device once, so each repeat is a new device
         device = FaceDevice(server_url, state_dir / f"device{k}", aligner=aligner)
         device.register()
         enrolled.append(_timed(partial(device.enroll, enroll_photos))[0])
     warm_enroll, enroll = enrolled[0], enrolled[1:]
     rounds = []
-    for _ in range(repeats + 1):
+    progress(f"SDK: {repeats + 1} local training rounds (the first one downloads the backbone)")
+    for _ in progress.bar(range(repeats + 1), "rounds", unit="round"):
         open_round()
         rounds.append(device.train_round(wait=60))
+    progress(f"SDK: {repeats * 3 + 1} verifies of one photo")
     warm_verify, _ = _timed(lambda: device.verify(probe))
     verify = [_timed(lambda: device.verify(probe))[0] for _ in range(repeats * 3)]
     timed_rounds = rounds[1:]  # the first round also downloads and caches the backbone
@@ -57,9 +66,16 @@ def bench_device(
         "bytes_up_per_round": int(statistics.median(r.bytes_up for r in timed_rounds)),
         "bytes_down_first_round": rounds[0].bytes_down,
         "bytes_down_per_round_median": int(statistics.median(r.bytes_down for r in timed_rounds)),
-        "goals": {"enroll_20_photos_s": 10.0, "round_s": 5.0, "verify_s": 0.3},
+        "goals": dict(DEVICE_GOALS),
         "repeats": repeats,
     }
+
+
+def device_goals(result: Mapping[str, Any]) -> dict[str, Goal]:
+    """`bench_device`'s goals, judged: medians of enroll (20 photos), one local round and one verify."""
+    measured = {"enroll_20_photos_s": result["enroll_seconds_median"], "round_s": result["round_seconds_median"],
+                "verify_s": result["verify_seconds_median"]}
+    return {name: at_most(target, measured[name]) for name, target in DEVICE_GOALS.items()}
 
 
 VERIFY_GOALS = {"cold_cli_verify_s": 1.5, "cold_cli_verify_peak_rss_mb": 400, "warm_photos_per_s": 10}
@@ -94,7 +110,7 @@ def run_measured(command: Sequence[str], env: Mapping[str, str] | None = None) -
 
 
 def bench_verify(server_url: str, state_dir: Path, enroll_photos: list[Path], probe: Path, folder: Path,
-                 repeats: int = 5) -> dict[str, Any]:
+                 repeats: int = 5, progress: Progress = QUIET) -> dict[str, Any]:
     """A device enrolled on `enroll_photos`; then cold one-photo verifies of `probe` (CLI and SDK,
     interleaved), the CLI over `folder`, and the warm rate of one verifier already open."""
     from device_sdk.state import DeviceState
@@ -102,18 +118,22 @@ def bench_verify(server_url: str, state_dir: Path, enroll_photos: list[Path], pr
     from device_sdk.verify import device_model, open_verifier
     from facecore.data.folders import list_photos
 
+    progress("verify: register and enroll a device to verify against")
     device = FaceDevice(server_url, state_dir)
     device.register()
     device.enroll(enroll_photos)
     cli = [sys.executable, "-m", "fedface", "device", "verify", "--server", server_url, "--state", str(state_dir)]
     sdk = [sys.executable, "-c", SDK_VERIFY, server_url, str(state_dir), str(probe)]
+    progress(f"verify: {repeats} cold `fedface device verify` and SDK processes each, interleaved, after one warm-up")
     run_measured([*cli, str(probe)])  # warm-up: the model download and the OS file cache
     cold, reference = [], []
-    for _ in range(repeats):
+    for _ in progress.bar(range(repeats), "cold verify", unit="pair"):
         cold.append(run_measured([*cli, str(probe)]))
         reference.append(run_measured(sdk))
     photos = list_photos([folder])
+    progress(f"verify: `fedface device verify` over a folder of {len(photos)} photos, {max(1, repeats // 2)} time(s)")
     whole_folder = [run_measured([*cli, str(folder)])[0] for _ in range(max(1, repeats // 2))]
+    progress(f"verify: {repeats} warm passes over the folder, one verifier open")
     state = DeviceState(state_dir)
     verifier = open_verifier(state, device_model(state, Transport(server_url)))
     verifier.verify(photos[:2])
@@ -136,6 +156,15 @@ def bench_verify(server_url: str, state_dir: Path, enroll_photos: list[Path], pr
     }
 
 
+def verify_goals(result: Mapping[str, Any]) -> dict[str, Goal]:
+    """`bench_verify`'s goals, judged: the cold CLI's seconds and peak RSS, the warm photos/s."""
+    return {
+        "cold_cli_verify_s": at_most(VERIFY_GOALS["cold_cli_verify_s"], result["cold_cli_verify_s"]),
+        "cold_cli_verify_peak_rss_mb": at_most(VERIFY_GOALS["cold_cli_verify_peak_rss_mb"], result["cold_cli_verify_peak_rss_mb"]),
+        "warm_photos_per_s": at_least(VERIFY_GOALS["warm_photos_per_s"], result["warm_photos_per_s"]),
+    }
+
+
 # The cold CLI commands' goals on an idle 2-core machine: wall seconds and peak RSS (MB) of one fresh process.
 COMMAND_GOALS: dict[str, dict[str, float]] = {
     "register": {"wall_s": 1.0, "peak_rss_mb": 200},
@@ -145,7 +174,8 @@ COMMAND_GOALS: dict[str, dict[str, float]] = {
 COMMAND_PHOTOS = 10
 
 
-def bench_commands(server_url: str, scratch: Path, people: Sequence[Sequence[Path]], repeats: int = 3) -> dict[str, Any]:
+def bench_commands(server_url: str, scratch: Path, people: Sequence[Sequence[Path]], repeats: int = 3,
+                   progress: Progress = QUIET) -> dict[str, Any]:
     """`fedface device register`, `enroll` and `verify`, each a fresh process, as a user runs them: per repeat a
     new device enrolls COMMAND_PHOTOS photos of a person of its own (`people[k]`: at least COMMAND_PHOTOS + 1
     photos, the last one the probe to verify) and verifies one more, then unenrolls (measured, without a goal).
@@ -163,7 +193,8 @@ def bench_commands(server_url: str, scratch: Path, people: Sequence[Sequence[Pat
     # This process's settings of the device's own CLI (a server, a key) must not change what is measured.
     base = {k: v for k, v in os.environ.items() if k not in ("FEDFACE_SERVER", "FEDFACE_DEVICE_KEY")}
     runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in (*COMMAND_GOALS, "unenroll")}
-    for k, photos in enumerate(people[: repeats + 1]):
+    progress(f"commands: register, enroll, verify and unenroll as fresh processes for {repeats + 1} new people (the first one warms up)")
+    for k, photos in enumerate(progress.bar(people[: repeats + 1], "cold commands", unit="person")):
         env = base | {CACHE_ENV: str(scratch / f"cache{k}"), PACKAGES_ENV: packages}
         device = [sys.executable, "-m", "fedface", "device"]
         where = ["--server", server_url, "--state", str(scratch / f"device{k}")]
@@ -192,6 +223,15 @@ def bench_commands(server_url: str, scratch: Path, people: Sequence[Sequence[Pat
     result["met"] = all(result[name]["met"] for name in COMMAND_GOALS)
     result["load_average"] = os.getloadavg()
     return result
+
+
+def command_goals(result: Mapping[str, Any]) -> dict[str, Goal]:
+    """`bench_commands`' goals, judged one by one: each command's median wall seconds and peak RSS."""
+    goals: dict[str, Goal] = {}
+    for name, goal in COMMAND_GOALS.items():
+        goals[f"{name}_wall_s"] = at_most(goal["wall_s"], result[name]["wall_s"])
+        goals[f"{name}_peak_rss_mb"] = at_most(goal["peak_rss_mb"], result[name]["peak_rss_mb"])
+    return goals
 
 
 def describe_commands(result: Mapping[str, Any]) -> str:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedface_bench.device import COMMAND_GOALS, describe_commands
+from fedface_bench.device import COMMAND_GOALS, command_goals, describe_commands
 
 
 def _row(wall_s: float, rss_mb: float, goal: dict[str, float] | None = None) -> dict[str, Any]:
@@ -22,9 +22,16 @@ def test_each_goal_gets_a_line_saying_whether_it_is_met() -> None:
     }
     # Execute
     lines = describe_commands(result).splitlines()
+    goals = command_goals(result)
     # Assert
     assert len(lines) == 5 and "medians of 3 fresh processes" in lines[0]
     assert lines[1].startswith("  fedface device register:") and lines[1].endswith("(goals 1 s, 200 MB): met")
     assert "enroll, 10 new photos:" in lines[2] and "320 MB" in lines[2] and lines[2].endswith("NOT met")
     assert "verify, 1 photo:" in lines[3] and "0.45 s (0.23)" in lines[3] and lines[3].endswith("(goals 0.4 s, 200 MB): NOT met")
     assert "unenroll:" in lines[4] and "goals" not in lines[4]
+    # the JSON's goals_met judges time and memory apart: what each missed
+    assert {name: goal["met"] for name, goal in goals.items()} == {
+        "register_wall_s": True, "register_peak_rss_mb": True, "enroll_wall_s": True, "enroll_peak_rss_mb": False,
+        "verify_wall_s": False, "verify_peak_rss_mb": True,
+    }
+    assert goals["enroll_peak_rss_mb"] == {"target": 300, "compare": "<=", "measured": 320, "met": False}

@@ -13,6 +13,7 @@ import torch
 from export.onnx_model import INPUT_NAME, ort_session
 from export.profile import op_profile
 from facecore.align.geometry import geometry_of
+from fedface_bench.progress import QUIET, Progress
 
 
 def _latencies(call: Callable[[], object], runs: int, warmup: int) -> list[float]:
@@ -29,7 +30,8 @@ def _latencies(call: Callable[[], object], runs: int, warmup: int) -> list[float
 ENGINES = (("torch_eager", None), ("onnx_fp32", "model.onnx"), ("onnx_int8", "model.int8.onnx"))
 
 
-def bench_exports(exports: dict[str, tuple[torch.nn.Module, Path]], runs: int = 600, warmup: int = 10, rounds: int = 20) -> dict[str, Any]:
+def bench_exports(exports: dict[str, tuple[torch.nn.Module, Path]], runs: int = 600, warmup: int = 10, rounds: int = 20,
+                  progress: Progress = QUIET) -> dict[str, Any]:
     """Every engine of every model (label -> (torch backbone, export folder)), interleaved: each of
     `rounds` rounds runs each engine `runs // rounds` times, the engines' order rotating by one per
     round, so machine drift hits all of them alike. Each model gets an input of its own crop size."""
@@ -58,11 +60,14 @@ def bench_exports(exports: dict[str, tuple[torch.nn.Module, Path]], runs: int = 
     order = list(engines)
     samples: dict[tuple[str, str], list[float]] = {key: [] for key in order}
     per_round = max(1, runs // rounds)
-    for round_index in range(rounds):
+    progress(f"timing {len(order)} engines ({', '.join(f'{label} {name}' for label, name in order)}): "
+             f"{per_round} runs each in each of {rounds} interleaved rounds")
+    for round_index in progress.bar(range(rounds), "interleaved rounds", unit="round"):
         shift = round_index % len(order)
         for key in order[shift:] + order[:shift]:
             samples[key] += _latencies(engines[key], per_round, warmup)
     models: dict[str, Any] = {}
+    progress("profiling the ONNX engines' kernels")
     for label, (model, export_dir) in exports.items():
         result: dict[str, Any] = {
             name: {"p50_ms": float(np.percentile(t, 50)), "p95_ms": float(np.percentile(t, 95)), "runs": len(t)}

@@ -29,6 +29,8 @@ from facecore.secagg import (
     split_secret,
     unmask_sum,
 )
+from fedface_bench.goals import with_goals
+from fedface_bench.progress import QUIET, Progress
 
 ADVERT_BYTES = 4 + 32 + 32  # index, two X25519 public keys
 UNMASK_SHARE_BYTES = 4 + SHARE_BYTES  # whose secret, this device's share of it
@@ -115,9 +117,13 @@ def extrapolated_round(n: int, d: int, drop: float) -> dict[str, Any]:
             "server_unmask_s": server_s, "server_units": units}
 
 
-def run_secagg_bench(devices: tuple[int, ...] = (100, 1000), dim: int = 1_022_720, drop: float = 0.1, full_protocol_max: int = 100) -> dict[str, Any]:
+def run_secagg_bench(devices: tuple[int, ...] = (100, 1000), dim: int = 1_022_720, drop: float = 0.1, full_protocol_max: int = 100,
+                     progress: Progress = QUIET) -> dict[str, Any]:
+    """One row per device count; secure aggregation has no speed goal here (`goals_met` is empty)."""
     rows = []
     for n in devices:
+        mode = "every device for real" if n <= full_protocol_max else "one device's steps and the server's units, timed"
+        progress(f"{n} devices, {dim:,} parameters: {mode}")
         if n <= full_protocol_max:
             # also the unit-cost model at the same size, so the extrapolated rows can be judged
             timing = full_round(n, dim, drop) | {"server_unmask_s_model": extrapolated_round(n, dim, drop)["server_unmask_s"]}
@@ -129,7 +135,7 @@ def run_secagg_bench(devices: tuple[int, ...] = (100, 1000), dim: int = 1_022_72
             "up_ratio_vs_fp16": size["secagg_up"] / size["plain_up_fp16"], "up_ratio_vs_fp32": size["secagg_up"] / size["plain_up_fp32"],
             "expansion_vs_fp32_total": (size["secagg_up"] + size["secagg_down"]) / size["plain_up_fp32"],
         })
-    return {"rows": rows}
+    return with_goals({"rows": rows}, {})
 
 
 def describe(result: dict[str, Any]) -> str:

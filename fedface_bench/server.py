@@ -19,8 +19,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from facecore.errors import FaceCoreError
 from facecore.federation.status import RoundStatus
 from facecore.lifetime import Lifeline
+from fedface_bench.goals import at_most, verdict, with_goals
+from fedface_bench.progress import QUIET, Progress
 from server_api.errors import LaunchFailed
 from server_api.launcher import MANY_DEVICES_ON_LOOPBACK, LocalServer, scratch_database
 
@@ -30,6 +33,11 @@ INGEST_GOAL_S = 15.0
 RSS_GROWTH_GOAL_MB = 300.0
 GOAL_DEVICES = 1000
 SAMPLE_INTERVAL_S = 0.05
+
+
+class BenchRoundFailed(FaceCoreError):
+    """The benchmark's server never became ready, or its client failed: the message holds where the server's log
+    is and its errors, so the command reports it in its error line rather than as a traceback."""
 
 
 def _status_kb(pid: int, field: str) -> int:
@@ -101,7 +109,7 @@ def failure_report(server: LocalServer) -> str:
 
 def bench_round(
     devices: int, concurrency: int, backbone: str, workers: int = 1, drop_fraction: float = 0.0, secure: bool = False,
-    db_url: str | None = None,
+    db_url: str | None = None, progress: Progress = QUIET,
 ) -> dict[str, Any]:
     """One fresh server, one round with `devices` participants; the client's JSON plus peak RSS."""
     with tempfile.TemporaryDirectory(prefix="fedface-bench-") as scratch, scratch_database(db_url) as database:
@@ -111,7 +119,8 @@ def bench_round(
         sampler = RssSampler(server.pid)
         sampler.start()
         try:
-            print(f"bench server: starting a server and a client for {devices} devices", file=sys.stderr)
+            progress(f"{'secure ' if secure else ''}round of {devices} devices: starting a server and a client process "
+                     "(the client's bars follow)")
             # Started together: the client's imports overlap the server's startup; it waits for /readyz itself.
             load = [sys.executable, "-m", "fedface_bench.server_load", "--url", server.url,
                     "--data-dir", str(server.data_dir), "--devices", str(devices), "--concurrency", str(concurrency),
@@ -122,11 +131,12 @@ def bench_round(
             try:
                 server.wait_ready()
             except LaunchFailed as error:
-                raise RuntimeError(f"{error}\n{failure_report(server)}") from None
+                raise BenchRoundFailed(f"{error}\n{failure_report(server)}") from None
             stdout, _ = client.communicate()
             peak_mb = sampler.stop()
+            progress(f"round of {devices} devices: client done, stopping the server")
             if client.returncode != 0:
-                raise RuntimeError(f"bench client failed ({client.returncode}); server log:\n{failure_report(server)}")
+                raise BenchRoundFailed(f"bench client failed ({client.returncode}); server log:\n{failure_report(server)}")
             result: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])
             result["server_errors"] = [line for line in server.log.read_text(errors="replace").splitlines() if '"level": "ERROR"' in line][:5]
         finally:
@@ -142,10 +152,13 @@ def bench_round(
 
 def run_server_bench(
     devices: int = GOAL_DEVICES, concurrency: int = 16, backbone: str = "mobilefacenet", workers: int = 1, db_url: str | None = None,
+    progress: Progress = QUIET,
 ) -> dict[str, Any]:
     """The 10-participant baseline, then the `devices` round; flat JSON-ready results."""
-    base = bench_round(BASELINE_DEVICES, concurrency, backbone, workers, db_url=db_url)
-    full = bench_round(devices, concurrency, backbone, workers, db_url=db_url)
+    progress(f"1 of 2: the {BASELINE_DEVICES}-device baseline round")
+    base = bench_round(BASELINE_DEVICES, concurrency, backbone, workers, db_url=db_url, progress=progress)
+    progress(f"2 of 2: the measured round of {devices} devices")
+    full = bench_round(devices, concurrency, backbone, workers, db_url=db_url, progress=progress)
     keys = ("ingest_seconds", "uploads_per_s", "p50_upload_ms", "p99_upload_ms", "aggregate_seconds", "completed_after_last_upload_s",
             "setup_seconds", "checkin_seconds", "accepted", "status_codes", "errors", "transport_retries", "round_status", "update_bytes",
             "concurrency")
@@ -161,17 +174,22 @@ def run_server_bench(
         "ingest_goal_met": (full["ingest_seconds"] or float("inf")) <= INGEST_GOAL_S if devices >= GOAL_DEVICES else None,
         "rss_goal_met": growth <= RSS_GROWTH_GOAL_MB if devices >= GOAL_DEVICES else None,
     }
-    return result
+    judged = devices >= GOAL_DEVICES
+    return with_goals(result, {"ingest_s": at_most(INGEST_GOAL_S, full["ingest_seconds"], judged),
+                               "rss_growth_mb": at_most(RSS_GROWTH_GOAL_MB, result["rss_growth_mb"], judged)})
 
 
-def run_secure_bench(devices: int, concurrency: int = 16, backbone: str = "mobilefacenet", drop_fraction: float = 0.1) -> dict[str, Any]:
+def run_secure_bench(devices: int, concurrency: int = 16, backbone: str = "mobilefacenet", drop_fraction: float = 0.1,
+                     progress: Progress = QUIET) -> dict[str, Any]:
     """A plain round and a secure-aggregation round of the same devices, one after the other on
-    fresh servers, so their times and bytes compare in one run."""
-    plain = bench_round(devices, concurrency, backbone)
-    secure = bench_round(devices, concurrency, backbone, drop_fraction=drop_fraction, secure=True)
+    fresh servers, so their times and bytes compare in one run. No speed goal (`goals_met` is empty)."""
+    progress(f"1 of 2: a plain round of {devices} devices")
+    plain = bench_round(devices, concurrency, backbone, progress=progress)
+    progress(f"2 of 2: a secure-aggregation round of {devices} devices, {drop_fraction:.0%} dropping after sharing keys")
+    secure = bench_round(devices, concurrency, backbone, drop_fraction=drop_fraction, secure=True, progress=progress)
     plain_round_s = (plain["checkin_seconds"] or 0) + (plain["ingest_seconds"] or 0) + (plain["completed_after_last_upload_s"] or 0)
     plain_up = plain["update_bytes"]
-    return {
+    return with_goals({
         "devices": devices, "backbone": backbone, "drop_after_sharing": drop_fraction, "secure": secure,
         "plain": {k: plain[k] for k in (
             "ingest_seconds", "aggregate_seconds", "completed_after_last_upload_s", "checkin_seconds", "update_bytes", "round_status", "peak_rss_mb",
@@ -182,7 +200,7 @@ def run_secure_bench(devices: int, concurrency: int = 16, backbone: str = "mobil
             round(secure["aggregate_seconds"] / plain["aggregate_seconds"], 2) if plain["aggregate_seconds"] and secure["aggregate_seconds"] else None
         ),
         "upload_bytes_ratio_vs_fp16": round(secure["bytes_up_per_device_median"] / plain_up, 3),
-    }
+    }, {})
 
 
 def describe_secure(result: dict[str, Any]) -> str:
@@ -202,7 +220,7 @@ def describe_secure(result: dict[str, Any]) -> str:
 
 def describe(result: dict[str, Any]) -> str:
     def goal(met: bool | None) -> str:
-        return "n/a" if met is None else ("met" if met else "NOT met")
+        return verdict({"met": met})
 
     def num(key: str, decimals: int = 2) -> str:
         return "n/a" if result.get(key) is None else f"{result[key]:.{decimals}f}"

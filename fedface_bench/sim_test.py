@@ -36,6 +36,8 @@ def test_bench_reports_both_timings_and_their_ratio() -> None:
         # the reported seconds are rounded to 0.1 ms, so their ratio matches the exact one only to a few %
         assert r["floor_ratio"] == pytest.approx(r["floor_seconds"] / r["round_seconds"], rel=0.05)
         assert r["images_per_round"] == 5 * r["devices"]
+        # the goals are stated for 1,000 devices: a smaller round reports them unjudged
+        assert r["goals_met"]["floor_ratio"]["met"] is None and r["all_goals_met"] is None
 
 
 def test_the_floor_needs_cached_prefix_activations() -> None:

@@ -1,11 +1,23 @@
 """Face-embedding backbones, built by name through the registry.
 
-Importing this package imports every architecture module so its factories are
-registered before the first :func:`get_backbone` call.
+Invariant: importing this package (or a torch-free module in it: `cards`, `published`) loads no torch. The
+registry imports every architecture module, so its factories are registered, the first time it is asked for a
+name (`backbone_names`, `get_backbone`); `backbone_names`, `get_backbone` and `register_backbone` are
+re-exported here from the registry, imported when first used.
 """
-from facecore.models.registry import backbone_names, get_backbone, register_backbone
+from __future__ import annotations
 
-# Imported for their registration side effect; keep after the registry import.
-from facecore.models import dlib_resnet, iresnet, mobilefacenet  # noqa: E402,F401  isort: skip
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from facecore.models.registry import backbone_names, get_backbone, register_backbone
 
 __all__ = ["backbone_names", "get_backbone", "register_backbone"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from facecore.models import registry
+
+        return getattr(registry, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,28 +20,17 @@ from typing import Any
 import torch
 
 from facecore.errors import CheckpointError
+
+# The named models' paths and figures live in the torch-free cards module; re-exported for the callers that import them from here.
+from facecore.models.cards import FIGURES as FIGURES
+from facecore.models.cards import MOBILE_MODEL as MOBILE_MODEL
+from facecore.models.cards import MODEL_NAMES as MODEL_NAMES
+from facecore.models.cards import PUBLISHED_MODELS as PUBLISHED_MODELS
+from facecore.models.cards import WEIGHTS_DIR as WEIGHTS_DIR
+from facecore.models.cards import model_source as model_source
 from facecore.models.registry import get_backbone
 
 FORMAT = "fedface-backbone/1"
-WEIGHTS_DIR = Path(__file__).resolve().parents[1] / "weights"
-MOBILE_MODEL = WEIGHTS_DIR / "mobile.pt"
-PUBLISHED_MODELS = ("default", "dlib-resnet")
-MODEL_NAMES = (*PUBLISHED_MODELS, "mobile", "random")
-# The measured figures of each named model (`fedface models measure NAME --write`); its verification
-# threshold, calibrated on LFW folds 1-5, is read from here, the one place it is stored.
-FIGURES = {"default": WEIGHTS_DIR / "dlib-resnet.json", "dlib-resnet": WEIGHTS_DIR / "dlib-resnet.json", "mobile": WEIGHTS_DIR / "mobile.json"}
-
-
-def model_source(spec: str | Path) -> str:
-    """Where a --model spec's weights come from, for manifests and reports; the bundled model by its path in
-    the repository, so a committed figures file names no machine's checkout."""
-    if str(spec) in PUBLISHED_MODELS:
-        from facecore.models.published import FACE_API
-
-        return f"npm {FACE_API.spec}"
-    if str(spec) == "mobile":
-        return MOBILE_MODEL.relative_to(WEIGHTS_DIR.parents[1]).as_posix()
-    return str(spec)
 
 
 def save_backbone(model: torch.nn.Module, path: str | Path, meta: dict[str, Any] | None = None, half: bool = False) -> Path:

@@ -10,6 +10,9 @@ face detector, built as ONNX by `export.tinyface_onnx`.
 `fetch` runs the ordinary client (`npm pack`), checks the tarball's sha256, and unpacks only the
 files used into `FEDFACE_PACKAGES` (default `FEDFACE_CACHE/packages/`), atomically. Loading checks each file's sha256 again,
 so a truncated or edited file is one clear error, not a model that silently scores wrongly.
+
+Invariant: importing this module loads neither numpy nor torch (`fedface models list` checks the cached files
+with it); the functions that build tensors import them.
 """
 from __future__ import annotations
 
@@ -21,13 +24,15 @@ import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
-import torch
+from typing import TYPE_CHECKING
 
 from facecore.digest import file_sha256
 from facecore.errors import FaceCoreError
 from facecore.paths import packages_root
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
 
 class WeightsMissing(FaceCoreError):
@@ -136,6 +141,8 @@ def _npm_pack(package: NpmPackage, scratch: Path) -> Path:
 
 def read_face_api_tensors(model: str = "face_recognition_model", package: NpmPackage = FACE_API) -> dict[str, np.ndarray]:
     """The dequantized float32 tensors of one of the package's models, by manifest name, TF layouts."""
+    import numpy as np
+
     files = installed_files(package)
     manifest = json.loads(files[f"model/{model}-weights_manifest.json"].read_text())
     blob = np.frombuffer(files[f"model/{model}.bin"].read_bytes(), dtype=np.uint8)
@@ -164,6 +171,8 @@ def read_face_api_tensors(model: str = "face_recognition_model", package: NpmPac
 
 def dlib_state_dict(tensors: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
     """Map the TF.js tensors onto `DlibResNet`'s state dict, folding each conv's bias and affine."""
+    import torch
+
     from facecore.models.dlib_resnet import BLOCKS
 
     def folded(prefix: str) -> tuple[torch.Tensor, torch.Tensor]:

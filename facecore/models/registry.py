@@ -3,7 +3,8 @@
 Architecture modules register factories with :func:`register_backbone`; callers
 build models by name with :func:`get_backbone`, so configs, checkpoints and the
 CLI only ever carry a string. Each factory owns its default embedding size, which
-is why ``embedding_dim=None`` means "the backbone's default" here.
+is why ``embedding_dim=None`` means "the backbone's default" here. The built-in
+architecture modules are imported, and so registered, at the first lookup.
 """
 from __future__ import annotations
 
@@ -40,8 +41,15 @@ def register_backbone(name: str) -> Callable[[F], F]:
     return decorate
 
 
+def _register_architectures() -> None:
+    # Each architecture module registers its factories on import. Imported at the first lookup, not with the
+    # package, so that importing facecore.models stays free of torch (facecore/models/__init__.py).
+    from facecore.models import dlib_resnet, iresnet, mobilefacenet  # noqa: F401
+
+
 def backbone_names() -> list[str]:
     """Sorted names accepted by :func:`get_backbone`."""
+    _register_architectures()
     return sorted(_REGISTRY)
 
 
@@ -56,6 +64,7 @@ def get_backbone(name: str, embedding_dim: int | None = None, **kwargs: Any) -> 
     Raises:
         UnknownBackbone: ``name`` is not registered; the message lists valid names.
     """
+    _register_architectures()
     factory = _REGISTRY.get(name)
     if factory is None:
         raise UnknownBackbone(name, backbone_names())

@@ -381,8 +381,16 @@ def _run_device(args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def _runtoken(args: argparse.Namespace) -> tuple[Any, str]:
-    if not 1 <= args.count <= 1000 or (args.ttl is not None and args.ttl < 60):
-        raise usage(f"--count must be 1 to 1000 and --ttl at least 60, got {args.count} and {args.ttl}")
+    # One line per flag, naming only the value that is wrong: the other may be unset (None).
+    problems = []
+    if args.count < 1:
+        problems.append(f"--count must be at least 1, got {args.count}")
+    elif args.count > 1000:
+        problems.append(f"--count must be at most 1000, got {args.count}")
+    if args.ttl is not None and args.ttl < 60:
+        problems.append(f"--ttl must be at least 60 seconds, got {args.ttl}")
+    if problems:
+        raise usage("; ".join(problems))
     result = call(args, "POST", "/v1/admin/enrollment-tokens", {"count": args.count, "ttl_s": args.ttl})
     return result, "\n".join(result["tokens"]) + f"\n(expire {time_text(result['expires_at'])}; each registers one device)"
 

@@ -123,6 +123,8 @@ def call(args: argparse.Namespace, method: str, path: str, body: dict[str, Any] 
     import httpx
 
     url = args.server.rstrip("/") + path
+    if args.cacert and not Path(args.cacert).is_file():
+        raise AdminClientError(f"--cacert {args.cacert} does not exist")
     try:
         response = httpx.request(
             method,
@@ -132,8 +134,14 @@ def call(args: argparse.Namespace, method: str, path: str, body: dict[str, Any] 
             verify=args.cacert or True,
             timeout=120 if raw else 30,
         )
+    except httpx.InvalidURL as error:  # not an HTTPError: raised while the request is built
+        raise AdminClientError(f"--server {args.server} is not a usable URL: {error}") from None
     except httpx.HTTPError as error:
         raise AdminClientError(f"cannot reach {args.server}: {error}") from None
+    except OSError as error:  # ssl.SSLError among them: httpx reads --cacert before it connects
+        if not args.cacert:
+            raise
+        raise AdminClientError(f"--cacert {args.cacert} holds no usable CA certificate ({error})") from None
     if response.status_code < 400:
         return response.content if raw else response.json()
     try:

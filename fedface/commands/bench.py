@@ -1,10 +1,26 @@
-"""`fedface bench <target>`: benchmarks (medians and ratios from one run), never timed unit tests."""
+"""`fedface bench <target>`: benchmarks (medians and ratios from one run), never timed unit tests.
+
+Invariants:
+- stdout holds the result alone: with --json exactly one JSON line (an object; `bench sim` of several device
+  counts a list of them), else a readable report. Progress (step lines, bars) goes to stderr
+  (fedface_bench.progress), so a run of minutes says what it is doing and a script reading stdout is unaffected.
+- Every JSON object carries `goals_met` ({goal: {target, compare, measured, met}}) and `all_goals_met`
+  (fedface_bench.goals), beside the keys it always had.
+- Bad flags are usage errors (exit 2), a database or folder that cannot be used a runtime error (exit 1), each one line.
+"""
 from __future__ import annotations
 
 import argparse
 import json
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fedface_bench.progress import Progress
+
+DATA_HELP = "data root (default: $FEDFACE_DATA, else ../shared/data)"
+JSON_HELP = "print one JSON object on stdout, with each goal's target, measured value and verdict (progress stays on stderr)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -14,64 +30,69 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a model to measure, repeatable: all engines of all models run interleaved in one run "
                              "(default: --model default --model mobile, the dlib ResNet next to MobileFaceNet)")
     export.add_argument("--dir", action="append", metavar="DIR",
-                        help="an existing export directory, one per --model in the same order (default: export --int8 into temporary ones)")
-    export.add_argument("--runs", type=int, default=600, help="timed runs per engine and model")
-    export.add_argument("--rounds", type=int, default=20, help="interleaving rounds the runs are split into")
-    export.add_argument("--data", help="data root (default: $FEDFACE_DATA, else ../shared/data)")
-    export.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+                        help="an existing export directory (holding model.onnx), one per --model in the same order "
+                             "(default: export --int8 into temporary ones)")
+    export.add_argument("--runs", type=int, default=600, metavar="N", help="timed runs per engine and model")
+    export.add_argument("--rounds", type=int, default=20, metavar="N", help="interleaving rounds the runs are split into")
+    export.add_argument("--data", metavar="DIR", help=DATA_HELP)
+    export.add_argument("--json", action="store_true", help=JSON_HELP)
     server = targets.add_parser("server", help="N simulated devices through one round against a real `fedface server --dev` over HTTP")
-    server.add_argument("--devices", type=int, default=1000, help="participants in the measured round")
-    server.add_argument("--concurrency", type=int, default=16, help="requests in flight at once")
-    server.add_argument("--backbone", default="mobilefacenet", help="random backbone the server starts with")
-    server.add_argument("--workers", type=int, default=1, help="server worker processes, as `fedface server --workers`")
+    server.add_argument("--devices", type=int, default=1000, metavar="N", help="participants in the measured round (goals are judged at 1000)")
+    server.add_argument("--concurrency", type=int, default=16, metavar="N", help="requests in flight at once")
+    server.add_argument("--backbone", default="mobilefacenet", metavar="NAME", help="random backbone the server starts with")
+    server.add_argument("--workers", type=int, default=1, metavar="N", help="server worker processes, as `fedface server --workers`")
     server.add_argument("--db", default=None, metavar="URL",
                         help="a PostgreSQL URL: each measured round runs in a fresh schema there, dropped afterwards (default: SQLite)")
     server.add_argument("--secure", action="store_true",
                         help="a plain round and a secure-aggregation round of --devices side by side (no 10-device baseline)")
-    server.add_argument("--drop", type=float, default=0.1,
+    server.add_argument("--drop", type=float, default=0.1, metavar="FRACTION",
                         help="--secure: fraction of devices dropping after sharing keys")
-    server.add_argument("--json", action="store_true", help="print one JSON object on stdout (progress stays on stderr)")
+    server.add_argument("--json", action="store_true", help=JSON_HELP)
     device = targets.add_parser("device", help="enroll / one local round / verify on this CPU, and the cold `fedface device` "
                                 "commands, against a local server")
-    device.add_argument("--model", default="default")
-    device.add_argument("--data")
-    device.add_argument("--repeats", type=int, default=3)
-    device.add_argument("--verify-repeats", type=int, default=5,
+    device.add_argument("--model", default="default", metavar="MODEL",
+                        help="the model the local server starts with and the devices download: default, mobile or a backbone file")
+    device.add_argument("--data", metavar="DIR", help=DATA_HELP)
+    device.add_argument("--repeats", type=int, default=3, metavar="N",
+                        help="SDK enrolls (each on a new device) and local rounds timed; medians reported, after one unmeasured warm-up each")
+    device.add_argument("--verify-repeats", type=int, default=5, metavar="N",
                         help="cold `fedface device verify` runs per path")
     device.add_argument("--verify-only", action="store_true",
                         help="only the verify section: cold CLI, SDK, warm photos/s")
-    device.add_argument("--commands-repeats", type=int, default=3,
+    device.add_argument("--commands-repeats", type=int, default=3, metavar="N",
                         help="fresh-process runs of `fedface device register`, `enroll` (10 new photos) and `verify` "
                              "(1 photo), each with a new device and person, after one unmeasured run")
     device.add_argument("--commands-only", action="store_true",
                         help="only the cold commands section: register, enroll, verify, against their goals")
-    device.add_argument("--json", action="store_true")
+    device.add_argument("--json", action="store_true", help=JSON_HELP)
     sim = targets.add_parser("sim", help="one simulated FedFace round vs the compute floor (same images and steps as one stream)")
-    sim.add_argument("--devices", default="10,100,1000", help="comma-separated device counts")
-    sim.add_argument("--trainable-blocks", type=int, default=2,
+    sim.add_argument("--devices", default="10,100,1000", metavar="COUNTS", help="comma-separated device counts")
+    sim.add_argument("--trainable-blocks", type=int, default=2, metavar="K",
                      help="frozen-prefix option: train the last K blocks + head")
-    sim.add_argument("--repeats", type=int, default=3, help="rounds timed per device count; the median is reported")
-    sim.add_argument("--workers", type=int, default=None, help="our device processes (default: one per core)")
+    sim.add_argument("--repeats", type=int, default=3, metavar="N", help="rounds timed per device count; the median is reported")
+    sim.add_argument("--workers", type=int, default=None, metavar="N", help="our device processes (default: one per core)")
     sim.add_argument("--flower", action="store_true", help="also Flower's simulation engine (flwr + Ray) on the same round; needs `make flower-venv`")
     sim.add_argument("--ray", action="store_true", help="also our simulator on its Ray backend (as many actors as --workers); needs the ray extra")
-    sim.add_argument("--model", default="mobile",
+    sim.add_argument("--model", default="mobile", metavar="MODEL",
                      help="starting backbone; mobile because the 1,000-device timings are about the framework, "
                           "and MobileFaceNet keeps them comparable with earlier runs and affordable on a CPU")
-    sim.add_argument("--data", help="data root (default: $FEDFACE_DATA, else ../shared/data)")
-    sim.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    sim.add_argument("--data", metavar="DIR", help=DATA_HELP)
+    sim.add_argument("--json", action="store_true", help=JSON_HELP + "; a list of them for several device counts")
     detect = targets.add_parser("detect", help="photos/s for detection plus alignment per detector, side by side, "
                                 "and LFW photos cut to their face box that each still finds")
-    detect.add_argument("--photos", type=int, default=320, help="LFW photos decoded, detected and aligned per timed pass")
-    detect.add_argument("--rounds", type=int, default=5, help="timed passes per detector and batch size, interleaved")
-    detect.add_argument("--tight", type=int, default=1000, help="LFW photos cut to MTCNN's face box for the tight-crop count (0: skip)")
-    detect.add_argument("--data", help="data root (default: $FEDFACE_DATA, else ../shared/data)")
-    detect.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    detect.add_argument("--photos", type=int, default=320, metavar="N", help="LFW photos decoded, detected and aligned per timed pass")
+    detect.add_argument("--rounds", type=int, default=5, metavar="N", help="timed passes per detector and batch size, interleaved")
+    detect.add_argument("--tight", type=int, default=1000, metavar="N",
+                        help="LFW photos cut to MTCNN's face box for the tight-crop count (0: skip)")
+    detect.add_argument("--data", metavar="DIR", help=DATA_HELP)
+    detect.add_argument("--json", action="store_true", help=JSON_HELP)
     secagg = targets.add_parser("secagg", help="secure aggregation's bytes and seconds per round (Bonawitz et al.)")
-    secagg.add_argument("--devices", default="100,1000", help="comma-separated device counts")
-    secagg.add_argument("--dim", type=int, default=1_022_720, help="parameters per update (default: mobilefacenet's 1,022,720 floats)")
-    secagg.add_argument("--drop", type=float, default=0.1, help="fraction of devices dropping after sharing keys")
-    secagg.add_argument("--full-protocol-max", type=int, default=100, help="run every device for real up to this many")
-    secagg.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    secagg.add_argument("--devices", default="100,1000", metavar="COUNTS", help="comma-separated device counts")
+    secagg.add_argument("--dim", type=int, default=1_022_720, metavar="N",
+                        help="parameters per update (default: mobilefacenet's 1,022,720 floats)")
+    secagg.add_argument("--drop", type=float, default=0.1, metavar="FRACTION", help="fraction of devices dropping after sharing keys")
+    secagg.add_argument("--full-protocol-max", type=int, default=100, metavar="N", help="run every device for real up to this many")
+    secagg.add_argument("--json", action="store_true", help=JSON_HELP)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -79,55 +100,77 @@ def run(args: argparse.Namespace) -> int:
             "detect": _detect}[args.target](args)
 
 
-def _detect(args: argparse.Namespace) -> int:
+def _usage(message: str) -> Exception:
     from fedface.cli import UsageError
 
+    return UsageError(message)
+
+
+def _counts(flag: str, text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(c) for c in text.split(","))
+    except ValueError:
+        raise _usage(f"{flag} must be comma-separated integers, got {text!r}") from None
+
+
+def _progress(args: argparse.Namespace) -> Progress:
+    from fedface_bench.progress import Progress
+
+    return Progress(args.target)
+
+
+def _describe_goals(result: dict[str, Any]) -> str:
+    from fedface_bench.goals import verdict
+
+    return "\n".join(f"goal {name} {g['compare']} {g['target']:g}: measured "
+                     f"{'-' if g['measured'] is None else format(g['measured'], '.4g')}, {verdict(g)}"
+                     for name, g in result["goals_met"].items())
+
+
+def _detect(args: argparse.Namespace) -> int:
     if args.photos < 16 or args.rounds < 1 or args.tight < 0:
-        raise UsageError("--photos must be at least 16, --rounds at least 1 and --tight at least 0")
+        raise _usage("--photos must be at least 16, --rounds at least 1 and --tight at least 0")
     from facecore.paths import data_root
     from fedface_bench.detect import describe, run_detect_bench
 
-    report = run_detect_bench(data_root(args.data), photos=args.photos, rounds=args.rounds, tight=args.tight)
+    report = run_detect_bench(data_root(args.data), photos=args.photos, rounds=args.rounds, tight=args.tight, progress=_progress(args))
     print(json.dumps(report) if args.json else describe(report))
     return 0
 
 
 def _secagg(args: argparse.Namespace) -> int:
+    counts = _counts("--devices", args.devices)
+    if min(counts) < 3 or args.dim < 1 or not 0 <= args.drop < 1 / 3:
+        raise _usage("device counts must be >= 3, --dim >= 1, 0 <= --drop < 1/3 (the threshold is 2n/3 + 1)")
     from fedface_bench.secagg import describe, run_secagg_bench
 
-    try:
-        counts = tuple(int(c) for c in args.devices.split(","))
-    except ValueError:
-        raise SystemExit(f"fedface bench secagg: --devices must be comma-separated integers, got {args.devices!r}") from None
-    if min(counts) < 3 or args.dim < 1 or not 0 <= args.drop < 1 / 3:
-        raise SystemExit("fedface bench secagg: device counts must be >= 3, --dim >= 1, 0 <= --drop < 1/3 (the threshold is 2n/3 + 1)")
-    result = run_secagg_bench(counts, args.dim, args.drop, args.full_protocol_max)
+    result = run_secagg_bench(counts, args.dim, args.drop, args.full_protocol_max, progress=_progress(args))
     print(json.dumps(result) if args.json else describe(result))
     return 0
 
 
 def _sim(args: argparse.Namespace) -> int:
+    counts = _counts("--devices", args.devices)
+    if min(counts) < 2 or args.repeats < 1 or args.trainable_blocks < 0 or (args.workers is not None and args.workers < 1):
+        raise _usage("device counts must be >= 2, --repeats >= 1, --trainable-blocks >= 0, --workers >= 1")
     from facecore.align.geometry import geometry_of
     from facecore.data.split import SplitConfig, build_split
+    from facecore.errors import FaceCoreError
     from facecore.models.checkpoint import load_backbone
     from facecore.paths import data_root
     from fedface_bench.sim import bench_sim, describe
     from simulator.cross_device.population import load_population
 
-    try:
-        counts = tuple(int(x) for x in args.devices.split(","))
-    except ValueError:
-        raise SystemExit(f"fedface bench sim: --devices must be comma-separated integers, got {args.devices!r}") from None
-    if min(counts) < 2 or args.repeats < 1 or args.trainable_blocks < 0 or (args.workers is not None and args.workers < 1):
-        raise SystemExit("fedface bench sim: device counts must be >= 2, --repeats >= 1, --trainable-blocks >= 0, --workers >= 1")
+    progress = _progress(args)
     root = data_root(args.data)
     model = load_backbone(args.model)
+    progress(f"loading {max(counts)} devices' faces (real identities of the seed-0 split, reused cyclically beyond them)")
     population = load_population(build_split(root, SplitConfig(seed=0)), root, requested=max(counts), geometry=geometry_of(model))
     try:
         results = bench_sim(population, model, counts, args.trainable_blocks, args.repeats, flower=args.flower, workers=args.workers,
-                            ray=args.ray)
+                            ray=args.ray, progress=progress)
     except FileNotFoundError as error:
-        raise SystemExit(f"fedface bench sim: {error}") from None
+        raise FaceCoreError(str(error)) from None
     print(json.dumps(results if len(results) > 1 else results[0]) if args.json else describe(results))
     return 0
 
@@ -136,17 +179,29 @@ def _device(args: argparse.Namespace) -> int:
     """Real photos of one device identity (20 to enroll and train on, one more to verify), a folder
     of real LFW photos for the verify throughput, and LFW people of 11 or more photos for the cold
     commands (10 to enroll, one to verify)."""
+    if args.verify_only and args.commands_only:
+        raise _usage("--verify-only and --commands-only exclude each other")
+    if min(args.repeats, args.verify_repeats, args.commands_repeats) < 1:
+        raise _usage("--repeats, --verify-repeats and --commands-repeats must be at least 1")
     from export.detectors import export_detectors
     from facecore.data.split import SplitConfig, build_split
     from facecore.paths import data_root
-    from fedface_bench.device import COMMAND_PHOTOS, bench_commands, bench_device, bench_verify, describe_commands
+    from fedface_bench.device import (
+        COMMAND_PHOTOS,
+        bench_commands,
+        bench_device,
+        bench_verify,
+        command_goals,
+        describe_commands,
+        device_goals,
+        verify_goals,
+    )
+    from fedface_bench.goals import Goal, with_goals
     from server_api.launcher import MANY_DEVICES_ON_LOOPBACK, LocalServer
 
-    if args.verify_only and args.commands_only:
-        raise SystemExit("fedface bench device: --verify-only and --commands-only exclude each other")
-    if min(args.repeats, args.verify_repeats, args.commands_repeats) < 1:
-        raise SystemExit("fedface bench device: --repeats, --verify-repeats and --commands-repeats must be at least 1")
+    progress = _progress(args)
     root = data_root(args.data)
+    progress("building the seed-0 split and choosing the photos")
     split = build_split(root, SplitConfig(seed=0))
     photos = next([root / p for p in paths] for identity, paths in sorted(split.sets["devices"].items()) if identity.startswith("celeba:") and len(paths) >= 21)
     lfw = sorted((root / "lfw" / "lfw-deepfunneled").glob("*/*.jpg"))
@@ -155,7 +210,9 @@ def _device(args: argparse.Namespace) -> int:
         by_person.setdefault(photo.parent.name, []).append(photo)
     # A new person for each run of the cold commands (and one for the unmeasured first run), in name order.
     people = [p for p in by_person.values() if len(p) >= COMMAND_PHOTOS + 1][: args.commands_repeats + 1]
+    progress("checking the ONNX face detectors `fedface models fetch` made")
     export_detectors()  # what `fedface models fetch` made; the torch-free verify needs it
+    progress(f"starting a local server with model {args.model}")
     with tempfile.TemporaryDirectory() as scratch, LocalServer(
         Path(scratch) / "server", model=args.model, env=MANY_DEVICES_ON_LOOPBACK, log=Path(scratch) / "server.log",
     ) as server:
@@ -179,25 +236,33 @@ def _device(args: argparse.Namespace) -> int:
         for index in range(0, len(lfw), len(lfw) // 40)[:40]:  # 40 photos spread over all of LFW
             (folder / lfw[index].name).symlink_to(lfw[index])
         only = args.verify_only or args.commands_only
+        goals: dict[str, Goal] = {}
         result = {} if only else bench_device(
-            server.url, Path(scratch) / "device", photos[:20], photos[20], open_round, args.repeats)
+            server.url, Path(scratch) / "device", photos[:20], photos[20], open_round, args.repeats, progress=progress)
+        if result:
+            goals |= device_goals(result)
         if not args.commands_only:
             result["verify"] = bench_verify(
-                server.url, Path(scratch) / "verifier", photos[:20], photos[20], folder, args.verify_repeats)
+                server.url, Path(scratch) / "verifier", photos[:20], photos[20], folder, args.verify_repeats, progress=progress)
+            goals |= verify_goals(result["verify"])
         if not args.verify_only:
             commands_dir = Path(scratch) / "commands"
             commands_dir.mkdir()
-            result["commands"] = bench_commands(server.url, commands_dir, people, args.commands_repeats)
+            result["commands"] = bench_commands(server.url, commands_dir, people, args.commands_repeats, progress=progress)
+            goals |= command_goals(result["commands"])
+        progress("done; stopping the local server")
+    with_goals(result, goals)
     if args.json:
         print(json.dumps(result))
     else:
         for key, value in result.items():
-            if key not in ("verify", "commands"):
+            if key not in ("verify", "commands", "goals_met", "all_goals_met"):
                 print(f"{key:>28}: {value}")
         if "verify" in result:
             print(_describe_verify(result["verify"]))
         if "commands" in result:
             print(describe_commands(result["commands"]))
+        print(_describe_goals(result))
     return 0
 
 
@@ -218,22 +283,31 @@ def _describe_verify(v: dict) -> str:  # type: ignore[type-arg]
 
 
 def _export(args: argparse.Namespace) -> int:
+    specs = list(dict.fromkeys(args.model or ["default", "mobile"]))
+    if args.dir and len(args.dir) != len(specs):
+        raise _usage(f"give one --dir per --model ({len(specs)} models, {len(args.dir)} folders)")
+    if args.runs < 1 or not 1 <= args.rounds <= args.runs:
+        raise _usage("--runs must be >= 1 and 1 <= --rounds <= --runs")
     from export.pipeline import export_model
+    from facecore.errors import FaceCoreError
     from facecore.models.checkpoint import load_backbone
     from facecore.paths import data_root
     from fedface_bench.export import bench_exports
+    from fedface_bench.goals import with_goals
 
-    specs = list(dict.fromkeys(args.model or ["default", "mobile"]))
-    if args.dir and len(args.dir) != len(specs):
-        raise SystemExit(f"fedface bench export: give one --dir per --model ({len(specs)} models, {len(args.dir)} folders)")
-    if args.runs < 1 or not 1 <= args.rounds <= args.runs:
-        raise SystemExit("fedface bench export: --runs must be >= 1 and 1 <= --rounds <= --runs")
+    for folder in args.dir or ():  # checked before minutes of exports and timing: the fp32 model is what every ratio needs
+        if not (Path(folder) / "model.onnx").is_file():
+            raise FaceCoreError(f"--dir {folder}: no model.onnx there (make one with `fedface export --model MODEL --out {folder} --int8`)")
+    progress = _progress(args)
     with tempfile.TemporaryDirectory() as scratch:
         folders = [Path(d) for d in args.dir] if args.dir else [Path(scratch) / f"model{i}" for i in range(len(specs))]
         if not args.dir:
-            for spec, folder in zip(specs, folders):
+            for number, (spec, folder) in enumerate(zip(specs, folders), 1):
+                progress(f"{number} of {len(specs)}: exporting {spec} to ONNX fp32 and int8, with parity checks")
                 export_model(spec, folder, data_root(args.data), int8=True)
-        result = bench_exports({spec: (load_backbone(spec), folder) for spec, folder in zip(specs, folders)}, runs=args.runs, rounds=args.rounds)
+        progress(f"loading the torch backbones ({', '.join(specs)})")
+        exports = {spec: (load_backbone(spec), folder) for spec, folder in zip(specs, folders)}
+        result = with_goals(bench_exports(exports, runs=args.runs, rounds=args.rounds, progress=progress), {})
     print(json.dumps(result) if args.json else _describe_export(result))
     return 0
 
@@ -266,24 +340,41 @@ def _describe_export(result: dict) -> str:  # type: ignore[type-arg]
 
 
 def _server(args: argparse.Namespace) -> int:
-    from facecore.federation.status import RoundStatus
-    from fedface_bench.server import describe, run_server_bench
-
     if min(args.devices, args.concurrency, args.workers) < 1:
-        raise SystemExit("fedface bench server: --devices, --concurrency and --workers must be at least 1")
+        raise _usage("--devices, --concurrency and --workers must be at least 1")
     if args.db is not None and not args.db.startswith("postgresql"):
-        raise SystemExit("fedface bench server: --db must be a postgresql:// URL (SQLite is the default)")
+        raise _usage("--db must be a postgresql:// URL (SQLite is the default)")
     if args.db is not None and args.secure:
-        raise SystemExit("fedface bench server: --secure runs on SQLite only")
-    if args.secure:
-        from fedface_bench.server import describe_secure, run_secure_bench
+        raise _usage("--secure runs on SQLite only")
+    if args.secure and (args.devices < 3 or not 0 <= args.drop < 1 / 3):
+        raise _usage("--secure: --devices must be >= 3 and 0 <= --drop < 1/3 (the threshold is 2n/3 + 1)")
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
-        if args.devices < 3 or not 0 <= args.drop < 1 / 3:
-            raise SystemExit("fedface bench server --secure: --devices must be >= 3 and 0 <= --drop < 1/3 (the threshold is 2n/3 + 1)")
-        secure = run_secure_bench(args.devices, args.concurrency, args.backbone, args.drop)
+    from facecore.errors import FaceCoreError
+    from facecore.models import backbone_names
+
+    if args.db is not None:
+        try:
+            make_url(args.db)
+        except (ArgumentError, ValueError) as error:  # the parser's message quotes the bad part, never the password
+            raise _usage(f"--db is not a database URL ({error})") from None
+    if args.backbone not in backbone_names():  # before a server is started for it, whose failure would say less
+        raise _usage(f"--backbone {args.backbone!r} is not a backbone; valid names: {', '.join(backbone_names())}")
+    from facecore.federation.status import RoundStatus
+    from fedface_bench.server import describe, describe_secure, run_secure_bench, run_server_bench
+
+    progress = _progress(args)
+    if args.secure:
+        secure = run_secure_bench(args.devices, args.concurrency, args.backbone, args.drop, progress=progress)
         print(json.dumps(secure) if args.json else describe_secure(secure))
         return 0 if secure["secure"]["round_status"] == RoundStatus.COMPLETED and secure["secure"]["lost"] == 0 else 1
-    result = run_server_bench(args.devices, args.concurrency, args.backbone, args.workers, args.db)
+    try:
+        result = run_server_bench(args.devices, args.concurrency, args.backbone, args.workers, args.db, progress=progress)
+    except SQLAlchemyError as error:
+        # The driver's first line names the host and port, never the URL's password.
+        reason = str(getattr(error, "orig", None) or error).strip().splitlines()[0]
+        raise FaceCoreError(f"--db: cannot use that database: {reason}") from None
     print(json.dumps(result) if args.json else describe(result))
     # Non-zero when the round itself broke (rejected uploads, no aggregation); missed goals are results, not errors.
     return 0 if result["all_accepted"] and result["round_completed"] else 1

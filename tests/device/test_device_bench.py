@@ -21,7 +21,7 @@ def test_bench_device_measures_each_cold_command_against_its_goal(capsys: pytest
     code = bench.run(parser.parse_args(["device", "--commands-only", "--commands-repeats", "1", "--json"]))
     result = json.loads(capsys.readouterr().out)  # stdout is exactly one JSON object
     # Assert
-    assert code == 0 and set(result) == {"commands"}
+    assert code == 0 and set(result) == {"commands", "goals_met", "all_goals_met"}
     commands = result["commands"]
     assert commands["photos"] == 10 and commands["repeats"] == 1
     for name, goal in COMMAND_GOALS.items():
@@ -31,3 +31,9 @@ def test_bench_device_measures_each_cold_command_against_its_goal(capsys: pytest
         assert row["met"] is (row["wall_s"] <= goal["wall_s"] and row["peak_rss_mb"] <= goal["peak_rss_mb"])
     assert "met" not in commands["unenroll"] and commands["unenroll"]["wall_s"] > 0
     assert commands["met"] is all(commands[name]["met"] for name in COMMAND_GOALS)
+    assert result["all_goals_met"] is commands["met"]
+    for name, goal in COMMAND_GOALS.items():
+        wall, rss = result["goals_met"][f"{name}_wall_s"], result["goals_met"][f"{name}_peak_rss_mb"]
+        assert (wall["target"], wall["measured"], rss["target"], rss["measured"]) == (
+            goal["wall_s"], commands[name]["wall_s"], goal["peak_rss_mb"], commands[name]["peak_rss_mb"])
+        assert (wall["met"] and rss["met"]) is commands[name]["met"]
