@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from device_sdk.device import FaceDevice, server_body, server_path
+from device_sdk.device import FaceDevice
 from device_sdk.errors import BadServerResponse, DeviceError
+from device_sdk.link import server_body, server_path
 from facecore.federation.messages import CheckinPublic
 from facecore.federation.status import ParticipationStatus
 

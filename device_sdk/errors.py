@@ -126,8 +126,12 @@ class TrainingInProgress(DeviceError):
     """Another train holds this state folder's lock: a second one would train the same round again."""
 
 
+class NoThreshold(DeviceError):
+    """A verify was asked without a threshold, and neither the model nor the personal verifier has one."""
+
+
 __all__ = [
     "AuthError", "BadServerResponse", "DeviceError", "NoFaceFound", "NotAnImage", "NotEnoughPhotos", "NotEnrolled",
-    "NotRegistered", "RefusedNotEnrolled", "RefusedRoundClosed", "RegistrationRefused", "RoundClosed", "ServerRefused",
+    "NoThreshold", "NotRegistered", "RefusedNotEnrolled", "RefusedRoundClosed", "RegistrationRefused", "RoundClosed", "ServerRefused",
     "ServerUnavailable", "StateError", "TrainingInProgress", "refusal",
 ]

@@ -8,8 +8,9 @@ Invariants:
 - A backbone file is read with `weights_only=True` (no pickled code runs) and loaded into the architecture
   it names (`facecore.models.registry`), fp16 entries widened to fp32: training always runs in fp32.
 - An update file carries, for every entry of the base model's state_dict, the trained value minus the base
-  one (zero for an entry training left out), at the wire's precision or masked for secure aggregation,
-  plus the template as the server may see it; its layout is server_api/README.md's.
+  one (zero for an entry training left out: `facecore.federation.wire.delta`, which the simulator uses too),
+  at the wire's precision or masked for secure aggregation, plus the template as the server may see it; its
+  layout is server_api/README.md's.
 """
 from __future__ import annotations
 
@@ -23,11 +24,11 @@ from torch import nn
 from device_sdk.backbone_check import check_backbone_payload
 from device_sdk.errors import BadServerResponse
 from device_sdk.secure_round import SecureRound
-from device_sdk.training import LocalUpdate, wire_arrays
+from device_sdk.training import LocalUpdate
 from facecore import tensorfile
 from facecore.federation.messages import UpdateMeta
 from facecore.federation.protocol import EMBEDDING_KEY, MASKED_KEY, METADATA_KEY
-from facecore.federation.wire import Precision, update_tensors
+from facecore.federation.wire import Precision, delta, update_tensors, wire_arrays
 from facecore.models.registry import get_backbone
 
 
@@ -53,10 +54,7 @@ def update_file(
 ) -> bytes:
     """The bytes to upload for `update`, trained from `backbone` (the round's base model). `template`:
     the trained class embedding as the server may see it (blurred when the owner asked for noise)."""
-    base = backbone.state_dict()
-    # an entry training left out (a frozen prefix) did not move: its delta is zero
-    trained = update.state_dict
-    deltas = {name: trained[name] - value if name in trained else torch.zeros_like(value) for name, value in base.items()}
+    deltas = delta(update.state_dict, backbone.state_dict(), every_entry=True)
     if secure is not None:
         masked = secure.masked(wire_arrays(deltas, "fp32"), update.n_samples).view(np.int32)
         tensors = {MASKED_KEY: masked, EMBEDDING_KEY: template}

@@ -25,7 +25,6 @@ from torch import Tensor, nn
 # Re-exported: the simulator and the personal verifier take the template's start from here, with the training.
 from facecore.errors import FaceCoreError
 from facecore.federation.config import is_unit_vector
-from facecore.federation.wire import Precision
 from facecore.losses import cosface_loss, impostor_loss, positive_loss, public_negatives_loss
 from facecore.models.preprocess import faces_to_tensor
 
@@ -300,13 +299,6 @@ class Workspace:
         source = self.source_entries(backbone)
         names = list(self.entries) if keys is None else keys
         torch._foreach_copy_([self.entries[k] for k in names], [source[k] for k in names])
-
-
-def wire_arrays(tensors: Mapping[str, Tensor], precision: Precision) -> dict[str, np.ndarray]:
-    """`tensors` as numpy at the wire's precision, cast by torch: numpy casts the tiny values of a
-    delta to fp16 about 100x slower, to the same bits (facecore.federation.wire)."""
-    half = precision == "fp16"
-    return {k: (v.half() if half and v.is_floating_point() else v).numpy() for k, v in tensors.items()}
 
 
 def _all_finite(tensors: list[Tensor]) -> bool:

@@ -13,7 +13,6 @@ from device_sdk.training import (
     split_backbone,
     train_local,
     trainable_keys,
-    wire_arrays,
 )
 from facecore.data.synthetic import synthetic_faces
 from facecore.models.preprocess import faces_to_tensor
@@ -188,17 +187,6 @@ def test_a_frozen_prefix_update_carries_only_the_trainable_suffix(owner) -> None
     base = model.state_dict()
     assert any(not torch.equal(update.state_dict[k], base[k]) for k in keys)
     assert trainable_keys(model, None) == list(base)
-
-
-def test_wire_arrays_cast_like_numpy_bit_for_bit_on_the_tiny_values_of_a_delta() -> None:
-    # Prepare: delta-sized values, many of them fp16 subnormals, and an integer counter
-    values = torch.from_numpy((np.random.default_rng(0).standard_normal(10_000) * 1e-5).astype(np.float32))
-    tensors = {"w": values, "n": torch.tensor(3)}
-    # Execute
-    half, single = wire_arrays(tensors, "fp16"), wire_arrays(tensors, "fp32")
-    # Assert
-    np.testing.assert_array_equal(half["w"].view(np.uint16), values.numpy().astype(np.float16).view(np.uint16))
-    assert single["w"].dtype == np.float32 and half["n"].dtype == np.int64 and int(half["n"]) == 3
 
 
 def test_centred_loss_sees_what_a_shared_direction_hides_and_a_centre_must_be_a_unit_vector() -> None:

@@ -6,18 +6,19 @@ import pytest
 import torch
 from PIL import Image
 
+from device_sdk.errors import NoThreshold
 from device_sdk.inference import OnnxEmbedder
 from device_sdk.personal import PersonalConfig, save_verifier, train_personal_verifier
+from device_sdk.scoring import NO_FACE, NOT_AN_IMAGE, PhotoVerifier, Threshold
 from device_sdk.state import DeviceState
 from device_sdk.training import LocalTrainingConfig
-from device_sdk.verify import NO_FACE, NOT_AN_IMAGE, DeviceModel, PhotoVerifier, Threshold, open_verifier
+from device_sdk.verify import DeviceModel, open_verifier
 from export.detectors import export_detectors
 from export.onnx_model import export_fp32
 from facecore.align.geometry import ARCFACE_112, geometry_of
 from facecore.align.onnx_detector import OnnxMTCNN
 from facecore.align.pipeline import FaceAligner, load_rgb
 from facecore.data.synthetic import synthetic_faces
-from facecore.errors import FaceCoreError
 from facecore.models.checkpoint import load_backbone
 from facecore.models.preprocess import embed_faces
 from facecore.models.testing import calibrated_backbone
@@ -102,7 +103,7 @@ def test_a_personal_verifier_without_a_threshold_asks_for_one_and_takes_a_given_
     description = {"version": "cd" * 32, "face_geometry": ARCFACE_112.to_json()}
     global_model = DeviceModel(description, tmp_path / "unused.onnx", False)
     # Execute / Assert
-    with pytest.raises(FaceCoreError, match="no calibrated threshold.*--threshold"):
+    with pytest.raises(NoThreshold, match="no calibrated threshold.*--threshold"):
         open_verifier(state, global_model, personal=True)
     opened = open_verifier(state, global_model, personal=True, threshold=0.5)
     assert opened.threshold == Threshold(0.5, "given") and opened.model_version == "ab" * 32

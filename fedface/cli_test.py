@@ -158,7 +158,7 @@ def test_usage_errors_exit_2_and_name_the_flag(capsys: pytest.CaptureFixture[str
     # Assert: checked before any request (nothing listens on port 9), named by flag, never by API field
     assert bad_choice.value.code == 2
     assert too_few == 2 and too_few_err == "fedface admin: error: --min must not exceed --target\n"
-    assert two == 2 and "--lr 0.0: should be greater than 0; --trim-beta 0.7: should be less than 0.5" in two_err
+    assert two == 2 and "--local-lr 0.0: should be greater than 0; --trim-beta 0.7: should be less than 0.5" in two_err  # --lr: its old spelling
     assert spreadout == 2 and "--trainable-blocks -1: should be greater than or equal to 0" in spreadout_err
     assert "--spreadout-lr 0.0: should be greater than 0" in spreadout_err
     assert weighting == 2 and "--local-steps 0: should be greater than or equal to 1" in weighting_err
@@ -183,14 +183,14 @@ def test_server_validation_errors_are_translated_to_flag_names() -> None:
 
 
 def test_sim_cross_device_refuses_bad_settings_in_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    # Execute: settings only the simulator's configs refuse, before any data is read
+    # Execute: settings the simulator's configs or a live round's bounds refuse, before any data is read
     both = main(["sim", "cross-device", "--weighting", "devices", "--dp-epsilon", "1", "--out", str(tmp_path)])
     both_err = capsys.readouterr().err
     steps = main(["sim", "cross-device", "--local-steps", "0", "--out", str(tmp_path)])
     steps_err = capsys.readouterr().err
     # Assert
     assert both == 2 and both_err == "fedface sim: error: weighting devices is FedAvg's: DP-FedAvg weighs every device once already\n"
-    assert steps == 2 and steps_err == "fedface sim: error: steps must be >= 1\n"
+    assert steps == 2 and steps_err == "fedface sim: error: --local-steps 0: should be greater than or equal to 1\n"
     assert list(tmp_path.iterdir()) == []
 
 
@@ -297,7 +297,7 @@ def test_models_list_reads_the_model_cards_without_torch() -> None:
     # Prepare: the table as the loaded models give it (what `models list` printed when it built them)
     from facecore.align.geometry import geometry_of
     from facecore.errors import FaceCoreError
-    from facecore.models.checkpoint import load_backbone, model_source, verification_of
+    from facecore.models.checkpoint import load_backbone, model_source, shipped_verification
 
     expected = []
     for name in ("default", "mobile"):
@@ -306,7 +306,9 @@ def test_models_list_reads_the_model_cards_without_torch() -> None:
         except FaceCoreError:
             expected.append(f"{name} - - - not available:")
             continue
-        threshold = f"{verification_of(model)['threshold']:.4f}"
+        shipped = shipped_verification(model)
+        assert shipped is not None
+        threshold = f"{shipped.threshold:.4f}"
         expected.append(" ".join((name, str(model.name), geometry_of(model).key, threshold, model_source(name))))
     probe = ("import sys\nfrom fedface.cli import main\ncode = main(['models', 'list'])\n"
              f"print(code, sorted(m for m in {HEAVY!r} if m in sys.modules), file=sys.stderr)")

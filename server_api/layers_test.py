@@ -1,8 +1,9 @@
 """The server's layers keep to their jobs, checked on the source, since import-linter checks imports
 between packages and not names or calls:
 - crud holds queries only: it never ends a transaction and never builds an API response;
-- services return domain results and query through crud: they never build an API response and
-  never write a SELECT of their own.
+- services return domain results and query through crud: they never build an API response, never
+  take a callback that computes a value for them (a route's `respond` would build the response inside
+  the service all the same), and never write a SELECT of their own.
 """
 from __future__ import annotations
 
@@ -35,6 +36,26 @@ def _response_models(tree: ast.Module) -> list[str]:
             found += [f"line {node.lineno}: {alias.name}" for alias in node.names if alias.name.endswith("Public") or alias.name == "*"]
         if isinstance(node, ast.Import):
             found += [f"line {node.lineno}: {alias.name}" for alias in node.names if alias.name == "server_api.schemas"]
+    return found
+
+
+def _value_callbacks(tree: ast.Module) -> list[str]:
+    """Parameters typed ``Callable[..., R]`` with R other than None: a value the caller computes for the
+    function, such as a response body. A hook that returns nothing (a rate limit's charge) is allowed."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for arg in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]:
+            annotation = arg.annotation
+            if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):  # a quoted annotation
+                annotation = ast.parse(annotation.value, mode="eval").body
+            if not (isinstance(annotation, ast.Subscript) and ast.unparse(annotation.value).split(".")[-1] == "Callable"):
+                continue
+            signature = annotation.slice
+            returns = signature.elts[-1] if isinstance(signature, ast.Tuple) and signature.elts else None
+            if not (isinstance(returns, ast.Constant) and returns.value is None):
+                found.append(f"line {node.lineno}: {node.name}({arg.arg})")
     return found
 
 
@@ -72,9 +93,30 @@ def test_neither_crud_nor_a_service_builds_an_api_response() -> None:
     assert _offenders("services", _response_models) == {}
 
 
+def test_neither_crud_nor_a_service_takes_a_callback_for_a_value() -> None:
+    # Execute / Assert: they return plain values, and the caller builds what it needs from them
+    assert _offenders("crud", _value_callbacks) == {}
+    assert _offenders("services", _value_callbacks) == {}
+
+
 def test_no_service_writes_a_query() -> None:
     # Execute / Assert: queries live in crud, where they are found and reused
     assert _offenders("services", _select_calls) == {}
+
+
+def test_the_callback_check_sees_a_response_builder_and_allows_a_hook() -> None:
+    # Prepare: the shapes a callback may take, beside a hook that returns nothing
+    source = (
+        "from collections.abc import Callable\n"
+        "import typing\n"
+        "\n"
+        "def f(admit: Callable[[str], None], respond: Callable[[int, int], dict[str, Any]], *, body: typing.Callable[..., bytes]):\n"
+        "    async def g(make: 'Callable[[], int]', plain: int) -> None: ...\n"
+    )
+    # Execute
+    found = _value_callbacks(ast.parse(source))
+    # Assert
+    assert found == ["line 4: f(respond)", "line 4: f(body)", "line 5: g(make)"]
 
 
 def test_the_checks_see_a_commit_a_response_model_and_a_select() -> None:

@@ -17,6 +17,7 @@ from sqlalchemy.types import TypeDecorator
 
 from facecore.federation.config import RoundConfig
 from facecore.federation.status import RoundStatus
+from facecore.models.verification import Verification
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -34,6 +35,20 @@ class UTCDateTime(TypeDecorator[datetime]):
         if value is None:
             return None
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class VerificationJSON(TypeDecorator[Verification]):
+    """A version's published Verification, stored as the JSON object it always was, so rows written
+    before the record existed read unchanged."""
+
+    impl = JSON
+    cache_ok = True
+
+    def process_bind_param(self, value: Verification | None, dialect: Dialect) -> dict[str, Any] | None:
+        return None if value is None else value.to_json()
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> Verification | None:
+        return Verification.from_json(value)
 
 
 def utcnow() -> datetime:
@@ -92,7 +107,8 @@ class ModelVersion(Base):
     spec: Mapped[dict[str, Any]] = mapped_column(JSON, deferred=True)
     fp16_blob: Mapped[str] = mapped_column(String(64))
     onnx_blob: Mapped[str | None] = mapped_column(String(64), default=None)
-    verification: Mapped[dict[str, Any] | None] = mapped_column(default=None)  # published verify threshold
+    # The published verify threshold: the truth for this version (its files keep only the one it shipped with).
+    verification: Mapped[Verification | None] = mapped_column(VerificationJSON(), default=None)
     # The unit mean feature of public faces (facecore.eval.feature_center) that rounds centre their loss on;
     # a round's version inherits its base's, so the rounds of one lineage share one centre.
     feature_center: Mapped[list[float] | None] = mapped_column(JSON, default=None)

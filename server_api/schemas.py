@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from facecore.federation.config import RoundConfig, StrictModel, is_unit_vector
 from facecore.federation.status import RoundStatus
+from facecore.models.verification import Verification
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
@@ -94,6 +95,10 @@ class VerificationCreate(StrictModel):
         default=False, strict=True, exclude=True,
         description="publish a threshold below the model's own FAR 10% point (one that accepts more than 1 impostor in 10)",
     )
+
+    def record(self) -> Verification:
+        """The threshold as the record it is published as (the version's own FAR 10% point is added by the service)."""
+        return Verification(self.threshold, self.far, self.calibration)
 
 
 class FeatureCenterCreate(StrictModel):

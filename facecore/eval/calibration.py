@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 from collections.abc import Collection
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -24,6 +23,7 @@ from facecore.errors import FaceCoreError
 from facecore.eval.lfw import load_lfw_faces, refuse_test_folds
 from facecore.eval.metrics import all_pairs_scores, threshold_at_far
 from facecore.models.preprocess import embed_faces
+from facecore.models.verification import Verification
 
 CALIBRATION_FOLDS = (1, 2, 3, 4, 5)
 # The published dlib ResNet learned from faces outside this project's data; every backbone trained
@@ -41,17 +41,12 @@ def public_people(data_root: Path) -> list[str]:
     return sorted(build_split(data_root, SplitConfig(seed=0)).sets["public"])
 
 
-# A model's FAR 10% point in the `verification` it ships with: the cosine above which 10% of the impostor
-# pairs score, calibrated as its threshold is. The server refuses a published threshold below it unless forced.
-FAR_10_KEY = "threshold_far_0.1"
-
-
 def calibrate_threshold(
     model: torch.nn.Module, lfw_root: Path, folds: tuple[int, ...] = CALIBRATION_FOLDS, far: float = 1e-3,
     exclude: Collection[str] = (),
-) -> dict[str, Any]:
-    """{"threshold", "far", "calibration"}: the cosine at which `far` of the impostor pairs score
-    above, among the folds' people not in `exclude` (identities such as "lfw:Name")."""
+) -> Verification:
+    """The cosine at which `far` of the impostor pairs score above, among the folds' people not in
+    `exclude` (identities such as "lfw:Name"), with `far` and how it was calibrated."""
     refuse_test_folds(folds, "a verification threshold")
     data = load_lfw_faces(lfw_root, folds, aligner=FaceAligner(geometry=geometry_of(model)))
     unseen = ~np.isin(data.identities, list(exclude))
@@ -64,8 +59,6 @@ def calibrate_threshold(
         raise FaceCoreError(
             f"a FAR of {far:g} needs at least {math.ceil(1 / far - 1e-9):,} impostor pairs; LFW folds "
             f"{folds[0]}-{folds[-1]} give {impostor.size:,}: calibrate on more folds or at a larger FAR")
-    return {
-        "threshold": threshold, "far": far,
-        "calibration": f"all {impostor.size:,} impostor pairs of the {people:,} people of LFW folds {folds[0]}-{folds[-1]}"
-        + (" the model never trained on" if exclude else ""),
-    }
+    calibration = (f"all {impostor.size:,} impostor pairs of the {people:,} people of LFW folds {folds[0]}-{folds[-1]}"
+                   + (" the model never trained on" if exclude else ""))
+    return Verification(float(threshold), far, calibration)

@@ -38,9 +38,9 @@ def test_the_threshold_accepts_the_calibrated_fraction_of_impostors(small_lfw_da
     # Assert: at most 1% of the fold's impostor pairs score above it, and just barely
     data = load_lfw_faces(small_lfw_data / "lfw", (1,))
     _, impostor = all_pairs_scores(embed_faces(model, data.faces), data.identities)
-    accepted = float(np.mean(impostor > calibrated["threshold"]))
+    accepted = float(np.mean(impostor > calibrated.threshold))
     assert 0.009 <= accepted <= 0.01
-    assert calibrated["far"] == 1e-2 and "LFW folds 1-1" in calibrated["calibration"]
+    assert calibrated.far == 1e-2 and calibrated.calibration is not None and "LFW folds 1-1" in calibrated.calibration
     # a FAR finer than the fold's impostor pairs can resolve is refused, not answered with NaN
     with pytest.raises(FaceCoreError, match=f"give {impostor.size:,}: calibrate on more folds"):
         calibrate_threshold(model, small_lfw_data / "lfw", (1,), far=0.1 / impostor.size)

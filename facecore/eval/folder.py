@@ -16,7 +16,7 @@ Invariants:
   with a single used photo contributes impostor pairs only; one with none contributes nothing.
 - TAR at a FAR the impostor count cannot measure (FAR < 1 / impostors) is NaN (``n/a``, JSON
   null), never an optimistic number.
-- At the model's own verification threshold (``model.meta["verification"]["threshold"]``),
+- At the threshold the model shipped with (facecore.models.verification.shipped_in its meta),
   FAR and TAR use the device rule ``score >= threshold``: what a user of this model gets.
 - Fewer than 2 persons with a used photo, or no genuine pair, is a :class:`FolderEvalError`.
 """
@@ -38,6 +38,7 @@ from facecore.align.geometry import geometry_of
 from facecore.align.pipeline import FaceAligner
 from facecore.errors import FaceCoreError
 from facecore.eval.metrics import all_pairs_scores, equal_error_rate, roc_auc, tar_at_far
+from facecore.models.verification import Verification, shipped_in
 
 FARS = (1e-2, 1e-3, 1e-4)
 EMBED_CHUNK = 256  # faces per progress-bar step
@@ -159,19 +160,15 @@ def undecodable_reason(path: Path) -> str:
     return UNDECODABLE  # Pillow decodes it but the aligner could not (e.g. a mode it cannot convert)
 
 
-def threshold_check(genuine: np.ndarray, impostor: np.ndarray, verification: Any) -> ThresholdCheck | None:
-    """FAR/TAR at the model's shipped threshold (``meta["verification"]``, a dict or a number)."""
+def threshold_check(genuine: np.ndarray, impostor: np.ndarray, verification: Verification | None) -> ThresholdCheck | None:
+    """FAR/TAR at the model's shipped threshold, or None when it ships none."""
     if verification is None:
         return None
-    info = verification if isinstance(verification, dict) else {"threshold": verification}
-    if info.get("threshold") is None:
-        return None
-    t = float(info["threshold"])
+    t = verification.threshold
     accepted_impostors = int(np.count_nonzero(impostor >= t))
     accepted_genuine = int(np.count_nonzero(genuine >= t))
-    far = info.get("far")
     return ThresholdCheck(
-        threshold=t, calibrated_far=None if far is None else float(far), calibration=info.get("calibration"),
+        threshold=t, calibrated_far=verification.far, calibration=verification.calibration,
         far=accepted_impostors / impostor.size, tar=accepted_genuine / genuine.size,
         false_accepts=accepted_impostors, false_rejects=int(genuine.size - accepted_genuine),
     )
@@ -240,7 +237,7 @@ def evaluate_folder(
         auc=roc_auc(scores, labels), eer=equal_error_rate(scores, labels),
         tar_at_far=tar_at_far(genuine, impostor, fars) if fars else {},
         skipped=tuple(skipped),
-        verification=threshold_check(genuine, impostor, (getattr(model, "meta", None) or {}).get("verification")),
+        verification=threshold_check(genuine, impostor, shipped_in(getattr(model, "meta", None) or {})),
         genuine=genuine, impostor=impostor,
     )
 

@@ -11,6 +11,7 @@ from PIL import Image
 
 from facecore.data.lfw import LFW
 from facecore.eval.folder import FolderEvalError, evaluate_folder, list_folder, threshold_check
+from facecore.models.verification import Verification
 from fedface.cli import main
 
 PHOTOS_PER_PERSON = 4
@@ -146,15 +147,14 @@ def test_threshold_check_accepts_ties_like_a_device() -> None:
     genuine = np.array([0.4, 0.5, 0.9], np.float32)
     impostor = np.array([0.1, 0.5, 0.2, 0.3], np.float32)
     # Execute
-    check = threshold_check(genuine, impostor, {"threshold": 0.5, "far": 1e-3, "calibration": "lfw"})
-    plain = threshold_check(genuine, impostor, 0.95)
+    check = threshold_check(genuine, impostor, Verification(0.5, 1e-3, "lfw"))
+    plain = threshold_check(genuine, impostor, Verification(0.95))
     # Assert
     assert check is not None and plain is not None
     assert (check.far, check.tar, check.false_accepts, check.false_rejects) == (0.25, 2 / 3, 1, 1)
     assert check.calibrated_far == 1e-3 and check.calibration == "lfw"
     assert (plain.far, plain.tar, plain.calibrated_far) == (0.0, 0.0, None)
     assert threshold_check(genuine, impostor, None) is None
-    assert threshold_check(genuine, impostor, {"threshold": None}) is None
 
 
 def test_list_folder_ignores_dot_names_and_finds_nested_photos(tmp_path: Path) -> None:

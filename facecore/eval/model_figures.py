@@ -5,6 +5,7 @@ folds 1-5 first; folds 6-10 and the CelebA owners are only measured, never used 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import tempfile
 from pathlib import Path
@@ -16,11 +17,11 @@ from facecore.align.detectors import detector_version
 from facecore.align.geometry import geometry_of
 from facecore.align.pipeline import FaceAligner
 from facecore.data.split import SplitConfig, build_split
-from facecore.eval.calibration import FAR_10_KEY, calibrate_threshold, trained_on_public
+from facecore.eval.calibration import calibrate_threshold, trained_on_public
 from facecore.eval.cross_source import celeba_owner_check
 from facecore.eval.feature_center import feature_center_figures
 from facecore.eval.lfw import TEST_FOLDS, evaluate, load_lfw_faces
-from facecore.models.checkpoint import FIGURES, load_backbone, model_source, save_backbone
+from facecore.models.checkpoint import FIGURES, load_backbone, model_source, save_backbone, set_shipped_verification
 from facecore.models.preprocess import embed_faces
 from facecore.models.registry import embedding_dim_of
 
@@ -37,8 +38,8 @@ def measure(spec: str, root: Path, progress: bool = True) -> dict[str, Any]:
     split = build_split(root, SplitConfig(seed=0))
     seen = split.sets["public"] if trained_on_public(model) else ()
     verification = calibrate_threshold(model, root / "lfw", exclude=list(seen))
-    verification[FAR_10_KEY] = calibrate_threshold(model, root / "lfw", far=0.1, exclude=list(seen))["threshold"]
-    model.meta = {**(getattr(model, "meta", None) or {}), "verification": verification}  # type: ignore[assignment]  # Module types unknown attributes as Tensor | Module; meta is a dict
+    verification = dataclasses.replace(verification, far_10_point=calibrate_threshold(model, root / "lfw", far=0.1, exclude=list(seen)).threshold)
+    set_shipped_verification(model, verification)
     folds = tuple(sorted(TEST_FOLDS))
     data = load_lfw_faces(root / "lfw", folds, aligner=FaceAligner(geometry=geometry_of(model)))
     lfw = evaluate(data, lambda faces: embed_faces(model, faces)).report.to_json_dict()
@@ -49,7 +50,7 @@ def measure(spec: str, root: Path, progress: bool = True) -> dict[str, Any]:
         "name": spec, "backbone": model.name, "embedding_dim": int(embedding_dim_of(model)), "weights": model_source(spec),
         "parameters": sum(p.numel() for p in model.parameters()), "fp16_bytes": fp16_bytes(model),
         "geometry": geometry_of(model).to_json(), "detector": detector_version(),
-        "verification": verification, "lfw": lfw, "celeba_owners": owners, "feature_center": center,
+        "verification": verification.to_json(), "lfw": lfw, "celeba_owners": owners, "feature_center": center,
     }
 
 

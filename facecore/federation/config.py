@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -30,17 +30,19 @@ class LocalSettings(StrictModel):
     """What each selected device trains with; sent in its check-in as `local`."""
 
 
-    epochs: int = Field(default=1, ge=1, le=100)
-    steps: int | None = Field(default=None, ge=1, le=100_000, description="cap on optimiser steps per round")
-    lr: float = Field(default=0.01, gt=0, le=10)
+    epochs: int = Field(default=1, ge=1, le=100, description="epochs each device trains over its own photos")
+    steps: int | None = Field(default=None, ge=1, le=100_000, description="cap on each device's optimiser steps a round (unset: whole epochs)")
+    lr: float = Field(default=0.01, gt=0, le=10, description="the devices' local learning rate")
     margin: float = Field(default=0.9, ge=-1, le=1, description="FedFace positive-loss margin on the cosine")
-    batch_size: int = Field(default=32, ge=1, le=1024)
+    batch_size: int = Field(default=32, ge=1, le=1024, description="photos in each of a device's optimiser steps")
     trainable_blocks: int | None = Field(
         default=None, ge=0, le=64,
-        description="frozen prefix: devices train only the backbone's last K blocks and its head (the other deltas are zero); null: all of it",
+        description="frozen prefix: devices train only the backbone's last K blocks and its head (the other deltas are zero); unset: all of it",
     )
     train_embedding: bool = Field(
-        default=True, description="false: each device keeps its enrolled template and trains only the backbone towards it",
+        default=True,
+        description="true (on): devices train their class embedding too; false (off): each keeps its enrolled template and trains only "
+        "the backbone towards it",
     )
     feature_center: list[float] | None = Field(
         default=None, max_length=4096,
@@ -55,10 +57,10 @@ class LocalSettings(StrictModel):
 
 
 class SpreadoutSettings(StrictModel):
-    nu: float = Field(default=0.3, ge=-1, le=1)
-    steps: int = Field(default=10, ge=0, le=10_000)
-    lr: float = Field(default=0.01, gt=0, le=100)
-    momentum: float = Field(default=0.9, ge=0, lt=1)
+    nu: float = Field(default=0.3, ge=-1, le=1, description="spreadout pushes the class embeddings below this cosine")
+    steps: int = Field(default=10, ge=0, le=10_000, description="the server's spreadout steps a round (0: none)")
+    lr: float = Field(default=0.01, gt=0, le=100, description="the server's learning rate on the class embeddings")
+    momentum: float = Field(default=0.9, ge=0, lt=1, description="the server's SGD momentum on the class embeddings")
     center: bool = Field(default=False, description="take the direction all class embeddings share out of them before spreadout")
 
 
@@ -68,7 +70,15 @@ class AggregationSettings(StrictModel):
     ``norm_bounded`` clips each delta to ``max_update_norm`` and still streams; ``dp_fedavg`` clips
     to ``max_update_norm``, averages with equal weights and adds Gaussian noise (user-level DP).
     ``weighting`` is fedavg's: by each update's training photos (McMahan et al.), or each device once,
-    so that an owner with a hundred photos does not steer the shared model alone."""
+    so that an owner with a hundred photos does not steer the shared model alone.
+
+    Each method is a chain of stages (:meth:`stages`): a base (FedAvg by samples or by devices, the
+    median, the trimmed mean) inside wrappers that always nest in ``CHAIN_ORDER``, outermost first."""
+
+    # Outermost first. Spreadout touches only the class embeddings. Momentum steps from what the
+    # noise published (post-processing: no privacy cost). DP noise needs the sum of clipped updates.
+    # Clipping must see each update before the sum, and secure aggregation delivers only the sum.
+    CHAIN_ORDER: ClassVar[tuple[str, ...]] = ("spreadout", "server_momentum", "dp_noise", "norm_clipping", "secure_sum")
 
     method: Literal["fedavg", "median", "trimmed_mean", "norm_bounded", "dp_fedavg"] = "fedavg"
     weighting: Weighting = Field(
@@ -88,6 +98,31 @@ class AggregationSettings(StrictModel):
         if self.weighting == "devices" and self.method != "fedavg":
             raise ValueError(f"weighting 'devices' is fedavg's; {self.method} weighs updates its own way")
         return self
+
+    def stages(self, *, spreadout: bool, secure: bool) -> tuple[str, ...]:
+        """The chain these settings ask for, outermost first; clipped methods count each device once."""
+        clipped = self.method in ("norm_bounded", "dp_fedavg")
+        base: str
+        if self.method in ("median", "trimmed_mean"):
+            base = self.method
+        else:
+            base = "fedavg_by_devices" if clipped or self.weighting == "devices" else "fedavg_by_samples"
+        wanted = {"spreadout": spreadout, "server_momentum": self.server_momentum > 0, "dp_noise": self.method == "dp_fedavg",
+                  "norm_clipping": clipped, "secure_sum": secure}
+        return (*(stage for stage in self.CHAIN_ORDER if wanted[stage]), base)
+
+    def secure_conflict(self) -> str | None:
+        """Why these settings cannot run under secure aggregation, in one line; None when they can."""
+        if self.method in ("median", "trimmed_mean"):
+            return f"secure aggregation reveals only the sum of the updates, so only fedavg can combine them, not {self.method} (it needs each update)"
+        if self.method == "norm_bounded":
+            return ("norm_bounded clips each update on the server and secure aggregation hides them "
+                    "(devices clip to secure_aggregation.max_update_norm instead): use fedavg")
+        if self.method == "dp_fedavg":
+            return "dp_fedavg's noise is calibrated to updates the server clips one by one and secure aggregation hides them: use one or the other"
+        if self.weighting != "samples":
+            return "secure aggregation sums updates the devices weighted by their photos: use weighting 'samples'"
+        return None
 
 
 class SecureAggregationSettings(StrictModel):
@@ -116,8 +151,8 @@ class RoundConfig(StrictModel):
     round, and read back typed (`RoundConfig.model_validate(round.config)`)."""
 
 
-    target_participants: int = Field(default=10, ge=1, le=100_000)
-    min_participants: int = Field(default=2, ge=1, le=100_000)
+    target_participants: int = Field(default=10, ge=1, le=100_000, description="devices to select; aggregation starts when all have uploaded")
+    min_participants: int = Field(default=2, ge=1, le=100_000, description="fewest uploaded updates that still make a round")
     deadline_s: float = Field(default=600, ge=1, le=7 * 86400, description="seconds from opening until uploads close")
     selection_window_s: float = Field(
         default=5, ge=0, le=86400, description="check-ins during this window compete fairly for the target slots"
@@ -135,15 +170,18 @@ class RoundConfig(StrictModel):
         if self.selection_window_s >= self.deadline_s:
             raise ValueError("selection_window_s must be shorter than deadline_s")
         if self.secure_aggregation.enabled:
-            if self.aggregation.method != "fedavg":
-                raise ValueError(f"secure aggregation hides each update, so only fedavg can combine them, not {self.aggregation.method}")
-            if self.aggregation.weighting != "samples":
-                raise ValueError("secure aggregation sums updates the devices weighted by their photos: use weighting 'samples'")
+            if (conflict := self.aggregation.secure_conflict()) is not None:
+                raise ValueError(conflict)
             if self.min_participants < 2:
                 raise ValueError("secure aggregation needs min_participants >= 2: the sum of one update is that update")
             if self.selection_window_s + 2 * self.secure_aggregation.key_phase_s >= self.deadline_s:
                 raise ValueError("deadline_s must leave time after selection and the two key steps (2 x key_phase_s)")
         return self
+
+    @property
+    def chain(self) -> tuple[str, ...]:
+        """The aggregation stages this round runs, outermost first: `strategies.strategy_for` builds exactly these."""
+        return self.aggregation.stages(spreadout=self.strategy == "fedface", secure=self.secure_aggregation.enabled)
 
     @property
     def uses_dp(self) -> bool:

@@ -1,25 +1,35 @@
-"""What crosses the wire in a round, as arrays: the global model as a device receives it and the update
-file's tensors as a device sends them. The device SDK writes its update file from `update_tensors`, and
-the simulator runs every simulated update through the same two functions, so both see the precision
-a live round has.
+"""What crosses the wire in a round, as arrays: the global model as a device receives it, a device's
+delta, and the update file's tensors as a device sends them. The device SDK, the simulator and the
+simulator's worker processes all take their deltas (`delta`) and their wire cast (`wire_arrays`,
+`update_tensors`) from here, so every simulated update sees the precision a live round has.
 
-Invariants: numpy only. Only floating arrays change precision; integer entries (batch-norm counters)
-cross as they are. Deltas are taken against the model as received, so a device's delta never carries
-the download's rounding error back to the server. The class embedding always crosses in float32.
+Invariants:
+- Importing this module loads numpy only, never torch: the server's validation processes and the
+  strategies read `widened` from here. The functions that take torch tensors use the tensors' own
+  methods, and `delta` imports torch when called.
+- Only floating arrays change precision; integer entries (batch-norm counters) cross as they are.
+- A delta is the trained value minus the base one, where the base is the model as the device received
+  it, so a delta never carries the download's rounding error back to the server. An update file holds
+  one for every entry of the base model (zero for an entry training left out); the simulator streams
+  only the trained entries.
+- The class embedding always crosses in float32.
 
 Speed: numpy converts the tiny values a delta holds (fp16 subnormals) about 100x slower than normal
-ones, in both directions. Callers that hold torch tensors cast them with torch before calling here
-(`device_sdk.training.wire_arrays`: the same bits, already at the wire's precision, so `as_sent`
-leaves them alone), and every half-precision array is widened by `widened`'s table lookup.
+ones, in both directions. Tensors are cast with torch (`wire_arrays`: the same bits, already at the
+wire's precision, so `as_sent` leaves them alone), and every half-precision array is widened by
+`widened`'s table lookup.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from facecore.federation.protocol import BACKBONE_PREFIX, EMBEDDING_KEY
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 Precision = Literal["fp16", "fp32"]
 PRECISIONS: tuple[Precision, ...] = ("fp16", "fp32")
@@ -46,6 +56,30 @@ def widened(values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         return np.asarray(values, dtype=np.float32)
     out[...] = values
     return out
+
+
+def delta(trained: Mapping[str, Tensor], base: Mapping[str, Tensor], every_entry: bool = False) -> dict[str, Tensor]:
+    """The trained value minus the base one for each entry of `trained` (the entries local training
+    changed); with `every_entry`, one for each entry of `base`, in its order, zero for an entry training
+    left out: what an update file carries."""
+    import torch
+
+    keys = list(trained)
+    # No graph: `base` may hold a model's live parameters. One call for every entry: a backbone's state_dict has hundreds of small tensors.
+    with torch.no_grad():
+        moved = dict(zip(keys, torch._foreach_sub([trained[k] for k in keys], [base[k] for k in keys]), strict=True))
+        if not every_entry:
+            return moved
+        return {name: moved[name] if name in moved else torch.zeros_like(value) for name, value in base.items()}
+
+
+def wire_arrays(tensors: Mapping[str, Tensor], precision: Precision) -> dict[str, np.ndarray]:
+    """`tensors` as numpy at the wire's precision, cast by torch: numpy casts the tiny values of a
+    delta to fp16 about 100x slower, to the same bits."""
+    if precision not in _DTYPES:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    half = precision == "fp16"
+    return {k: (v.half() if half and v.is_floating_point() else v).numpy() for k, v in tensors.items()}
 
 
 def as_received(weights: Mapping[str, np.ndarray], precision: Precision) -> dict[str, np.ndarray]:

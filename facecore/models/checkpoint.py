@@ -7,7 +7,9 @@ Anything else is a path to a backbone or training file.
 
 A backbone file is a torch pickle of a plain dict (loaded with weights_only=True):
 {"format": "fedface-backbone/1", "backbone": name, "embedding_dim": d, "state_dict": {...}, "meta": {...}}.
-Training checkpoints embed the same keys, so both load here.
+Training checkpoints embed the same keys, so both load here. A loaded model keeps its file's meta as
+`model.meta`; the verification threshold in it is only the one the model shipped with, read and set through
+`shipped_verification` and `set_shipped_verification` (facecore.models.verification says where the truth is).
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from facecore.models.cards import PUBLISHED_MODELS as PUBLISHED_MODELS
 from facecore.models.cards import WEIGHTS_DIR as WEIGHTS_DIR
 from facecore.models.cards import model_source as model_source
 from facecore.models.registry import get_backbone
+from facecore.models.verification import Verification, shipped_in, shipping
 
 FORMAT = "fedface-backbone/1"
 
@@ -80,22 +83,38 @@ def load_backbone(spec: str | Path, backbone: str = "mobilefacenet", seed: int =
     return _load_file(Path(spec))
 
 
-def verification_of(model: torch.nn.Module) -> dict[str, Any]:
-    """The model's published verification figures ({"threshold", "far", "calibration"}), or {}."""
-    return dict((getattr(model, "meta", None) or {}).get("verification") or {})
+def meta_of(model: torch.nn.Module) -> dict[str, Any]:
+    """The meta of the file `model` was loaded from (or that was given it), or {}."""
+    return dict(getattr(model, "meta", None) or {})
+
+
+def _set_meta(model: torch.nn.Module, meta: dict[str, Any]) -> None:
+    model.meta = meta  # type: ignore[assignment]  # Module types unknown attributes as Tensor | Module; meta is a dict
+
+
+def shipped_verification(model: torch.nn.Module) -> Verification | None:
+    """The verification threshold the model's file (or a named model's card) shipped with, or None. For a
+    version the server published, its row is the truth: an operator may have recalibrated it since."""
+    return shipped_in(meta_of(model))
+
+
+def set_shipped_verification(model: torch.nn.Module, verification: Verification | None) -> torch.nn.Module:
+    """Record `verification` as what `model` ships with: `save_backbone(model, path, meta_of(model))` writes it."""
+    _set_meta(model, shipping(meta_of(model), verification))
+    return model
 
 
 def feature_center_of(model: torch.nn.Module) -> list[float] | None:
     """The model's published feature centre (facecore.eval.feature_center), or None."""
-    center = (getattr(model, "meta", None) or {}).get("feature_center")
+    center = meta_of(model).get("feature_center")
     return None if center is None else [float(x) for x in center]
 
 
 def _with_figures(model: torch.nn.Module, name: str) -> torch.nn.Module:
     figures = json.loads(FIGURES[name].read_text()) if FIGURES[name].is_file() else {}
     center = (figures.get("feature_center") or {}).get("vector")
-    model.meta = {**getattr(model, "meta", {}), "verification": figures.get("verification"), "feature_center": center}  # type: ignore[assignment]  # Module types unknown attributes as Tensor | Module; meta is a dict
-    return model
+    _set_meta(model, meta_of(model) | {"feature_center": center})
+    return set_shipped_verification(model, Verification.from_json(figures.get("verification")))
 
 
 def _load_file(path: Path) -> torch.nn.Module:
@@ -106,5 +125,5 @@ def _load_file(path: Path) -> torch.nn.Module:
         model.load_state_dict(state)
     except RuntimeError as error:
         raise CheckpointError(f"{path}: weights do not fit backbone {payload['backbone']!r}: {str(error).splitlines()[0]}") from None
-    model.meta = payload.get("meta", {})
+    _set_meta(model, payload.get("meta", {}))
     return model.eval()

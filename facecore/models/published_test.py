@@ -9,7 +9,7 @@ import torch
 from facecore.align.pipeline import FaceAligner
 from facecore.data.lfw import LFW
 from facecore.models import published
-from facecore.models.checkpoint import load_backbone
+from facecore.models.checkpoint import load_backbone, shipped_verification
 from facecore.models.dlib_resnet import DLIB_GEOMETRY
 from facecore.models.preprocess import faces_to_tensor
 from facecore.paths import PACKAGES_ENV
@@ -60,8 +60,9 @@ def test_published_weights_give_dlib_resnet_with_its_threshold() -> None:
     assert sum(p.numel() for p in model.parameters()) == 5_607_488
     tensors = published.read_face_api_tensors()
     assert len(tensors) == 117
-    verification = getattr(model, "meta", {})["verification"]
-    assert 0.0 < verification["threshold"] < 1.0 and "folds 1" in verification["calibration"]
+    verification = shipped_verification(model)
+    assert verification is not None and verification.calibration is not None and verification.far_10_point is not None
+    assert 0.0 < verification.far_10_point < verification.threshold < 1.0 and "folds 1" in verification.calibration
 
 
 def test_missing_weights_name_the_command_that_fetches_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

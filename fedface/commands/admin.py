@@ -4,8 +4,10 @@ running round server over its admin API.
 
 The admin token comes from FEDFACE_ADMIN_TOKEN or, for a `--dev` server, from
 `<data-dir>/admin_token`; there is deliberately no flag, so it stays out of shell history.
-Round settings are checked here against the server's own request schema, so a bad value is
-reported by the flag that set it (exit 2) before anything is sent.
+Round open's settings are RoundConfig's, as flags from the one table the simulator's come from too
+(fedface/commands/round_flags.py); `--settings` picks the preset a flag not given leaves in place. They
+are checked here against the server's own request schema, so a bad value is reported by the flag that
+set it (exit 2) before anything is sent.
 """
 
 from __future__ import annotations
@@ -20,120 +22,35 @@ from typing import Any
 from facecore.federation.status import ACTIVE_ROUND_STATUSES, RoundStatus
 from fedface.commands import admin_model
 from fedface.commands.admin_client import call, connection_arguments, flag_errors, table, time_text, usage
+from fedface.commands.round_flags import ROUND_FLAGS, Alias, add_round_flags, flag_text, given_settings, nested
 from server_api.errors import AdminClientError
 
-AGGREGATIONS = ("fedavg", "median", "trimmed_mean", "norm_bounded", "dp_fedavg")
+# Old spellings of round open's flags, hidden from help, kept for one release.
+OPEN_ALIASES = (Alias("--lr", "local.lr"), Alias("--keep-templates", "local.train_embedding", const=False))
+
+
+def _preset_flags(secure: bool, besides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What the fleet-camera preset sets, by setting, other than the defaults (or than `besides`)."""
+    from facecore.federation.fleet_camera import fleet_camera_settings
+
+    preset = fleet_camera_settings([1.0], secure)  # any unit vector: the centre is not a flag
+    flat = {f"{section}.{name}": value for section, values in preset.items() for name, value in values.items()}
+    return {path: value for path, value in flat.items()
+            if path in ROUND_FLAGS and value != (ROUND_FLAGS[path].default if besides is None else besides.get(path))}
 
 
 def _open_arguments(parser: argparse.ArgumentParser) -> None:
+    plain = _preset_flags(False)
+    secure = _preset_flags(True, {path: plain.get(path, flag.default) for path, flag in ROUND_FLAGS.items()})
     parser.add_argument(
         "--settings", choices=("fleet-camera", "paper"), default="fleet-camera",
-        help="fleet-camera (default): devices keep their templates and train the backbone towards them, the loss centred on the "
-        "current model's feature centre (`fedface admin model center`), one small step, server momentum 0.9; paper: the FedFace "
-        "paper's rounds (trained templates, spreadout), which leave a strong model unchanged. Flags below override either "
-        "(default: fleet-camera)",
+        help="fleet-camera (default): the devices' loss centred on the current model's feature centre (`fedface admin model center`) "
+        f"and {' '.join(flag_text(*item) for item in plain.items())} (with --secure-aggregation: "
+        f"{' '.join(flag_text(*item) for item in secure.items())}): devices keep their templates and take one small step towards them; "
+        "paper: the defaults below, the FedFace paper's rounds (trained templates, spreadout), which leave a strong model unchanged. "
+        "A flag given overrides either (default: fleet-camera)",
     )
-    parser.add_argument(
-        "--min", type=int, default=2, metavar="N", help="fewest uploaded updates that still make a round"
-    )
-    parser.add_argument(
-        "--target", type=int, default=10, metavar="N", help="devices to select; aggregation starts when all uploaded"
-    )
-    parser.add_argument(
-        "--deadline", type=float, default=600, metavar="SECONDS", help="from opening until uploads close"
-    )
-    parser.add_argument(
-        "--selection-window",
-        type=float,
-        default=5,
-        metavar="SECONDS",
-        help="check-ins during this window compete fairly for the --target slots",
-    )
-    parser.add_argument(
-        "--local-epochs", type=int, default=None, metavar="N", help="epochs each device trains over its own photos (default: 1)"
-    )
-    parser.add_argument(
-        "--local-steps", type=int, default=None, metavar="N", help="cap on each device's optimiser steps a round (default: whole epochs)"
-    )
-    parser.add_argument("--lr", type=float, default=None, metavar="RATE",
-                        help="the devices' local learning rate (default: 0.002 with fleet-camera settings, 0.01 with paper)")
-    parser.add_argument(
-        "--trainable-blocks", type=int, default=None, metavar="K",
-        help="devices train only the backbone's last K blocks and its head (default: 4 with fleet-camera settings, all with paper)",
-    )
-    parser.add_argument(
-        "--spreadout-nu", type=float, default=0.3, metavar="COS", help="spreadout pushes class embeddings below this cosine"
-    )
-    parser.add_argument(
-        "--spreadout-lr", type=float, default=0.01, metavar="RATE", help="the server's learning rate on the class embeddings"
-    )
-    parser.add_argument(
-        "--spreadout-center", action="store_true",
-        help="take the direction all class embeddings share out of them before spreadout",
-    )
-    parser.add_argument(
-        "--spreadout-steps", type=int, default=None, metavar="N",
-        help="the server's spreadout steps a round (0: none; default: 0 with fleet-camera settings, 10 with paper)"
-    )
-    parser.add_argument(
-        "--keep-templates", action="store_true",
-        help="devices keep their enrolled template and train only the backbone towards it (a fleet camera's rounds)",
-    )
-    parser.add_argument(
-        "--server-momentum", type=float, default=None, metavar="BETA",
-        help="heavy-ball momentum on the round's backbone step: BETA times the step that made the base model is added "
-        "(default: 0.9 with fleet-camera settings, 0 with paper)",
-    )
-    parser.add_argument(
-        "--aggregation",
-        choices=AGGREGATIONS,
-        default="fedavg",
-        help="backbone aggregation: fedavg, a robust one against malicious devices, or dp_fedavg (user-level DP)",
-    )
-    parser.add_argument(
-        "--weighting", choices=("samples", "devices"), default=None,
-        help="fedavg counts each device's update by its training photos, or every device once (default: devices with fleet-camera "
-        "settings unless secure aggregation, which needs samples; samples with paper)",
-    )
-    parser.add_argument(
-        "--trim-beta", type=float, default=0.2, metavar="FRACTION", help="trimmed_mean: fraction dropped at each end"
-    )
-    parser.add_argument(
-        "--max-update-norm",
-        type=float,
-        default=1.0,
-        metavar="NORM",
-        help="norm_bounded, dp_fedavg: L2 bound on each delta",
-    )
-    parser.add_argument(
-        "--dp-noise",
-        type=float,
-        default=1.0,
-        metavar="Z",
-        help="dp_fedavg: noise multiplier; noise std = Z x --max-update-norm / participants",
-    )
-    parser.add_argument(
-        "--dp-delta", type=float, default=1e-5, metavar="DELTA", help="dp_fedavg: the delta of the reported epsilon"
-    )
-    parser.add_argument(
-        "--secure-aggregation",
-        action="store_true",
-        help="mask each backbone update (Bonawitz et al.): the server sees only their sum; fedavg only",
-    )
-    parser.add_argument(
-        "--secagg-key-phase",
-        type=float,
-        default=30,
-        metavar="SECONDS",
-        help="secure aggregation: time for each key step",
-    )
-    parser.add_argument(
-        "--secagg-unmask-phase",
-        type=float,
-        default=60,
-        metavar="SECONDS",
-        help="secure aggregation: time to wait for unmasking answers",
-    )
+    add_round_flags(parser, list(ROUND_FLAGS), OPEN_ALIASES)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -220,41 +137,8 @@ def _round_config(args: argparse.Namespace, feature_center: list[float] | None) 
     from facecore.federation.fleet_camera import fleet_camera_settings
     from server_api.schemas import RoundCreate
 
-    if args.secure_aggregation and args.aggregation != "fedavg":
-        raise usage(
-            "--secure-aggregation needs --aggregation fedavg (the server sees only the sum of the updates), "
-            f"not {args.aggregation}"
-        )
-    preset = {"local": {}, "spreadout": {}, "aggregation": {}} if feature_center is None else fleet_camera_settings(feature_center, args.secure_aggregation)
-    given = {
-        "local": {"epochs": args.local_epochs, "lr": args.lr, "trainable_blocks": args.trainable_blocks,
-                  **({"train_embedding": False} if args.keep_templates else {})},
-        "spreadout": {"steps": args.spreadout_steps},
-        "aggregation": {"weighting": args.weighting, "server_momentum": args.server_momentum},
-    }
-    chosen = {part: preset[part] | {k: v for k, v in given.get(part, {}).items() if v is not None} for part in preset}
-    config = {
-        "min_participants": args.min,
-        "target_participants": args.target,
-        "deadline_s": args.deadline,
-        "selection_window_s": args.selection_window,
-        "local": {"steps": args.local_steps, **chosen["local"]},
-        "spreadout": {"nu": args.spreadout_nu, "lr": args.spreadout_lr, "center": args.spreadout_center, **chosen["spreadout"]},
-        "aggregation": {
-            "method": args.aggregation,
-            "trim_beta": args.trim_beta,
-            "max_update_norm": args.max_update_norm,
-            "dp_noise_multiplier": args.dp_noise,
-            "dp_delta": args.dp_delta,
-            **chosen["aggregation"],
-        },
-        "secure_aggregation": {
-            **chosen.get("secure_aggregation", {}),
-            "enabled": args.secure_aggregation,
-            "key_phase_s": args.secagg_key_phase,
-            "unmask_phase_s": args.secagg_unmask_phase,
-        },
-    }
+    preset = {} if feature_center is None else fleet_camera_settings(feature_center, args.secure_aggregation)
+    config = nested(given_settings(args), preset)
     try:
         RoundCreate.model_validate(config)
     except ValidationError as error:

@@ -15,38 +15,18 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from fedface.commands.round_flags import ROUND_FLAGS
 from server_api.errors import AdminClientError
 
-# request field (dotted path) -> the flag that sets it
-FLAGS = {
-    "min_participants": "--min",
-    "target_participants": "--target",
-    "deadline_s": "--deadline",
-    "selection_window_s": "--selection-window",
-    "local.epochs": "--local-epochs",
-    "local.steps": "--local-steps",
-    "local.lr": "--lr",
-    "local.trainable_blocks": "--trainable-blocks",
-    "local.train_embedding": "--keep-templates",
-    "spreadout.nu": "--spreadout-nu",
-    "spreadout.lr": "--spreadout-lr",
-    "spreadout.center": "--spreadout-center",
-    "spreadout.steps": "--spreadout-steps",
-    "aggregation.method": "--aggregation",
-    "aggregation.weighting": "--weighting",
-    "aggregation.trim_beta": "--trim-beta",
-    "aggregation.max_update_norm": "--max-update-norm",
-    "aggregation.dp_noise_multiplier": "--dp-noise",
-    "aggregation.dp_delta": "--dp-delta",
-    "aggregation.server_momentum": "--server-momentum",
-    "secure_aggregation.enabled": "--secure-aggregation",
-    "secure_aggregation.key_phase_s": "--secagg-key-phase",
-    "secure_aggregation.unmask_phase_s": "--secagg-unmask-phase",
+# request field (dotted path) -> the flag that sets it: round open's from the round-flag table
+FLAGS = {path: flag.flag for path, flag in ROUND_FLAGS.items()} | {
     "limit": "--limit",
     "offset": "--offset",
     "device_id": "DEVICE_ID",
     "round_id": "--round",
 }
+
+
 def connection_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--server",
@@ -77,9 +57,14 @@ def usage(message: str) -> Exception:
 def with_flag_names(text: str) -> str:
     """A server or schema message with each request field named by its flag instead (only names with
     an underscore: plain words such as "method" or "limit" also occur in ordinary prose)."""
-    names = {dotted.rsplit(".", 1)[-1]: flag for dotted, flag in FLAGS.items() if "_" in dotted.rsplit(".", 1)[-1]}
+    # A dotted name first ("secure_aggregation.max_update_norm"); then a bare one, which two sections may
+    # share: the first section's (aggregation's max_update_norm).
+    names = {dotted: flag for dotted, flag in FLAGS.items() if "." in dotted}
+    for dotted, flag in FLAGS.items():
+        if "_" in dotted.rsplit(".", 1)[-1]:
+            names.setdefault(dotted.rsplit(".", 1)[-1], flag)
     for name in sorted(names, key=len, reverse=True):
-        text = re.sub(rf"\b{re.escape(name)}\b", names[name], text)
+        text = re.sub(rf"(?<![.\w]){re.escape(name)}\b", names[name], text)
     return text.removeprefix("Value error, ")
 
 

@@ -113,11 +113,12 @@ def _calibrate(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     unseen_only = trained_on_public(model) if args.unseen_only == "auto" else args.unseen_only == "yes"
     seen = public_people(root) if unseen_only else []
     verification = calibrate_threshold(model, root / "lfw", folds, args.far, exclude=seen)
-    published = call(args, "PUT", f"/v1/admin/models/{version['version']}/verification", verification | ({"force": True} if args.force else {}))
+    body = {"threshold": verification.threshold, "far": verification.far, "calibration": verification.calibration}
+    published = call(args, "PUT", f"/v1/admin/models/{version['version']}/verification", body | ({"force": True} if args.force else {}))
     was = _threshold(version["verify_threshold"])
     return published, (
         f"version {published['version'][:12]}: threshold {was} -> {_threshold(published['verify_threshold'])} at FAR "
-        f"{published['verify_far']:g} ({verification['calibration']}); devices use it from their next online verify or round"
+        f"{published['verify_far']:g} ({verification.calibration}); devices use it from their next online verify or round"
     )
 
 

@@ -8,7 +8,8 @@ stopped by Ctrl-C (or SIGTERM, SIGHUP) first says whether its update is saved to
 
 Only `train` and `personalize` import torch (device_sdk.device's docstring); register, enroll, verify,
 status, unenroll and reset run on numpy and onnxruntime, and FastAPI is never imported
-(tests/device/test_device_torch_free.py). A command starts cold each time, so its imports are most of
+(tests/device/test_device_torch_free.py). `verify` decides as the SDK's `FaceDevice.verify` does: both
+open their verifier in device_sdk.verify. A command starts cold each time, so its imports are most of
 what it costs: `fedface bench device` measures each against its goal.
 """
 from __future__ import annotations
@@ -23,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 from device_sdk.errors import StateError
 
 if TYPE_CHECKING:
-    from device_sdk.device import EnrollResult, FaceDevice
+    from device_sdk.device import FaceDevice
+    from device_sdk.enrolment import EnrollResult
     from device_sdk.state import DeviceState
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
@@ -268,7 +270,7 @@ def _train(device: FaceDevice, wait: float | None) -> None:
             print(f"the server had accepted this device's update for round {summary.round_id}: nothing is left to "
                   "resend", file=sys.stderr, flush=True)
             raise
-        from device_sdk.device import ROUND_END_GRACE_S  # loaded already: FaceDevice's module
+        from device_sdk.rounds import ROUND_END_GRACE_S  # loaded already, with FaceDevice
 
         if end.ended:
             made = "" if end.made_by_round == end.round_id else f" (made by round {end.made_by_round})"

@@ -1,11 +1,12 @@
 """`fedface device verify PHOTO...|DIR [--personal] [--threshold T] [--json]`: photos against the owner.
 
-One process scores every photo without torch (device_sdk.verify). Output: one line per photo, in
-the order given (a folder's photos sorted by name), then the threshold, its false-accept rate and
-the model's version; with --json, one JSON object per photo per line carrying the same fields.
-Exit status 0 when every photo got a score (a match or not), 1 when one could not be scored (not
-an image, no face): its line says which. Paths that hold no photo at all (an empty folder, a folder
-of other files) are one error line and exit 1, before the server is asked: a verify that scored
+One process scores every photo without torch, deciding as the SDK's `FaceDevice.verify` does
+(device_sdk.verify: the model, the model last seen when the server is unreachable, and the threshold).
+Output: one line per photo, in the order given (a folder's photos sorted by name), then the threshold,
+its false-accept rate and the model's version; with --json, one JSON object per photo per line carrying
+the same fields. Exit status 0 when every photo got a score (a match or not), 1 when one could not be
+scored (not an image, no face): its line says which. Paths that hold no photo at all (an empty folder, a
+folder of other files) are one error line and exit 1, before the server is asked: a verify that scored
 nothing never reads as a pass. The caller adds --server, --state and --cacert.
 """
 from __future__ import annotations
@@ -27,9 +28,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from device_sdk.link import ServerLink
     from device_sdk.state import DeviceState
     from device_sdk.transport import Transport
-    from device_sdk.verify import device_model, open_verifier
+    from device_sdk.verify import owner_verifier
     from facecore.data.folders import list_photos
     from fedface.cli import UsageError
     from fedface.commands.device import tls_verify
@@ -47,10 +49,9 @@ def run(args: argparse.Namespace) -> int:
                           f"are its {', '.join(sorted(IMAGE_SUFFIXES))} files")
     # One quick retry: a verify should answer, not wait out a long backoff; offline it uses the cached model.
     transport = Transport(args.server, timeout=10.0, retries=1, verify=tls_verify(args.server, args.cacert))
-    model = device_model(state, transport)
-    if model.offline:
-        print(f"server unreachable: using model {model.version[:12]}, the one last seen", file=sys.stderr)
-    verifier = open_verifier(state, model, personal=args.personal, threshold=args.threshold)
+    verifier = owner_verifier(ServerLink(state, transport), personal=args.personal, threshold=args.threshold)
+    if verifier.offline:
+        print(f"server unreachable: using model {verifier.model_version[:12]}, the one last seen", file=sys.stderr)
     threshold = verifier.threshold
     far = "unknown" if threshold.far is None else f"{threshold.far:g}"
     results = verifier.verify(photos)

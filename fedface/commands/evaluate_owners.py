@@ -26,16 +26,15 @@ def run(args: argparse.Namespace) -> int:
     from facecore.errors import FaceCoreError
     from facecore.eval.folder import embed_with_progress
     from facecore.eval.owners import OwnerFaces, owner_verification
-    from facecore.models.checkpoint import load_backbone, verification_of
+    from facecore.models.checkpoint import load_backbone, shipped_verification
     from facecore.paths import data_root
     from simulator.cross_device.population import load_population
 
     if not 0 < args.holdout < 1:
         raise FaceCoreError(f"--holdout must be between 0 and 1, got {args.holdout}")
     model = load_backbone(args.model)
-    threshold = args.threshold
-    if threshold is None:
-        threshold = verification_of(model).get("threshold")
+    shipped = shipped_verification(model)
+    threshold = args.threshold if args.threshold is not None or shipped is None else shipped.threshold
     if threshold is None:
         raise FaceCoreError(f"model {args.model} publishes no verification threshold: pass --threshold")
     root = data_root(args.data)

@@ -63,6 +63,7 @@ def _measure(args: argparse.Namespace) -> int:
 
 def _list() -> int:
     from facecore.models.cards import figures_of, model_source, weights_problem
+    from facecore.models.verification import Verification
 
     print(f"{'name':<12} {'backbone':<14} {'crop':<28} {'threshold':>9}  weights")
     for name in ("default", "mobile"):
@@ -71,8 +72,8 @@ def _list() -> int:
             print(f"{name:<12} {'-':<14} {'-':<28} {'-':>9}  not available: {problem}")
             continue
         card = figures_of(name)
-        verification = card.get("verification") or {}
-        threshold = f"{verification['threshold']:.4f}" if "threshold" in verification else "-"
+        verification = Verification.from_json(card.get("verification"))
+        threshold = "-" if verification is None else f"{verification.threshold:.4f}"
         crop = (card.get("geometry") or {}).get("key", "-")
         print(f"{name:<12} {card.get('backbone', '-'):<14} {crop:<28} {threshold:>9}  {model_source(name)}")
     return 0

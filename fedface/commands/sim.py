@@ -1,12 +1,22 @@
-"""`fedface sim cross-device ...`: simulations on real identities."""
+"""`fedface sim cross-device ...`: simulations on real identities.
+
+Invariant: cross-device's round settings are the live round's flags, from the table `fedface admin round
+open` takes its own from (fedface/commands/round_flags.py, SIM_SETTINGS); only what a live round has no
+setting for (the population, seeds, the camera, the evaluation, how devices are run) is declared here.
+"""
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fedface.cli import add_lazy_command
 from fedface.commands.evaluation_options import add_eval_photos, evaluation_choice, subset_line
+from fedface.commands.round_flags import Alias, add_round_flags, nested, on_off, settings
+
+if TYPE_CHECKING:
+    from simulator.cross_device.config import CrossDeviceConfig
 
 # facecore.capture.CAPTURES's names, written out: importing it at parse time brings numpy and PIL
 # (fedface/cli_test.py checks the two agree).
@@ -16,12 +26,16 @@ CAPTURE_HELP = ("simulate the fleet's camera: every device photo and the evaluat
                 "noisy, JPEG face). See `fedface sim capture-examples`")
 
 
-def _on_off(value: str) -> bool:
-    # An {on,off} option's default is written as the word too: argparse passes a string default through
-    # `type`, so the parsed value is still a bool while the help shows `(default: on)`.
-    if value not in ("on", "off"):
-        raise argparse.ArgumentTypeError("use on or off")
-    return value == "on"
+# The round settings the simulator honours, as the live round's flags (fedface/commands/round_flags.py);
+# the rest of RoundConfig is the round server's (deadlines, quorum, robust and secure aggregation's details).
+SIM_SETTINGS = (
+    "local.epochs", "local.steps", "local.lr", "local.margin", "local.batch_size", "local.trainable_blocks", "local.train_embedding",
+    "spreadout.nu", "spreadout.steps", "spreadout.lr", "spreadout.momentum", "spreadout.center",
+    "aggregation.weighting", "aggregation.max_update_norm", "aggregation.dp_delta", "aggregation.server_momentum",
+    "secure_aggregation.enabled",
+)
+# Old spellings, hidden from help, kept for one release.
+SIM_ALIASES = (Alias("--dp-clip", "aggregation.max_update_norm"),)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,37 +48,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     help="fedface (FedAvg + spreadout), plain fedavg, the pretrained model alone, or central training")
     cd.add_argument("--init", choices=("mean", "random"), default="mean",
                     help="class embedding start: mean owner feature, or random")
-    cd.add_argument("--spreadout", type=_on_off, default="on", metavar="{on,off}",
+    cd.add_argument("--spreadout", type=on_off, default="on", metavar="{on,off}",
                     help="run the spreadout regularizer on the server")
     cd.add_argument("--seed", type=int, default=0, help="seed of device choice, selection and training")
     cd.add_argument("--model", default="default", help="starting backbone: default, PATH or random")
-    cd.add_argument("--local-epochs", type=int, default=1, metavar="N", help="epochs each selected device trains")
-    cd.add_argument("--local-lr", type=float, default=0.01, metavar="RATE", help="the devices' learning rate")
-    cd.add_argument("--local-steps", type=int, default=None, metavar="N", help="cap on each device's optimiser steps a round (default: whole epochs)")
-    cd.add_argument("--weighting", choices=("samples", "devices"), default="samples",
-                    help="FedAvg counts each device's update by its training photos (the paper's) or every device once")
-    cd.add_argument("--server-momentum", type=float, default=0.0, metavar="BETA",
-                    help="the server's heavy-ball momentum on each round's backbone step (0: plain FedAvg)")
-    cd.add_argument("--margin", type=float, default=0.9, help="margin m of the positive-only FedFace loss")
-    cd.add_argument("--trainable-blocks", type=int, default=None, help="frozen-prefix option: train only the last K blocks + head")
+    add_round_flags(cd, SIM_SETTINGS, SIM_ALIASES)
     cd.add_argument("--public-negatives", type=int, default=0, metavar="K",
                     help="the server sends K public identities' templates each round and devices train against them (0: the paper's positive-only loss)")
-    cd.add_argument("--public-rehearsal", type=_on_off, default="off", metavar="{on,off}",
+    cd.add_argument("--public-rehearsal", type=on_off, default="off", metavar="{on,off}",
                     help="with --public-negatives: devices also get those people's faces and keep them near their own templates")
     cd.add_argument("--negative-scale", type=float, default=64.0, help="with --public-negatives: CosFace's scale s against them")
     cd.add_argument("--negative-margin", type=float, default=0.35, help="with --public-negatives: CosFace's margin m on the owner's cosine")
     cd.add_argument("--owner-holdout", type=float, default=None, metavar="FRACTION",
                     help="hold out this share of each device's photos from training and verify its owner on them (fedface eval owners)")
-    # None: facecore.losses.SpreadoutConfig's (the paper's) value; not imported here, it loads torch.
-    cd.add_argument("--spreadout-nu", type=float, default=None, help="spreadout: class embeddings are pushed below this cosine (paper: 0.3)")
-    cd.add_argument("--spreadout-lr", type=float, default=None, help="spreadout: the server's SGD learning rate on the embeddings (paper: 0.01)")
-    cd.add_argument("--spreadout-steps", type=int, default=None, help="spreadout: SGD steps per round (paper: 10)")
-    cd.add_argument("--spreadout-center", type=_on_off, default=None, metavar="{on,off}",
-                    help="spreadout: first take the direction all class embeddings share out of them (default: off, as the paper)")
     cd.add_argument("--dp-epsilon", type=float, default=None,
-                    help="DP-FedAvg on the backbone: noise calibrated so the whole run spends this epsilon (inf: clipping only)")
-    cd.add_argument("--dp-clip", type=float, default=1.0, help="DP-FedAvg: L2 bound on each device's delta")
-    cd.add_argument("--dp-delta", type=float, default=1e-5, help="DP-FedAvg: delta of the epsilon")
+                    help="DP-FedAvg on the backbone (a live round's dp_fedavg, each delta clipped to --max-update-norm): noise "
+                         "calibrated so the whole run spends this epsilon at --dp-delta (inf: clipping only)")
     cd.add_argument("--template-noise-cos", type=float, default=None,
                     help="devices upload templates blurred to keep this cosine with the true one (default: clean)")
     cd.add_argument("--selection", choices=("least_recent", "uniform"), default="least_recent",
@@ -84,9 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cd.add_argument("--enrolment", choices=("captured", "clean"), default="captured",
                     help="with --capture: each device's template starts from its photos as the fleet camera takes them, "
                          "or from the same photos clean (the owner enrolled with a phone's own camera)")
-    cd.add_argument("--train-embedding", type=_on_off, default="on", metavar="{on,off}",
-                    help="off: devices keep their enrolled template and train only the backbone towards it")
-    cd.add_argument("--center-features", type=_on_off, default="off", metavar="{on,off}",
+    cd.add_argument("--center-features", type=on_off, default="off", metavar="{on,off}",
                     help="on: the devices' positive loss runs on features centred on the direction the starting templates share")
     cd.add_argument("--center-source", choices=("lfw", "celeba"), default="lfw",
                     help="with --center-features: whose public photos give the centre")
@@ -94,14 +91,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cd.add_argument("--folds", default="6-10",
                     help="LFW folds to evaluate on (identity-disjoint from the devices): at least 2, all of 6-10 (test) or all of 1-5 (tuning)")
     add_eval_photos(cd)
-    cd.add_argument("--target", type=float, default=None, help="LFW accuracy for rounds_to_target")
+    cd.add_argument("--target-accuracy", type=float, default=None, metavar="ACCURACY", help="LFW accuracy for rounds_to_target")
+    # Its old spelling, hidden, for one release: round open's --target is the live round's devices per round.
+    cd.add_argument("--target", dest="target_accuracy", type=float, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     cd.add_argument("--data", help="data root (default: $FEDFACE_DATA, else ../shared/data)")
     cd.add_argument("--split", help="split manifest (default: the seed-0 split)")
     cd.add_argument("--fresh", action="store_true", help="ignore a checkpoint in --out instead of resuming from it")
     cd.add_argument("--out", default="runs/sim", metavar="DIR", help="run folder: report, plots, resumable checkpoint")
     cd.add_argument("--http", type=int, default=None, metavar="N",
                     help="end-to-end instead: start the real server and drive N real SDK devices through --rounds rounds")
-    cd.add_argument("--secure-aggregation", action="store_true", help="with --http: rounds use secure aggregation of the backbone updates")
     cd.add_argument("--json", action="store_true", help="print the summary as one JSON line")
 
     # Imported only when named: FedFusion's defaults come from modules that load torch.
@@ -181,9 +179,9 @@ def _cross_device(args: argparse.Namespace) -> int:
         from facecore.errors import FaceCoreError
 
         raise FaceCoreError("--secure-aggregation runs the live protocol between real devices and the server: use it with --http N")
-    # --http runs the demo, whose figures are test figures: folds 6-10 only. In process, folds 1-5 tune.
-    folds, eval_photos = evaluation_choice(args.folds, args.eval_photos, tuning=not args.http)
     if args.http:
+        # --http runs the demo, whose figures are test figures: folds 6-10 only. In process, folds 1-5 tune.
+        folds, eval_photos = evaluation_choice(args.folds, args.eval_photos, tuning=False)
         from facecore.paths import data_root
         from fedface.commands.demo import passive_openmp
 
@@ -197,32 +195,11 @@ def _cross_device(args: argparse.Namespace) -> int:
                    "initial_accuracy": report["before"]["accuracy"], "folds": report["folds"], "lfw_subset": report["subset"]}
         _print_summary(summary, args.json)
         return 0
-    from device_sdk.training import LocalTrainingConfig
+    config = cross_device_config(args)  # checked before the run's heavy imports
     from facecore.data.split import SplitManifest
-    from facecore.losses import SpreadoutConfig
     from facecore.paths import data_root
-    from fedface.cli import UsageError
-    from simulator.cross_device.config import CrossDeviceConfig
     from simulator.cross_device.run import run_cross_device
 
-    try:
-        local = LocalTrainingConfig(epochs=args.local_epochs, steps=args.local_steps, lr=args.local_lr, margin=args.margin,
-                                    trainable_blocks=args.trainable_blocks, negative_scale=args.negative_scale, negative_margin=args.negative_margin,
-                                    train_embedding=args.train_embedding)
-        config = CrossDeviceConfig(
-            devices=args.devices, rounds=args.rounds, per_round=args.per_round, method=args.method, init=args.init,
-            spreadout=args.spreadout, seed=args.seed, model=args.model, eval_every=args.eval_every,
-            eval_folds=folds, eval_photos=eval_photos, target_accuracy=args.target, local=local,
-            dp_epsilon=args.dp_epsilon, dp_clip=args.dp_clip, dp_delta=args.dp_delta, template_noise_cos=args.template_noise_cos, workers=args.workers,
-            selection=args.selection, wire=args.wire, seeding=args.seeding, weighting=args.weighting, server_momentum=args.server_momentum,
-            backend=args.backend, ray_address=args.ray_address, owner_holdout=args.owner_holdout, public_negatives=args.public_negatives,
-            public_rehearsal=args.public_rehearsal, capture=args.capture, enrolment=args.enrolment,
-            center_features=args.center_features, center_source=args.center_source,
-            server_spreadout=SpreadoutConfig(**{k: v for k, v in (("nu", args.spreadout_nu), ("steps", args.spreadout_steps),
-                                                                   ("lr", args.spreadout_lr), ("center", args.spreadout_center)) if v is not None}),
-        )
-    except ValueError as error:  # the configs' own checks: one line, not a traceback
-        raise UsageError(str(error)) from None
     out = Path(args.out)
     manifest = SplitManifest.load(args.split) if args.split else None
     report = run_cross_device(config, data_root(args.data), out, manifest, resume=not args.fresh)
@@ -232,6 +209,49 @@ def _cross_device(args: argparse.Namespace) -> int:
         summary |= {"capture": report["capture"], "clean": report.get("clean")}
     _print_summary(summary, args.json)
     return 0
+
+
+def cross_device_config(args: argparse.Namespace) -> CrossDeviceConfig:
+    """The in-process run that the flags describe, checked before any data is read (the round settings against
+    a live round's bounds, then the simulator's configs); a refusal is one UsageError line."""
+    from pydantic import ValidationError
+
+    from device_sdk.training import LocalTrainingConfig
+    from facecore.federation.config import RoundConfig
+    from facecore.losses import SpreadoutConfig
+    from fedface.cli import UsageError
+    from fedface.commands.admin_client import flag_errors
+    from simulator.cross_device.config import CrossDeviceConfig
+
+    folds, eval_photos = evaluation_choice(args.folds, args.eval_photos, tuning=True)
+    round_settings = settings(args, SIM_SETTINGS)
+    # In process there is no secure aggregation to check (it is refused without --http): the rest as a live round's.
+    try:
+        RoundConfig.model_validate(nested({k: v for k, v in round_settings.items() if not k.startswith("secure_aggregation.")}))
+    except ValidationError as error:
+        raise UsageError(flag_errors([dict(e) for e in error.errors()])) from None
+    part = {section: {path.partition(".")[2]: value for path, value in round_settings.items() if path.startswith(section + ".")}
+            for section in ("local", "spreadout")}
+    try:
+        local = part["local"]
+        config = CrossDeviceConfig(
+            devices=args.devices, rounds=args.rounds, per_round=args.per_round, method=args.method, init=args.init,
+            spreadout=args.spreadout, seed=args.seed, model=args.model, eval_every=args.eval_every,
+            eval_folds=folds, eval_photos=eval_photos, target_accuracy=args.target_accuracy,
+            local=LocalTrainingConfig(**{k: v for k, v in local.items() if k != "batch_size"}, batch=local["batch_size"],
+                                      negative_scale=args.negative_scale, negative_margin=args.negative_margin),
+            server_spreadout=SpreadoutConfig(**part["spreadout"]),
+            dp_epsilon=args.dp_epsilon, dp_clip=round_settings["aggregation.max_update_norm"], dp_delta=round_settings["aggregation.dp_delta"],
+            weighting=round_settings["aggregation.weighting"], server_momentum=round_settings["aggregation.server_momentum"],
+            template_noise_cos=args.template_noise_cos, workers=args.workers,
+            selection=args.selection, wire=args.wire, seeding=args.seeding,
+            backend=args.backend, ray_address=args.ray_address, owner_holdout=args.owner_holdout, public_negatives=args.public_negatives,
+            public_rehearsal=args.public_rehearsal, capture=args.capture, enrolment=args.enrolment,
+            center_features=args.center_features, center_source=args.center_source,
+        )
+    except ValueError as error:  # the configs' own checks: one line, not a traceback
+        raise UsageError(str(error)) from None
+    return config
 
 
 def _print_summary(summary: dict[str, object], as_json: bool) -> None:

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from facecore.models.verification import Verification
 from server_api.models import ModelVersion
 
 
@@ -27,6 +28,10 @@ class VersionFiles(Protocol):
     def embedding_dim(self) -> int: ...
     @property
     def spec(self) -> dict[str, Any]: ...
+    @property
+    def verification(self) -> Verification | None: ...
+    @property
+    def feature_center(self) -> list[float] | None: ...
 
 
 def current_version(session: Session) -> ModelVersion | None:
@@ -51,7 +56,7 @@ def _version_row(blobs: VersionFiles, round_id: int | None) -> ModelVersion:
     return ModelVersion(
         version_hash=blobs.version_hash, backbone=blobs.backbone, embedding_dim=blobs.embedding_dim,
         spec=blobs.spec, fp16_blob=blobs.fp16_blob, onnx_blob=blobs.onnx_blob, round_id=round_id,
-        verification=getattr(blobs, "verification", None), feature_center=getattr(blobs, "feature_center", None),
+        verification=blobs.verification, feature_center=blobs.feature_center,
     )
 
 

@@ -31,7 +31,8 @@ from facecore.federation.status import FINAL_ROUND_STATUSES, ParticipationStatus
 from facecore.federation.strategies import ClientUpdate, Strategy, last_step, spreadout_of, strategy_for
 from facecore.federation.strategies.base import Weights
 from facecore.federation.strategies.dp_fedavg import epsilon_of_history
-from facecore.federation.strategies.secure_fedavg import MASKED, SecureFedAvg, UnmaskMaterial
+from facecore.federation.strategies.secure_fedavg import MASKED, UnmaskMaterial
+from facecore.models.verification import Verification
 from facecore.secagg import SecAggAborted
 from facecore.tensorfile import iter_tensors, read_header, read_tensor
 from server_api.core.db import lock_round, session_scope, transaction
@@ -143,13 +144,12 @@ def _secure_transition(session: Session, round_: Round, uploaded: int, now: date
     return "not_due"
 
 
-def _inherited(verification: dict[str, Any] | None, parent: str) -> dict[str, Any] | None:
-    """A federated version's threshold: its parent's as published now (an operator's recalibration
-    included), with `calibrated_for` naming the version it was calibrated on. No face data lives on the
-    server, so it cannot calibrate; the operator recalibrates with `fedface admin model calibrate`."""
-    if verification is None:
-        return None
-    return {**verification, "calibrated_for": verification.get("calibrated_for", parent)}
+def _inherited(verification: Verification | None, parent: str) -> Verification | None:
+    """A federated version's threshold: its parent's row as published now (an operator's recalibration
+    included, never the parent file's shipped copy), with `calibrated_for` naming the version it was
+    calibrated on. No face data lives on the server, so it cannot calibrate; the operator recalibrates
+    with `fedface admin model calibrate`."""
+    return None if verification is None else verification.inherited(parent)
 
 
 def _compute_and_finalize(ctx: ServerContext, round_id: int) -> bool:
@@ -170,7 +170,7 @@ def _compute_and_finalize(ctx: ServerContext, round_id: int) -> bool:
         config = round_.settings
         parent_hash = _parent_hash(session, base.round_id) if config.aggregation.server_momentum else None
         base_hash, backbone, dim = base.version_hash, base.backbone, base.embedding_dim
-        base_verification = dict(base.verification) if base.verification else None
+        base_verification = base.verification  # frozen: safe to use after the session ends
         base_center = None if base.feature_center is None else list(base.feature_center)
         secure = secure_aggregation.unmask_inputs(session, round_) if secure_aggregation.settings_of(round_) else None
         # A DP round always ran selection (no upload without it); 1.0 is the safe reading otherwise.
@@ -189,9 +189,8 @@ def _compute_and_finalize(ctx: ServerContext, round_id: int) -> bool:
     change_norm = published_change_norm(base_weights, result.weights)
     del base_weights
     model = build_model(backbone, dim, result.weights)
-    meta = {"source": f"round {round_id}", "round_id": round_id, "parent": base_hash, "verification": _inherited(base_verification, base_hash),
-            "feature_center": base_center}
-    blobs = store_model(ctx.store, model, ctx.settings.export_onnx, meta=meta)
+    meta = {"source": f"round {round_id}", "round_id": round_id, "parent": base_hash, "feature_center": base_center}
+    blobs = store_model(ctx.store, model, ctx.settings.export_onnx, meta=meta, verification=_inherited(base_verification, base_hash))
 
     embeddings = _new_embeddings(ctx, strategy, config, updates, enrolled, dim)
     summary = {
@@ -230,7 +229,7 @@ def published_change_norm(base: Weights, new: Weights) -> float:
 
 def _secure_strategy(config: RoundConfig, inputs: secure_aggregation.UnmaskInputs, previous_step: Weights | None) -> Strategy:
     material = UnmaskMaterial(inputs.adverts, inputs.key_sharers, inputs.answers, inputs.threshold, inputs.scale, inputs.max_update_norm)
-    return strategy_for(config, backbone=SecureFedAvg(material), previous_step=previous_step)
+    return strategy_for(config, previous_step=previous_step, secure=material)
 
 
 def _parent_hash(session: Session, producing_round_id: int | None) -> str | None:

@@ -10,7 +10,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from facecore.federation.status import ParticipationStatus
-from facecore.models.checkpoint import feature_center_of, load_backbone, verification_of
+from facecore.models.checkpoint import feature_center_of, load_backbone, shipped_verification
 from server_api.core.config import Secrets, Settings
 from server_api.core.db import make_engine, make_session_factory, run_migrations, session_scope, startup_lock, transaction
 from server_api.core.logging import get_logger
@@ -83,8 +83,8 @@ class ServerContext:
             if versions.current_version(session) is not None:
                 return
         model = load_backbone(self.settings.model, backbone=self.settings.random_backbone)
-        meta = {"source": self.settings.model, "verification": verification_of(model) or None, "feature_center": feature_center_of(model)}
-        blobs = store_model(self.store, model, self.settings.export_onnx, meta=meta)
+        meta = {"source": self.settings.model, "feature_center": feature_center_of(model)}
+        blobs = store_model(self.store, model, self.settings.export_onnx, meta=meta, verification=shipped_verification(model))
         # The first version, unless another worker created one first (checked under the startup lock).
         with session_scope(self.sessions) as session, transaction(session):
             startup_lock(session)

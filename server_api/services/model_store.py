@@ -2,7 +2,10 @@
 the ETag), an fp16 copy for downloads, and the ONNX fp32 export for inference.
 
 Backbone files are FedFace backbone files (facecore.models.checkpoint), so whatever
-loads ``--model PATH`` also loads a downloaded version.
+loads ``--model PATH`` also loads a downloaded version. A version's verification threshold is written
+into its files as the one it shipped with (facecore.models.verification.SHIPPED_KEY) and into
+:class:`VersionBlobs` for its row, which is the truth from then on: a recalibration changes the row only,
+since the file's bytes name the version.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from facecore.errors import CheckpointError
 from facecore.models import get_backbone
 from facecore.models.checkpoint import FORMAT, save_backbone
 from facecore.models.registry import embedding_dim_of
+from facecore.models.verification import Verification, shipping
 from server_api.core.logging import expected_warnings
 from server_api.storage.blobs import BlobStore, LocalBlobStore
 
@@ -29,7 +33,7 @@ class VersionBlobs:
     backbone: str
     embedding_dim: int
     spec: dict[str, Any]
-    verification: dict[str, Any] | None = None  # {"threshold": cos, "far": target FAR, "calibration": how}
+    verification: Verification | None = None  # the row's published threshold, to start with the one the files ship with
     feature_center: list[float] | None = None  # the unit mean feature of public faces rounds centre on
 
 
@@ -38,9 +42,13 @@ def spec_of(model: torch.nn.Module) -> dict[str, Any]:
     return {k: [str(v.dtype).removeprefix("torch."), list(v.shape)] for k, v in model.state_dict().items()}
 
 
-def store_model(store: LocalBlobStore, model: torch.nn.Module, export_onnx: bool, meta: dict[str, Any]) -> VersionBlobs:
-    """Write all blobs of a version; the caller commits a row naming them afterwards."""
+def store_model(
+    store: LocalBlobStore, model: torch.nn.Module, export_onnx: bool, meta: dict[str, Any], verification: Verification | None,
+) -> VersionBlobs:
+    """Write all blobs of a version, `meta` in its backbone files with `verification` as the threshold it
+    ships with; the caller commits a row naming them (and publishing `verification`) afterwards."""
     model = model.float().eval()
+    meta = shipping(meta, verification)
     with store.temp_file() as temp:
         save_backbone(model, temp, meta=meta)
         version_hash = store.put_file(temp)
@@ -57,7 +65,7 @@ def store_model(store: LocalBlobStore, model: torch.nn.Module, export_onnx: bool
             export_fp32(model, temp)
             onnx_blob = store.put_file(temp)
     name = cast(str, model.name)  # every backbone names itself (facecore.models.registry)
-    return VersionBlobs(version_hash, fp16_blob, onnx_blob, name, int(embedding_dim_of(model)), spec_of(model), meta.get("verification"),
+    return VersionBlobs(version_hash, fp16_blob, onnx_blob, name, int(embedding_dim_of(model)), spec_of(model), verification,
                         meta.get("feature_center"))
 
 

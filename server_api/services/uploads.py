@@ -10,9 +10,10 @@ row that names it is committed, and the 201 is only sent after that commit. A re
 same Idempotency-Key after any crash either finds the committed record (same response) or
 starts over cleanly.
 
-The route shapes the 201's body (``respond``, given the new update's id and sample count; the
-rest it knows from the ticket); it is called inside the recording transaction, because the body is stored with the Idempotency-Key, so a
-replay answers the same bytes.
+The service returns plain values, never a response: :class:`AcceptedUpdate` holds what the 201
+says (the update's id, its sample count, ...), and the route builds the body from it. The same
+values are stored with the Idempotency-Key, in the recording transaction, and a replay rebuilds
+the body from them, so it answers the same bytes as the first response.
 
 Transactions: :func:`begin_upload` is one (committed before the body is read, since on SQLite
 every transaction holds the write lock) and :func:`record_update` is another, with the round
@@ -22,7 +23,7 @@ body arrived can slip in.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -48,12 +49,36 @@ IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9_.:-]{8,128}$")
 log = get_logger("uploads")
 
 
+@dataclass(frozen=True)
+class AcceptedUpdate:
+    """An accepted update, as plain values: what its 201 says, and what an Idempotency-Key replays."""
+
+    update_id: int
+    round_id: int
+    device_id: str
+    n_samples: int
+    size_bytes: int
+    accepted_at: datetime
+
+    def to_record(self) -> dict[str, Any]:
+        """The JSON stored with the Idempotency-Key."""
+        return {"update_id": self.update_id, "round_id": self.round_id, "device_id": self.device_id, "n_samples": self.n_samples,
+                "size_bytes": self.size_bytes, "accepted_at": self.accepted_at.isoformat()}
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> AcceptedUpdate:
+        """The values `to_record` stored; also reads the records stored before it, which held the 201's body
+        (the same keys, its time written with a trailing Z)."""
+        return cls(int(record["update_id"]), int(record["round_id"]), str(record["device_id"]), int(record["n_samples"]),
+                   int(record["size_bytes"]), datetime.fromisoformat(record["accepted_at"]))
+
+
 class Recorded(NamedTuple):
-    """record_update's outcome: the response to send, whether this request created the update,
-    and whether it reached the round's target (the caller then starts aggregation)."""
+    """record_update's outcome: the status and the accepted update to answer with, whether this request
+    created the update, and whether it reached the round's target (the caller then starts aggregation)."""
 
     status_code: int
-    response: dict[str, Any]
+    accepted: AcceptedUpdate
     created: bool
     due: bool
 
@@ -91,26 +116,17 @@ def begin_upload(
     raise refusal
 
 
-def finish_upload(
-    ctx: ServerContext, session: Session, ticket: UploadTicket, spool: Path, size: int,
-    respond: Callable[[int, int], dict[str, Any]],
-) -> Recorded:
-    """Validate the received body (already checked against the ticket's hash) and record it;
-    ``respond(update_id, n_samples)`` gives the 201's JSON body."""
+def finish_upload(ctx: ServerContext, session: Session, ticket: UploadTicket, spool: Path, size: int) -> Recorded:
+    """Validate the received body (already checked against the ticket's hash) and record it."""
     assert ticket.expected is not None, "a replay has nothing to finish"
     device_id, round_id, now = ticket.device_id, ticket.round_id, ticket.arrived_at
     parsed = ctx.validation.check(spool, size, ticket.expected)
     blob = ctx.store.adopt(spool, ticket.body_sha256)  # the route hashed the body as it arrived
     ciphertext = ctx.cipher.encrypt(parsed.embedding.astype("<f4").tobytes(), device_id, "update")
-
-    def response(update_id: int) -> dict[str, Any]:
-        return respond(update_id, parsed.meta.n_samples)
-
     recorded = record_update(
         session, round_id=round_id, device_id=device_id, blob_sha256=blob, size_bytes=size,
         n_samples=parsed.meta.n_samples, metrics=dict(parsed.meta.metrics), embedding_ciphertext=ciphertext,
-        idempotency_key=ticket.idempotency_key, request_sha256=ticket.body_sha256, response=response, now=now,
-        target=ticket.target,
+        idempotency_key=ticket.idempotency_key, request_sha256=ticket.body_sha256, now=now, target=ticket.target,
     )
     if recorded.created:
         ctx.metrics.updates.inc()
@@ -133,7 +149,7 @@ def _early_checks(
     if previous is not None:
         if previous.request_sha256 != body_sha256:
             raise InvalidInput("Idempotency-Key was already used for a different request body")
-        replay = Recorded(previous.status_code, previous.response, created=False, due=False)
+        replay = _replayed(previous)
         return UploadTicket(device.id, round_id, body_sha256, idempotency_key, None, None, now, replay)
     round_ = round_crud.get_round(session, round_id)
     if round_ is None:
@@ -162,14 +178,13 @@ def _secure_target(session: Session, round_: Round, device: Device, now: datetim
 def record_update(
     session: Session, *, round_id: int, device_id: str, blob_sha256: str, size_bytes: int, n_samples: int,
     metrics: dict[str, float], embedding_ciphertext: bytes, idempotency_key: str, request_sha256: str,
-    response: Callable[[int], dict[str, Any]], now: datetime, target: int | None = None,
+    now: datetime, target: int | None = None,
 ) -> Recorded:
-    """Insert the update, mark the participation and store the idempotent response, in one
-    transaction with the round row locked.
+    """Insert the update, mark the participation and store the accepted update's values under the
+    Idempotency-Key, in one transaction with the round row locked.
 
-    ``response(update_id)`` builds the 201 body. `target` overrides the round's (secure
-    aggregation: the number of devices that shared keys). A concurrent duplicate with the same
-    Idempotency-Key gets the first request's response, created=False."""
+    `target` overrides the round's (secure aggregation: the number of devices that shared keys).
+    A concurrent duplicate with the same Idempotency-Key gets the first request's values, created=False."""
     try:
         with transaction(session):
             state = update_crud.locked_round_state(session, round_id)
@@ -179,14 +194,14 @@ def record_update(
             if not update_crud.mark_uploaded(session, round_id, device_id):
                 replay = update_crud.get_idempotency(session, device_id, idempotency_key)  # the same request, sent twice at once
                 if replay is not None and replay.request_sha256 == request_sha256:
-                    return Recorded(replay.status_code, replay.response, created=False, due=False)
+                    return _replayed(replay)
                 raise _participation_problem(session, round_id, device_id) or Conflict(f"device {device_id} cannot upload to round {round_id}")
             update_id = update_crud.insert_update(
                 session, round_id=round_id, device_id=device_id, blob_sha256=blob_sha256, size_bytes=size_bytes,
                 n_samples=n_samples, metrics=metrics, embedding_ciphertext=embedding_ciphertext, created_at=now,
             )
-            body = response(update_id)
-            update_crud.insert_idempotency(session, device_id, idempotency_key, request_sha256, 201, body, now)
+            accepted = AcceptedUpdate(update_id, round_id, device_id, n_samples, size_bytes, now)
+            update_crud.insert_idempotency(session, device_id, idempotency_key, request_sha256, 201, accepted.to_record(), now)
             due = update_crud.uploaded_count(session, round_id) >= (target if target is not None else state.target_participants)
             audit.record_now(session, f"device:{device_id}", "update.accepted", round_id=round_id, device_id=device_id,
                              n_samples=n_samples, bytes=size_bytes)
@@ -194,8 +209,12 @@ def record_update(
         existing = update_crud.get_idempotency(session, device_id, idempotency_key)
         if existing is None:
             raise Conflict(f"device {device_id} already uploaded an update for round {round_id}") from None
-        return Recorded(existing.status_code, existing.response, created=False, due=False)
-    return Recorded(201, body, created=True, due=due)
+        return _replayed(existing)
+    return Recorded(201, accepted, created=True, due=due)
+
+
+def _replayed(replay: update_crud.Replay) -> Recorded:
+    return Recorded(replay.status_code, AcceptedUpdate.from_record(replay.response), created=False, due=False)
 
 
 def _refuse_closed(session: Session, round_id: int, state: tuple[str, datetime] | None, now: datetime) -> None:

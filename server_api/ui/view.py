@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from facecore.federation.status import ACTIVE_ROUND_STATUSES
+from facecore.models.verification import FAR_10_KEY
 from server_api.crud import devices as device_crud
 from server_api.crud import rounds as round_crud
 from server_api.crud import versions as version_crud
@@ -104,16 +105,14 @@ def _round_row(session: Session, round_: Round, now: datetime) -> RoundRow:
 
 
 def _version_row(version: ModelVersion, rounds_by_id: dict[int, RoundRow]) -> VersionRow:
-    verification = dict(version.verification or {})
-    threshold, far, calibration = (
-        verification.pop("threshold", None),
-        verification.pop("far", None),
-        verification.pop("calibration", None),
+    verification = version.verification
+    threshold, far, calibration, calibrated_for = (
+        (None, None, None, None) if verification is None
+        else (verification.threshold, verification.far, verification.calibration, verification.calibrated_for)
     )
-    calibrated_for = verification.pop("calibrated_for", None)
     if calibrated_for is not None:  # a round's version: the threshold is its ancestor's until recalibrated
-        calibration = f"inherited from {str(calibrated_for)[:12]}: {calibration or '?'}"
-    figures: dict[str, Any] = {k: v for k, v in verification.items() if isinstance(v, int | float | str)}
+        calibration = f"inherited from {calibrated_for[:12]}: {calibration or '?'}"
+    figures: dict[str, Any] = {} if verification is None or verification.far_10_point is None else {FAR_10_KEY: verification.far_10_point}
     produced_by = rounds_by_id.get(version.round_id) if version.round_id is not None else None
     if produced_by is not None:
         figures |= {f"round {produced_by.id} {name}": value for name, value in produced_by.metrics.items()}

@@ -1,4 +1,10 @@
-"""Validated hyper-parameters of a cross-device simulation (defaults: the FedFace paper and its code)."""
+"""Validated hyper-parameters of a cross-device simulation (defaults: the FedFace paper and its code).
+
+Invariants: a checkpoint holds `to_dict()`, and a run resumes only under the same meaning, so a default
+here never changes (a field added later reads as LEGACY_DEFAULTS in an older checkpoint). The settings a
+live round shares are `fedface sim cross-device`'s flags with RoundConfig's defaults, which equal these:
+the bare command line is `CrossDeviceConfig()` (fedface/commands/round_flags_test.py).
+"""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field

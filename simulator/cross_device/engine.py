@@ -26,14 +26,14 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from device_sdk.training import PrefixCache, Workspace, prefix_cache, train_local, trainable_keys, wire_arrays
+from device_sdk.training import PrefixCache, Workspace, prefix_cache, train_local, trainable_keys
 from facecore.federation.config import training_seed
 from facecore.federation.protocol import EMBEDDING_KEY
 from facecore.federation.selection import least_recently_selected
 from facecore.federation.strategies import ClientUpdate, FedFace, ServerMomentum, Strategy, strategy_for
 from facecore.federation.strategies.dp_fedavg import DPFedAvg, dp_epsilon, noise_for_epsilon
 from facecore.federation.template_noise import noisy_template
-from facecore.federation.wire import as_received, backbone_deltas, update_tensors
+from facecore.federation.wire import as_received, backbone_deltas, delta, update_tensors, wire_arrays
 from facecore.models.checkpoint import atomic_torch_save
 from facecore.models.preprocess import embed_faces
 from facecore.models.registry import embedding_dim_of
@@ -217,10 +217,8 @@ class CrossDeviceSimulation:
                 cache = self.caches.get(index) or self.caches.setdefault(index, prefix_cache(self.received, device.faces, self.local.trainable_blocks))
             update = train_local(self.received, state.W[index], device.faces, self.local, seed=self._seed(round_number, index), cache=cache,
                                  workspace=self.workspace, public=public)
-            keys = list(update.state_dict)
-            differences = torch._foreach_sub(list(update.state_dict.values()), [base[k] for k in keys])
-            delta = wire_arrays(dict(zip(keys, differences, strict=True)), self.config.wire)
-            yield self._received(round_number, index, delta, update.embedding.numpy(), update.n_samples, update.loss_before, update.loss_after, state, losses)
+            sent = wire_arrays(delta(update.state_dict, base), self.config.wire)
+            yield self._received(round_number, index, sent, update.embedding.numpy(), update.n_samples, update.loss_before, update.loss_after, state, losses)
 
     def _pooled_updates(self, round_number: int, chosen: list[int], state: SimulationState, losses: list[float]) -> Iterator[ClientUpdate]:
         if self.pool is None:
@@ -243,14 +241,14 @@ class CrossDeviceSimulation:
         weights = {k: received[k].numpy() for k in self.trained_keys}
         for r in tqdm(self.pool.train(weights, tasks), total=len(tasks), desc=f"round {round_number}", unit="device", leave=False):
             # Workers send fp32; Ray's come read-only, which torch refuses to wrap without a warning, so those are copied.
-            delta = wire_arrays({k: torch.from_numpy(np.require(v, requirements="W")) for k, v in r.delta.items()}, self.config.wire)
-            yield self._received(round_number, r.index, delta, r.embedding, r.n_samples, r.loss_before, r.loss_after, state, losses)
+            sent = wire_arrays({k: torch.from_numpy(np.require(v, requirements="W")) for k, v in r.delta.items()}, self.config.wire)
+            yield self._received(round_number, r.index, sent, r.embedding, r.n_samples, r.loss_before, r.loss_after, state, losses)
 
     def _received(
-        self, round_number: int, index: int, delta: dict[str, np.ndarray], embedding: np.ndarray, n_samples: int, loss_before: float,
+        self, round_number: int, index: int, sent: dict[str, np.ndarray], embedding: np.ndarray, n_samples: int, loss_before: float,
         loss_after: float, state: SimulationState, losses: list[float],
     ) -> ClientUpdate:
-        tensors = update_tensors(delta, self._shared(embedding, round_number, index), self.config.wire)  # what the server receives
+        tensors = update_tensors(sent, self._shared(embedding, round_number, index), self.config.wire)  # what the server receives
         state.W[index] = tensors[EMBEDDING_KEY]
         losses.append(loss_after)
         device = self.population.devices[index]

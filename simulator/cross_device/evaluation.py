@@ -32,7 +32,7 @@ from facecore.eval.calibration import CALIBRATION_FOLDS
 from facecore.eval.lfw import SUBSET_SEED, TEST_FOLDS, evaluate, load_lfw_faces
 from facecore.eval.metrics import all_pairs_scores, threshold_at_far
 from facecore.eval.owners import OwnerFaces, owner_verifications
-from facecore.models.checkpoint import verification_of
+from facecore.models.checkpoint import shipped_verification
 from facecore.models.preprocess import embed_faces
 from facecore.paths import cache_root
 from simulator.cross_device.engine import Evaluator
@@ -47,8 +47,9 @@ EVALUATION_VERSION = 2
 
 
 def published_threshold(model: torch.nn.Module) -> float | None:
-    threshold = verification_of(model).get("threshold")
-    return None if threshold is None else float(threshold)
+    """The threshold the model's file shipped with: a simulated run has no server to publish another."""
+    shipped = shipped_verification(model)
+    return None if shipped is None else shipped.threshold
 
 
 def lfw_evaluator(
@@ -142,8 +143,9 @@ def evaluators(
     `max_photos`: LFW on a seeded subset of the folds' photos (the owners' figures are unchanged).
     `capture`: LFW on the photos as that fleet camera takes them, beside the clean photos' figures."""
     geometry = geometry_of(model)
-    verification = verification_of(model)
-    far, threshold = float(verification.get("far", 1e-3)), published_threshold(model)
+    shipped = shipped_verification(model)
+    far = 1e-3 if shipped is None or shipped.far is None else shipped.far
+    threshold = published_threshold(model)
     setting = {"data": str(root), "geometry": repr(geometry), "detector": detector_version(),
                "devices": devices_digest(population.devices)}
     lfw_setting: dict[str, Any] = {**setting, "kind": "lfw", "folds": folds}

@@ -13,8 +13,9 @@ from facecore.align.geometry import geometry_of
 from facecore.data.split import SplitConfig, SplitManifest, build_split
 from facecore.eval.feature_center import public_feature_center
 from facecore.eval.plots import save_line_plot
-from facecore.models.checkpoint import load_backbone, save_backbone, verification_of
+from facecore.models.checkpoint import load_backbone, save_backbone, shipped_verification
 from facecore.models.preprocess import embed_faces
+from facecore.models.verification import shipping
 from simulator.cross_device.config import CrossDeviceConfig
 from simulator.cross_device.engine import CrossDeviceSimulation, Evaluator
 from simulator.cross_device.evaluation import EVALUATED, evaluators
@@ -44,7 +45,7 @@ def run_cross_device(config: CrossDeviceConfig, root: Path, out: Path, manifest:
         history = simulation.run(resume=resume).history
         trained = simulation.model
     # A federated version keeps its ancestor's threshold, as the server publishes it.
-    save_backbone(trained, out / "model.pt", meta={"verification": verification_of(model) or None})
+    save_backbone(trained, out / "model.pt", meta=shipping({}, shipped_verification(model)))
     if owners is not None:  # the owners' figures of the start and of the end: they cost as much as an LFW evaluation
         history[0] |= owners(model)
         history[-1] |= owners(trained)

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from device_sdk.training import LocalTrainingConfig, PrefixCache, Workspace, train_local
+from facecore.federation.wire import delta
 from facecore.lifetime import exit_with_parent
 from facecore.models.checkpoint import load_backbone, save_backbone
 
@@ -78,8 +79,9 @@ class DeviceWorker:
             # with cached activations train_local only counts the photos
             photos = self.faces.get(task.index, np.empty((task.n_faces, 0), np.uint8))
             update = train_local(self.model, task.embedding, photos, self.config, seed=task.seed, cache=self.caches.get(task.index), workspace=self.workspace)
-            delta = {k: v.numpy() - weights[k] for k, v in update.state_dict.items()}
-            yield DeviceResult(task.index, delta, update.embedding.numpy(), update.n_samples, update.loss_before, update.loss_after)
+            # Against the live entries, which hold this round's `weights` exactly (copied in above).
+            moved = {k: v.numpy() for k, v in delta(update.state_dict, entries).items()}
+            yield DeviceResult(task.index, moved, update.embedding.numpy(), update.n_samples, update.loss_before, update.loss_after)
 
     def train_all(self, weights: Mapping[str, np.ndarray], tasks: Sequence[DeviceTask]) -> list[DeviceResult]:
         return list(self.train(weights, tasks))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 from PIL import Image
 
 from device_sdk.device import FaceDevice
-from device_sdk.errors import NotRegistered
+from device_sdk.errors import NotRegistered, ServerUnavailable
 from device_sdk.personal import PersonalConfig
 from device_sdk.training import LocalTrainingConfig
 from export.detectors import export_detectors
@@ -117,6 +118,26 @@ def test_an_unreachable_server_falls_back_to_the_model_last_seen(owner_device: F
     assert result.returncode == 0, result.stderr
     assert "server unreachable: using model" in result.stderr
     assert result.stdout.splitlines()[0].startswith(f"{owners[0][-1]}: match, score ")
+
+
+def test_the_sdk_verifies_with_the_model_last_seen_when_the_server_is_down(owner_device: FaceDevice,
+                                                                         owners: list[list[Path]], tmp_path: Path) -> None:
+    # Prepare: the device verified once online (its model remembered, the ONNX file cached); then the same state
+    # folder behind a closed port, and a copy of it without the cached model files
+    probe = owners[0][-1]
+    online = owner_device.verify(probe)
+    closed = f"http://127.0.0.1:{free_port()}"
+    without_files = shutil.copytree(owner_device.state.dir, tmp_path / "device")
+    shutil.rmtree(without_files / "models")
+    # Execute
+    offline = FaceDevice(closed, owner_device.state.dir, retries=0, timeout=5).verify(probe)
+    # Assert: the same model and threshold score the photo the same; without the file the outage stands
+    assert offline.offline and not online.offline
+    assert offline.model_version == online.model_version == owner_device.state.current_model()["version"]  # type: ignore[index]
+    assert offline.threshold == online.threshold and offline.match == online.match is True
+    assert abs(offline.score - online.score) < 1e-6
+    with pytest.raises(ServerUnavailable, match="127.0.0.1"):
+        FaceDevice(closed, without_files, retries=0, timeout=5).verify(probe)
 
 
 def test_an_unregistered_state_folder_is_refused_before_any_photo(server: ServerProcess, tmp_path: Path) -> None:

@@ -279,11 +279,11 @@ def test_model_calibrate_publishes_the_threshold_of_the_downloaded_version(serve
     expected = calibrate_threshold(
         load_backbone(server.data_dir.parent / "v.pt"), small_lfw_data / "lfw", (1,), 0.01, exclude=public_people(small_lfw_data))
     assert (published["verify_threshold"], published["verify_far"], published["calibration"]) == (
-        expected["threshold"], 0.01, expected["calibration"])
+        expected.threshold, 0.01, expected.calibration)
     assert "the model never trained on" in published["calibration"]
     # VERSION ROUND CREATED (date, time) THRESHOLD FAR CALIBRATED-FOR CENTRE; the random bootstrap model publishes neither
     assert before.stdout.splitlines()[1].split()[1:] == ["bootstrap", *after.stdout.splitlines()[1].split()[2:4], "-", "-", "this", "version", "-"]
-    assert after.stdout.splitlines()[1].split()[4:] == [f"{expected['threshold']:.4f}", "0.01", "this", "version", "-"]
+    assert after.stdout.splitlines()[1].split()[4:] == [f"{expected.threshold:.4f}", "0.01", "this", "version", "-"]
     assert test_folds.returncode == 1 and "are the test set" in test_folds.stderr and len(test_folds.stderr.splitlines()) == 1
     assert unknown.returncode == 1 and "no version among the server's newest 1 start with 'ffff'" in unknown.stderr
 

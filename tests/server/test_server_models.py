@@ -8,15 +8,17 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import torch
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from facecore.eval.calibration import FAR_10_KEY
-from facecore.models.checkpoint import FIGURES
+from facecore.models.checkpoint import FIGURES, load_backbone, meta_of, shipped_verification
+from facecore.models.verification import FAR_10_KEY, LEGACY_KEY, SHIPPED_KEY, Verification
 from server_api.main import create_app
-from server_api.models import AuditEvent, Base
+from server_api.models import AuditEvent, Base, utcnow
+from server_api.ui.view import build as build_operator_view
 from server_helpers import enrolled_devices, make_settings, open_round
 from server_testkit import load_backbone_bytes, make_delta, unit_vector, update_file
 
@@ -142,6 +144,44 @@ def test_a_round_inherits_the_threshold_and_the_operator_recalibrates_the_new_ve
     assert (v3["verify_threshold"], v3["calibrated_for"]) == (0.5, v2)
 
 
+def test_after_a_recalibration_every_reader_sees_the_new_threshold_and_a_file_only_the_one_it_shipped_with(
+    tmp_path: Path, db_url: str, rng: np.random.Generator,
+) -> None:
+    # Prepare: the bundled mobile model, which ships its card's threshold; one enrolled device
+    card = Verification.from_json(json.loads(FIGURES["mobile"].read_text())["verification"])
+    assert card is not None and card.far_10_point is not None
+    recalibrated = {"threshold": card.far_10_point + 0.1, "far": 1e-2, "calibration": "the operator's public faces"}
+    with TestClient(create_app(make_settings(tmp_path / "data", db_url, model="mobile"), run_scheduler=False)) as client:
+        admin = {"Authorization": f"Bearer {client.app.state.ctx.admin_token}"}
+        (device,) = enrolled_devices(client, 1, rng)
+        v1 = device.request("GET", "/v1/models/current").json()["version"]
+        shipped_before = device.request("GET", "/v1/models/current").json()["verify_threshold"]
+        # Execute: the operator recalibrates v1; then every reader, and a round trained on v1
+        published = client.put(f"/v1/admin/models/{v1}/verification", json=recalibrated, headers=admin)
+        seen_by_device = device.request("GET", "/v1/models/current").json()
+        listed = client.get("/v1/admin/models", headers=admin).json()[0]
+        with client.app.state.ctx.sessions() as session:
+            operator_page = next(v for v in build_operator_view(session, utcnow()).versions if v.version == v1)
+        v1_file = load_backbone_from(tmp_path / "v1.pt", client.get(f"/v1/admin/models/{v1}/backbone", headers=admin).content)
+        round_ = open_round(client, admin, target_participants=1)
+        device.checkin()
+        delta = make_delta(load_backbone_bytes(device.backbone(v1).content), rng)
+        assert device.upload(round_["id"], update_file(delta, unit_vector(rng), v1, 5)).status_code == 201
+        v2 = device.request("GET", "/v1/models/current").json()
+        v2_file = load_backbone_from(tmp_path / "v2.pt", device.backbone(v2["version"]).content)
+    # Assert: the bootstrap row started from the card; after the PUT the device, the operator's list and page read the new value
+    assert shipped_before == card.threshold and published.status_code == 200
+    assert (seen_by_device["verify_threshold"], seen_by_device["verify_far"]) == (recalibrated["threshold"], 1e-2)
+    assert (listed["verify_threshold"], listed["calibration"], listed["calibrated_for"]) == (recalibrated["threshold"], recalibrated["calibration"], v1)
+    assert (operator_page.threshold, operator_page.figures) == (recalibrated["threshold"], {FAR_10_KEY: card.far_10_point})
+    # the next round's version inherits the row's value, never v1's file's, and ships with it
+    assert (v2["verify_threshold"], v2["verify_far"]) == (recalibrated["threshold"], 1e-2)
+    assert shipped_verification(v2_file) == Verification(recalibrated["threshold"], 1e-2, recalibrated["calibration"], card.far_10_point, v1)
+    # v1's file still holds the card's value, labelled as what it shipped with: no file meta names a verification of its own
+    assert shipped_verification(v1_file) == card
+    assert {SHIPPED_KEY} <= set(meta_of(v1_file)) and LEGACY_KEY not in meta_of(v1_file) and LEGACY_KEY not in meta_of(v2_file)
+
+
 def test_a_threshold_is_refused_without_the_admin_token_out_of_range_or_for_an_unknown_version(client: TestClient, admin: dict) -> None:
     # Prepare
     version = client.get("/v1/admin/models", headers=admin).json()[0]["version"]
@@ -255,3 +295,9 @@ def test_a_published_feature_centre_reaches_devices_and_rounds_and_the_next_vers
     assert short_round.status_code == 422 and "embeds in 128" in short_round.json()["detail"]
     assert versions[1]["version"] == v1 and versions[0]["round_id"] == round_["id"]
     assert versions[0]["feature_center"] == pytest.approx(center)
+
+
+def load_backbone_from(path: Path, data: bytes) -> torch.nn.Module:
+    """A downloaded backbone file, loaded as any tool loads `--model PATH`."""
+    path.write_bytes(data)
+    return load_backbone(path)

@@ -7,7 +7,7 @@ import struct
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from facecore import tensorfile
 from server_api.errors import Conflict
@@ -89,16 +89,35 @@ def test_recording_the_same_request_twice_replays_its_response(client: TestClien
     }
     # Execute
     with client.app.state.ctx.sessions() as session:
-        first = uploads.record_update(session, response=lambda update_id: {"update_id": update_id}, **fields)
-        second = uploads.record_update(session, response=lambda update_id: {"update_id": -1}, **fields)
+        first = uploads.record_update(session, **fields)
+        second = uploads.record_update(session, **fields | {"now": utcnow()})
         other = fields | {"idempotency_key": "other-key-456", "request_sha256": "b" * 64}
         with pytest.raises(Conflict, match="already uploaded"):
-            uploads.record_update(session, response=lambda update_id: {"update_id": -1}, **other)
+            uploads.record_update(session, **other)
         rows = session.execute(select(func.count()).select_from(Update)).scalar_one()
-    # Assert
-    assert first.created and first.status_code == 201
-    assert not second.created and second.response == first.response and not second.due
+    # Assert: the second gets the first's values, its time included, read back from what was stored
+    assert first.created and first.status_code == 201 and first.accepted.accepted_at == fields["now"]
+    assert not second.created and second.accepted == first.accepted and not second.due
     assert rows == 1
+
+
+def test_a_replay_answers_the_bytes_of_the_first_response_also_from_a_record_stored_before_the_plain_values(
+    client: TestClient, admin: dict, rng: np.random.Generator,
+) -> None:
+    # Prepare: an accepted upload
+    (device, _, _), round_, _, base = _setup(client, admin, rng)
+    body = update_file(make_delta(base, rng), unit_vector(rng), round_["base_version"], 7)
+    first = device.upload(round_["id"], body, key="upload-key-0001")
+    # Execute: a replay, then another after the record is rewritten as records were stored before (the 201's body itself)
+    replay = device.upload(round_["id"], body, key="upload-key-0001")
+    with client.app.state.ctx.sessions() as session, session.begin():
+        stored = session.execute(select(IdempotencyRecord.response)).scalar_one()
+        session.execute(update(IdempotencyRecord).values(response=first.json()))
+    old_replay = device.upload(round_["id"], body, key="upload-key-0001")
+    # Assert: the record holds the plain values, and both replays are the first response's bytes
+    assert set(stored) == set(first.json()) and stored["update_id"] == first.json()["update_id"]
+    assert first.status_code == replay.status_code == old_replay.status_code == 201
+    assert replay.content == first.content and old_replay.content == first.content
 
 
 def test_a_refused_upload_still_uses_up_its_nonce(client: TestClient, admin: dict, rng: np.random.Generator) -> None:

@@ -1,15 +1,19 @@
-"""The strategy interface and the records that cross it.
+"""The strategy interface, the wrapper that composes strategies, and the records that cross them.
 
 Weights are ``dict[str, np.ndarray]`` keyed like a torch ``state_dict`` so the same
 strategy object serves the server (which streams updates from storage) and the
 simulator (which holds them in memory).
+
+Invariants: a :class:`Wrapper` holds exactly one ``inner`` strategy and passes through whatever it
+does not change, so a chain reads outermost first (:func:`layers`), and each stage's ``name`` is the
+name `RoundConfig.chain` gives it.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
@@ -75,3 +79,41 @@ class Strategy(ABC):
     def aggregate_embeddings(self, W: np.ndarray, config: Any = None) -> np.ndarray:
         """New class-embedding matrix ``(C, D)`` from the round's ``W``; identity by default."""
         return np.array(W, copy=True)
+
+
+class Wrapper(Strategy):
+    """A stage around one other strategy: it changes what enters ``inner`` or what comes out of it and
+    passes the rest (per-client instructions, the embedding step) through unchanged."""
+
+    def __init__(self, inner: Strategy) -> None:
+        self.inner = inner
+
+    def configure_train(
+        self, server_round: int, clients: Sequence[str], config: Mapping[str, Any]
+    ) -> dict[str, TrainInstructions]:
+        return self.inner.configure_train(server_round, clients, config)
+
+    def aggregate_embeddings(self, W: np.ndarray, config: Any = None) -> np.ndarray:
+        return self.inner.aggregate_embeddings(W, config)
+
+
+S = TypeVar("S", bound=Strategy)
+
+
+def layers(strategy: Strategy) -> list[Strategy]:
+    """A chain's stages, outermost first: each wrapper, then the base strategy it ends in."""
+    stages = [strategy]
+    while isinstance(stages[-1], Wrapper):
+        stages.append(stages[-1].inner)
+    return stages
+
+
+def layer_of(strategy: Strategy, kind: type[S]) -> S | None:
+    """The outermost stage of a chain that is a ``kind``, or None: how a caller reaches one stage's
+    state (server momentum's last step, DP's noise multiplier) without knowing the chain's shape."""
+    return next((stage for stage in layers(strategy) if isinstance(stage, kind)), None)
+
+
+def chain_of(strategy: Strategy) -> tuple[str, ...]:
+    """The stage names of a built chain, outermost first; compare with `RoundConfig.chain`."""
+    return tuple(stage.name for stage in layers(strategy))

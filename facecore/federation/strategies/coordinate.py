@@ -4,6 +4,9 @@ Unlike FedAvg these cannot stream: every coordinate needs all clients' values at
 round's deltas are held in memory as float32, ``participants x parameters x 4`` bytes (about
 400 MB for 100 mobilefacenet updates). Sample counts do not weight the result: a weight is
 something an attacker would simply inflate.
+
+Both are base strategies of a chain: no wrapper that needs a sum (norm clipping, DP noise, secure
+aggregation) can sit on them, and `RoundConfig` refuses the combinations that would ask for one.
 """
 from __future__ import annotations
 
@@ -11,8 +14,8 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-from facecore.federation.strategies.base import AggregateResult, ClientUpdate, Strategy, Weights
-from facecore.federation.strategies.fedavg import cast_like
+from facecore.federation.strategies.base import AggregateResult, ClientUpdate, Strategy
+from facecore.federation.strategies.fedavg import apply_step
 
 
 def stack_deltas(base: Mapping[str, np.ndarray], results: Iterable[ClientUpdate]) -> tuple[dict[str, np.ndarray], int, dict[str, float]]:
@@ -38,10 +41,6 @@ def stack_deltas(base: Mapping[str, np.ndarray], results: Iterable[ClientUpdate]
     return stacked, n_samples, {k: metric_sums[k] / metric_counts[k] for k in metric_sums}
 
 
-def _apply(base: Mapping[str, np.ndarray], step: Mapping[str, np.ndarray]) -> Weights:
-    return {k: cast_like(np.asarray(base[k], dtype=np.float64) + step[k], np.asarray(base[k])) for k in base}
-
-
 class CoordinateMedian(Strategy):
     """Per-coordinate median of the deltas: holds while fewer than half of the clients lie."""
 
@@ -51,7 +50,7 @@ class CoordinateMedian(Strategy):
         stacked, n_samples, metrics = stack_deltas(base, results)
         count = len(next(iter(stacked.values())))
         step = {k: np.median(v, axis=0).astype(np.float64) for k, v in stacked.items()}
-        return AggregateResult(_apply(base, step), count, n_samples, metrics)
+        return AggregateResult(apply_step(base, step), count, n_samples, metrics)
 
 
 class TrimmedMean(Strategy):
@@ -72,4 +71,4 @@ class TrimmedMean(Strategy):
         for key, values in stacked.items():
             ordered = np.sort(values, axis=0)
             step[key] = ordered[cut : count - cut].mean(axis=0, dtype=np.float64)
-        return AggregateResult(_apply(base, step), count, n_samples, {**metrics, "trimmed_per_side": float(cut)})
+        return AggregateResult(apply_step(base, step), count, n_samples, {**metrics, "trimmed_per_side": float(cut)})

@@ -1,5 +1,7 @@
 """DP-FedAvg (McMahan et al. 2018, "Learning differentially private recurrent language models"):
-user-level differential privacy for the backbone.
+user-level differential privacy for the backbone. In the chain it is the DP noise stage around norm
+clipping around FedAvg by devices (:func:`dp_fedavg` builds the three); the stage refuses anything
+else beneath it, because its noise is calibrated to that sum.
 
 Each device's delta is clipped to L2 norm C and the clipped deltas are SUMMED with equal weights
 (a sample-count weight is whatever the device claims). The sum is divided by a FIXED denominator,
@@ -29,9 +31,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from facecore.federation.strategies.base import AggregateResult, ClientUpdate, Strategy
-from facecore.federation.strategies.fedavg import RunningWeightedSum
-from facecore.federation.strategies.norm_bounded import clip_to_norm
+from facecore.federation.strategies.base import AggregateResult, ClientUpdate, Strategy, Wrapper, chain_of
+from facecore.federation.strategies.fedavg import FedAvg
+from facecore.federation.strategies.norm_bounded import NormClipping
 
 _FROZEN_SUFFIXES = ("running_mean", "running_var", "num_batches_tracked")
 
@@ -41,41 +43,37 @@ def is_frozen_statistic(key: str) -> bool:
     return key.endswith(_FROZEN_SUFFIXES)
 
 
-class DPFedAvg(Strategy):
-    name = "dp_fedavg"
+class DPFedAvg(Wrapper):
+    """The DP noise stage: ``inner`` (norm clipping around an equal-weight FedAvg) sums the clipped
+    deltas; this divides the sum by the fixed ``expected_clients`` and adds Gaussian noise."""
 
-    def __init__(self, clip_norm: float = 1.0, noise_multiplier: float = 1.0, expected_clients: int = 1, seed: int | None = None,
-                 frozen: Callable[[str], bool] = is_frozen_statistic) -> None:
-        if not clip_norm > 0:
-            raise ValueError(f"clip_norm must be positive, got {clip_norm}")
+    name = "dp_noise"
+    inner: NormClipping
+
+    def __init__(self, inner: Strategy, noise_multiplier: float = 1.0, expected_clients: int = 1, seed: int | None = None) -> None:
+        # The noise is calibrated to one device moving the sum by at most the clip norm: every update clipped, each counted once.
+        if not isinstance(inner, NormClipping) or not isinstance(inner.inner, FedAvg) or not inner.inner.each_client_once:
+            raise TypeError(f"DP noise needs norm clipping around FedAvg by devices beneath it, not {' > '.join(chain_of(inner))}: "
+                            "its sensitivity is one clipped update")
         if not noise_multiplier >= 0:
             raise ValueError(f"noise_multiplier must be >= 0, got {noise_multiplier}")
         if expected_clients < 1:
             raise ValueError(f"expected_clients (the fixed denominator q·N) must be >= 1, got {expected_clients}")
-        self.clip_norm, self.noise_multiplier, self.frozen = clip_norm, noise_multiplier, frozen
-        self.expected_clients = expected_clients
+        super().__init__(inner)
+        self.noise_multiplier, self.expected_clients = noise_multiplier, expected_clients
+        self.frozen: Callable[[str], bool] = inner.frozen or (lambda key: False)
         self.seed = seed  # None: fresh OS entropy each round; a seed (simulations) fixes each round's noise
+
+    @property
+    def clip_norm(self) -> float:
+        return self.inner.max_norm
 
     @property
     def noise_std(self) -> float:
         return self.noise_multiplier * self.clip_norm / self.expected_clients
 
-    def _clipped_private(self, update: ClientUpdate) -> tuple[dict[str, np.ndarray], bool]:
-        if update.kind != "delta":
-            raise ValueError("DP-FedAvg clips deltas (trained - base), not full models")
-        private = {k: (np.zeros(np.shape(v)) if self.frozen(k) else v) for k, v in update.weights.items()}
-        clipped, norm = clip_to_norm(private, self.clip_norm)
-        return clipped, norm > self.clip_norm
-
     def aggregate_train(self, server_round: int, base: Mapping[str, np.ndarray], results: Iterable[ClientUpdate]) -> AggregateResult:
-        total, n_samples, n_clipped = RunningWeightedSum(), 0, 0
-        for update in results:
-            if update.weights.keys() != base.keys():
-                raise ValueError(f"update from {update.client_id or '?'} does not match the base model's parameters")
-            clipped, was_clipped = self._clipped_private(update)
-            total.add(clipped, 1.0, update.metrics)
-            n_samples, n_clipped = n_samples + update.n_samples, n_clipped + was_clipped
-        sums = total.sums() if total.count else {}
+        total = self.inner.summed(server_round, base, results)
         # Even an empty Poisson sample publishes base + noise: skipping the round would reveal it was empty.
         rng = np.random.default_rng(secrets.randbits(128) if self.seed is None else [self.seed, server_round])
         weights: dict[str, np.ndarray] = {}
@@ -84,13 +82,19 @@ class DPFedAvg(Strategy):
             if self.frozen(key) or not np.issubdtype(like.dtype, np.floating):
                 weights[key] = np.array(like, copy=True)
                 continue
-            step = sums[key] / self.expected_clients if key in sums else np.zeros(like.shape)
+            step = total.sums[key] / self.expected_clients if key in total.sums else np.zeros(like.shape)
             if self.noise_std > 0:
                 step = step + rng.normal(0.0, self.noise_std, like.shape)
             weights[key] = (like.astype(np.float64) + step).astype(like.dtype)
-        metrics = {**(total.metric_means() if total.count else {}), "dp_noise_std": self.noise_std,
-                   "dp_clipped_fraction": n_clipped / max(total.count, 1), "dp_expected_clients": float(self.expected_clients)}
-        return AggregateResult(weights, total.count, n_samples, metrics)
+        metrics = {**total.metrics, "dp_noise_std": self.noise_std,
+                   "dp_clipped_fraction": total.clipped / max(total.count, 1), "dp_expected_clients": float(self.expected_clients)}
+        return AggregateResult(weights, total.count, total.n_samples, metrics)
+
+
+def dp_fedavg(clip_norm: float = 1.0, noise_multiplier: float = 1.0, expected_clients: int = 1, seed: int | None = None,
+              frozen: Callable[[str], bool] = is_frozen_statistic) -> DPFedAvg:
+    """The DP-FedAvg chain: noise around norm clipping (frozen statistics zeroed) around FedAvg by devices."""
+    return DPFedAvg(NormClipping(FedAvg("devices"), clip_norm, frozen), noise_multiplier, expected_clients, seed)
 
 
 def sample_rate_for(expected_clients: int, population: int) -> float:

@@ -1,11 +1,19 @@
-"""FedAvg (McMahan et al. 2017) as a weighted running sum.
+"""FedAvg (McMahan et al. 2017) as a weighted running sum, and the interface of strategies whose
+aggregate is such a sum divided by its total weight.
 
 Memory is one float64 copy of the model plus the update being added, whatever the
 number of participants, because the server feeds updates one at a time from storage.
+
+Invariants: a :class:`SumStrategy` splits its aggregate into :meth:`~SumStrategy.summed` (consume the
+stream, once) and :meth:`~SumStrategy.publish` (divide and apply to the base), so the wrappers that
+need the sum itself (DP noise's fixed denominator, secure aggregation's masked sum) reuse both halves
+unchanged and the published bits do not depend on which path produced the sum.
 """
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import get_args
 
 import numpy as np
@@ -27,13 +35,28 @@ def _wide(value: np.ndarray) -> np.ndarray:
     return (widened(array) if array.dtype == np.float16 else array).astype(np.float64)
 
 
+class MetricMeans:
+    """Each metric's mean over the updates that reported it, weighted like their weights."""
+
+    def __init__(self) -> None:
+        self._sums: dict[str, float] = {}
+        self._weights: dict[str, float] = {}
+
+    def add(self, metrics: Mapping[str, float], weight: float) -> None:
+        for key, metric in metrics.items():
+            self._sums[key] = self._sums.get(key, 0.0) + float(metric) * weight
+            self._weights[key] = self._weights.get(key, 0.0) + weight
+
+    def means(self) -> dict[str, float]:
+        return {k: self._sums[k] / self._weights[k] for k in self._sums}
+
+
 class RunningWeightedSum:
     """``sum_i w_i * x_i`` and ``sum_i w_i`` over same-shaped weight dicts, added one at a time."""
 
     def __init__(self) -> None:
         self._sums: dict[str, np.ndarray] = {}
-        self._metric_sums: dict[str, float] = {}
-        self._metric_weights: dict[str, float] = {}
+        self._metrics = MetricMeans()
         self.total_weight = 0.0
         self.count = 0
 
@@ -50,9 +73,7 @@ class RunningWeightedSum:
                 if np.shape(value) != self._sums[key].shape:
                     raise ValueError(f"{key}: shape {np.shape(value)} differs from {self._sums[key].shape}")
                 self._sums[key] += _wide(value) * weight
-        for key, metric in (metrics or {}).items():
-            self._metric_sums[key] = self._metric_sums.get(key, 0.0) + float(metric) * weight
-            self._metric_weights[key] = self._metric_weights.get(key, 0.0) + weight
+        self._metrics.add(metrics or {}, weight)
         self.total_weight += weight
         self.count += 1
 
@@ -62,10 +83,25 @@ class RunningWeightedSum:
         return {k: v / self.total_weight for k, v in self._sums.items()}
 
     def sums(self) -> dict[str, np.ndarray]:
-        return {k: v.copy() for k, v in self._sums.items()}
+        """The running sums themselves, not copies: whoever is done adding hands them on."""
+        return self._sums
 
     def metric_means(self) -> dict[str, float]:
-        return {k: self._metric_sums[k] / self._metric_weights[k] for k in self._metric_sums}
+        return self._metrics.means()
+
+
+@dataclass(frozen=True)
+class RoundSum:
+    """A round's weighted sum before it is divided. ``sums`` may leave keys out (secure aggregation
+    sums only the float tensors); those keep the base's value. ``kind`` is None when no update came."""
+
+    sums: dict[str, np.ndarray]
+    total_weight: float
+    count: int
+    n_samples: int
+    metrics: dict[str, float]
+    kind: UpdateKind | None = "delta"
+    clipped: int = 0  # updates a clipping stage scaled down (DP reports the fraction)
 
 
 def cast_like(value: np.ndarray, like: np.ndarray) -> np.ndarray:
@@ -75,27 +111,45 @@ def cast_like(value: np.ndarray, like: np.ndarray) -> np.ndarray:
     return value.astype(like.dtype)
 
 
-class FedAvg(Strategy):
+def apply_step(base: Mapping[str, np.ndarray], step: Mapping[str, np.ndarray]) -> Weights:
+    """``base + step`` in the base's dtypes; a key the step leaves out keeps the base's value."""
+    return {k: cast_like(np.asarray(base[k], np.float64) + step[k], np.asarray(base[k])) if k in step else np.array(base[k], copy=True)
+            for k in base}
+
+
+class SumStrategy(Strategy):
+    """A strategy whose aggregate is a weighted sum of the updates divided by its total weight."""
+
+    @abstractmethod
+    def summed(self, server_round: int, base: Mapping[str, np.ndarray], results: Iterable[ClientUpdate]) -> RoundSum:
+        """Consume the round's stream once into its weighted sum."""
+
+    @abstractmethod
+    def publish(self, base: Mapping[str, np.ndarray], total: RoundSum) -> AggregateResult:
+        """The new weights from the sum: its mean added to the base (deltas) or taken as is (full models)."""
+
+    def aggregate_train(self, server_round: int, base: Mapping[str, np.ndarray], results: Iterable[ClientUpdate]) -> AggregateResult:
+        return self.publish(base, self.summed(server_round, base, results))
+
+
+class FedAvg(SumStrategy):
     """Weighted mean of client models (or of their deltas added to the base): by each client's
     samples, or with ``weighting="devices"`` every client once."""
 
-    name = "fedavg"
+    name = "fedavg_by_samples"
     each_client_once = False  # subclasses that do not call __init__ weigh by samples
 
     def __init__(self, weighting: Weighting = "samples") -> None:
         if weighting not in get_args(Weighting):
             raise ValueError(f"weighting must be samples or devices, got {weighting!r}")
         self.each_client_once = weighting == "devices"
+        self.name = f"fedavg_by_{weighting}"
 
     def _weight(self, update: ClientUpdate) -> float:
         """How much one update counts; subclasses (FV's weighted FedAvg) override only this."""
         return 1.0 if self.each_client_once else float(update.n_samples)
 
-    def _prepare(self, update: ClientUpdate) -> Mapping[str, np.ndarray]:
-        """The weights that enter the mean; norm-bounded FedAvg clips them here."""
-        return update.weights
-
-    def aggregate_train(self, server_round: int, base: Mapping[str, np.ndarray], results: Iterable[ClientUpdate]) -> AggregateResult:
+    def summed(self, server_round: int, base: Mapping[str, np.ndarray], results: Iterable[ClientUpdate]) -> RoundSum:
         total = RunningWeightedSum()
         kind: UpdateKind | None = None
         n_samples = 0
@@ -108,12 +162,17 @@ class FedAvg(Strategy):
             weight = self._weight(update)
             n_samples += update.n_samples
             if weight > 0:  # a zero weight (FV) leaves a client out of this aggregate
-                total.add(self._prepare(update), weight, update.metrics)
+                total.add(update.weights, weight, update.metrics)
         if total.count == 0 and n_samples > 0:
             raise ValueError("no client with a positive weight took part in this round")
-        mean = total.mean()
-        if kind == "delta":
-            weights: Weights = {k: cast_like(np.asarray(base[k], dtype=np.float64) + mean[k], np.asarray(base[k])) for k in base}
+        return RoundSum(total.sums(), total.total_weight, total.count, n_samples, total.metric_means(), kind)
+
+    def publish(self, base: Mapping[str, np.ndarray], total: RoundSum) -> AggregateResult:
+        if total.count == 0:
+            raise ValueError("no updates were added")
+        mean = {k: v / total.total_weight for k, v in total.sums.items()}
+        if total.kind == "full":
+            weights: Weights = {k: cast_like(mean[k], np.asarray(base[k])) for k in base}
         else:
-            weights = {k: cast_like(mean[k], np.asarray(base[k])) for k in base}
-        return AggregateResult(weights=weights, n_clients=total.count, n_samples=n_samples, metrics=total.metric_means())
+            weights = apply_step(base, mean)
+        return AggregateResult(weights=weights, n_clients=total.count, n_samples=total.n_samples, metrics=total.metrics)

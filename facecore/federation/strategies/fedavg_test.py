@@ -1,10 +1,94 @@
-"""FedAvg's two weightings, and the round settings that choose between them."""
+"""FedAvg: the running sum, delta and full updates, a stream held one update at a time, its two
+weightings, and the round settings that choose between them."""
+import gc
+import weakref
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 from pydantic import ValidationError
 
 from facecore.federation.config import AggregationSettings, RoundConfig, SecureAggregationSettings
-from facecore.federation.strategies import ClientUpdate, FedAvg, strategy_for
+from facecore.federation.strategies import ClientUpdate, FedAvg, RunningWeightedSum, strategy_for
+
+
+def _weights(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    return {"conv": rng.standard_normal((4, 3)).astype(np.float32), "bn.steps": np.array(10, dtype=np.int64)}
+
+
+def test_running_sum_equals_direct_weighted_mean() -> None:
+    # Prepare
+    rng = np.random.default_rng(1)
+    updates = [(_weights(rng), int(n)) for n in rng.integers(1, 50, size=7)]
+    # Execute
+    total = RunningWeightedSum()
+    for weights, n in updates:
+        total.add(weights, n)
+    mean = total.mean()
+    # Assert
+    direct = sum(w["conv"].astype(np.float64) * n for w, n in updates) / sum(n for _, n in updates)
+    np.testing.assert_allclose(mean["conv"], direct, rtol=1e-12)
+    assert total.count == 7 and total.total_weight == sum(n for _, n in updates)
+
+
+def test_fedavg_delta_and_full_updates_and_generator_input() -> None:
+    # Prepare
+    rng = np.random.default_rng(2)
+    base = _weights(rng)
+    deltas = [(_weights(rng), n) for n in (1, 3)]
+    consumed: list[int] = []
+
+    def stream() -> Iterator[ClientUpdate]:  # the server feeds a generator; nothing may be materialised by the strategy
+        for index, (delta, n) in enumerate(deltas):
+            consumed.append(index)
+            yield ClientUpdate(weights=delta, n_samples=n, metrics={"loss": float(index)})
+
+    # Execute
+    result = FedAvg().aggregate_train(1, base, stream())
+    full = FedAvg().aggregate_train(1, base, [ClientUpdate({k: base[k] + d[k] for k in base}, n, kind="full") for d, n in deltas])
+    # Assert
+    expected = base["conv"] + (deltas[0][0]["conv"] * 1 + deltas[1][0]["conv"] * 3) / 4
+    np.testing.assert_allclose(result.weights["conv"], expected, atol=1e-6)
+    assert result.weights["conv"].dtype == np.float32
+    steps = 10 + round((deltas[0][0]["bn.steps"] + 3 * deltas[1][0]["bn.steps"]) / 4)  # integer buffers: rounded mean
+    assert result.weights["bn.steps"].dtype == np.int64 and result.weights["bn.steps"] == steps
+    np.testing.assert_allclose(full.weights["conv"], expected, atol=1e-6)
+    assert (result.n_clients, result.n_samples, result.metrics) == (2, 4, {"loss": 0.75}) and consumed == [0, 1]
+
+
+def test_fedavg_holds_a_constant_number_of_updates() -> None:
+    # Prepare: a stream of fresh updates; weak references tell which are still alive.
+    base = _weights(np.random.default_rng(5))
+    refs: list[weakref.ref[np.ndarray]] = []
+
+    def stream() -> Iterator[ClientUpdate]:
+        for i in range(6):
+            gc.collect()
+            # Only the update just consumed may still be referenced (by the strategy's loop variable).
+            assert all(ref() is None for ref in refs[:-1]), "FedAvg kept an older update alive"
+            weights = {k: v + i for k, v in base.items()}
+            refs.append(weakref.ref(weights["conv"]))
+            yield ClientUpdate(weights, n_samples=i + 1)
+            del weights
+
+    # Execute
+    result = FedAvg().aggregate_train(1, base, stream())
+    # Assert
+    assert result.n_clients == 6 and len(refs) == 6
+
+
+def test_fedavg_rejects_mismatched_updates() -> None:
+    # Prepare
+    base = _weights(np.random.default_rng(3))
+    # Execute / Assert
+    with pytest.raises(ValueError, match="mix"):
+        FedAvg().aggregate_train(1, base, [ClientUpdate(base, 1), ClientUpdate(base, 1, kind="full")])
+    with pytest.raises(ValueError, match="match"):
+        FedAvg().aggregate_train(1, base, [ClientUpdate({"conv": base["conv"]}, 1)])
+    with pytest.raises(ValueError, match="no updates"):
+        FedAvg().aggregate_train(1, base, [])
+    with pytest.raises(ValueError, match="n_samples must be a positive integer"):
+        ClientUpdate(base, 0)
 
 
 def _updates() -> list[ClientUpdate]:

@@ -1,5 +1,9 @@
-"""FedFace (Aggarwal, Zhou & Jain, IJCB 2021): FedAvg on the backbone, then spreadout
-on the matrix of every enrolled identity's class embedding so identities stay apart."""
+"""FedFace (Aggarwal, Zhou & Jain, IJCB 2021): any backbone step, then spreadout on the matrix of
+every enrolled identity's class embedding so identities stay apart.
+
+Invariants: the spreadout stage is the outermost of a chain. It passes the backbone step through
+untouched and changes only the class embeddings, which no other stage reads.
+"""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
@@ -8,24 +12,27 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
-from facecore.federation.strategies.base import AggregateResult, ClientUpdate, Strategy
+from facecore.federation.strategies.base import AggregateResult, ClientUpdate, Strategy, Wrapper
 from facecore.federation.strategies.fedavg import FedAvg
 from facecore.losses import SpreadoutConfig, spreadout_optimize
 
 
-class FedFace(FedAvg):
-    """``backbone``: another strategy for the backbone step (a robust one); FedAvg when None."""
+class FedFace(Wrapper):
+    """The spreadout stage around ``inner``, the backbone step (FedAvg by samples when None)."""
 
-    name = "fedface"
+    name = "spreadout"
 
-    def __init__(self, spreadout: SpreadoutConfig | None = None, backbone: Strategy | None = None) -> None:
+    def __init__(self, inner: Strategy | None = None, spreadout: SpreadoutConfig | None = None) -> None:
+        super().__init__(inner if inner is not None else FedAvg())
         self.spreadout = spreadout or SpreadoutConfig()
-        self.backbone = backbone
+
+    @property
+    def backbone(self) -> Strategy:
+        """The backbone step: what FedFace runs on the network's weights."""
+        return self.inner
 
     def aggregate_train(self, server_round: int, base: Mapping[str, np.ndarray], results: Iterable[ClientUpdate]) -> AggregateResult:
-        if self.backbone is None:
-            return super().aggregate_train(server_round, base, results)
-        return self.backbone.aggregate_train(server_round, base, results)
+        return self.inner.aggregate_train(server_round, base, results)
 
     def aggregate_embeddings(self, W: np.ndarray, config: SpreadoutConfig | None = None) -> np.ndarray:
         """``spreadout_optimize`` on ``W`` (C, D); rows are returned un-normalised, like the core does."""

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from facecore.federation.strategies import ClientUpdate, CoordinateMedian, DPFedAvg, FedAvg, NormBoundedFedAvg, Strategy, TrimmedMean
+from facecore.federation.strategies import ClientUpdate, CoordinateMedian, FedAvg, NormClipping, Strategy, TrimmedMean, dp_fedavg
 from facecore.federation.strategies.coordinate import stack_deltas
 from facecore.federation.strategies.norm_bounded import clip_to_norm
 
@@ -77,7 +77,7 @@ def _train(strategy: Strategy, attack: Attack | None) -> float:
 
 
 STRATEGIES: dict[str, Callable[[], Strategy]] = {
-    "median": CoordinateMedian, "trimmed_mean": lambda: TrimmedMean(0.25), "norm_bounded": lambda: NormBoundedFedAvg(0.5),
+    "median": CoordinateMedian, "trimmed_mean": lambda: TrimmedMean(0.25), "norm_bounded": lambda: NormClipping(FedAvg("devices"), 0.5),
 }
 
 
@@ -141,7 +141,9 @@ def test_robust_aggregation_refuses_full_models_and_bad_arguments() -> None:
     with pytest.raises(ValueError, match="beta"):
         TrimmedMean(0.5)
     with pytest.raises(ValueError, match="max_norm"):
-        NormBoundedFedAvg(0)
+        NormClipping(FedAvg("devices"), 0)
+    with pytest.raises(ValueError, match="norm clipping applies to deltas"):
+        NormClipping(FedAvg("devices")).aggregate_train(1, base, [full])
 
 
 @pytest.mark.parametrize("name", [*sorted(STRATEGIES), "dp_fedavg"])
@@ -151,7 +153,7 @@ def test_an_inflated_sample_count_does_not_steer_a_robust_strategy(name: str) ->
     honest_direction, attack_direction = np.eye(64)[0], np.eye(64)[1]
     updates = [ClientUpdate({"w": 0.1 * honest_direction + 0.01 * rng.standard_normal(64)}, 20, client_id=str(i)) for i in range(19)]
     updates.append(ClientUpdate({"w": 0.1 * attack_direction}, 10_000_000, client_id="attacker"))
-    strategy = DPFedAvg(1.0, 0.0, expected_clients=20) if name == "dp_fedavg" else STRATEGIES[name]()
+    strategy = dp_fedavg(1.0, 0.0, expected_clients=20) if name == "dp_fedavg" else STRATEGIES[name]()
     # Execute
     step = strategy.aggregate_train(1, {"w": np.zeros(64)}, iter(updates)).weights["w"]
     # Assert: the aggregate still points along the honest direction; sample-weighted FedAvg would follow the attacker

@@ -1,4 +1,4 @@
-"""FedAvg over securely aggregated updates: the strategy only ever holds the masked running sum.
+"""Secure aggregation as the transport of FedAvg's sum: the strategy only ever holds the masked running sum.
 
 Each device sends y_u = quantize(n_u * delta_u) + masks (mod 2^32) over the model's float tensors
 (facecore.secagg.weighted_update) and its n_u in the clear. The server adds the y_u as they stream in,
@@ -12,6 +12,10 @@ sum(n_u) x C long, plus the rounding. A member that uploads anything else (rando
 update) makes the sum longer than that unless its own input is within about the same bound: the
 round then fails (SecAggAborted) and publishes nothing. Within the bound, one member can still move
 the mean by up to about 2 x C x n_u / sum(n_u) in L2.
+
+In the chain this stage sits directly on FedAvg by samples: the server cannot clip an update it cannot
+read (devices clip, the server bounds the sum), so norm clipping and DP noise cannot wrap it, and a
+median or trimmed mean has no sum to receive. `RoundConfig` refuses those combinations.
 """
 from __future__ import annotations
 
@@ -21,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from facecore.federation.strategies.base import AggregateResult, ClientUpdate, Strategy, Weights
-from facecore.federation.strategies.fedavg import cast_like
+from facecore.federation.strategies.base import AggregateResult, ClientUpdate, Strategy, Wrapper
+from facecore.federation.strategies.fedavg import FedAvg, MetricMeans, RoundSum, SumStrategy
 from facecore.secagg import Advert, SecAggAborted, dequantize, float_keys, unmask_total, unpack
 
 MASKED = "masked"
@@ -41,22 +45,31 @@ class UnmaskMaterial:
     max_update_norm: float = math.inf
 
 
-class SecureFedAvg(Strategy):
-    """``ClientUpdate.weights[MASKED]`` is a device's uint32 masked vector, ``client_id`` its index."""
+class SecureSum(SumStrategy, Wrapper):
+    """The secure aggregation stage: ``inner`` (FedAvg by samples) receives its sum unmasked from the
+    devices' masked inputs instead of adding updates it can read. ``ClientUpdate.weights[MASKED]`` is a
+    device's uint32 masked vector, ``client_id`` its index. ``material`` is None until the round has
+    reached its unmasking step (a check-in asks only for instructions); aggregating without it is refused."""
 
-    name = "secure_fedavg"
+    name = "secure_sum"
+    inner: FedAvg
 
-    def __init__(self, material: UnmaskMaterial) -> None:
+    def __init__(self, inner: Strategy, material: UnmaskMaterial | None) -> None:
+        # Devices multiply their delta by their photo count before masking; a sum of those is FedAvg by samples.
+        if type(inner) is not FedAvg or inner.each_client_once:
+            raise TypeError(f"secure aggregation delivers the sum of photo-weighted updates: only FedAvg by samples can divide it, not {inner.name}")
+        super().__init__(inner)
         self.material = material
 
-    def aggregate_train(self, server_round: int, base: Mapping[str, np.ndarray], results: Iterable[ClientUpdate]) -> AggregateResult:
+    def summed(self, server_round: int, base: Mapping[str, np.ndarray], results: Iterable[ClientUpdate]) -> RoundSum:
+        if self.material is None:
+            raise ValueError("a secure round is aggregated with its unmasking material (the adverts, key sharers and answers)")
         keys = float_keys(base)
         length = sum(int(np.size(base[k])) for k in keys)
         total = np.zeros(length, np.uint32)
         senders: list[int] = []
         n_samples = 0
-        metric_sums: dict[str, float] = {}
-        metric_weights: dict[str, float] = {}
+        metrics = MetricMeans()
         for update in results:
             masked = np.asarray(update.weights[MASKED]).view(np.uint32)
             if masked.shape != (length,):
@@ -66,21 +79,16 @@ class SecureFedAvg(Strategy):
             total += masked
             senders.append(int(update.client_id))
             n_samples += update.n_samples
-            for key, value in update.metrics.items():
-                metric_sums[key] = metric_sums.get(key, 0.0) + float(value) * update.n_samples
-                metric_weights[key] = metric_weights.get(key, 0.0) + update.n_samples
+            metrics.add(update.metrics, update.n_samples)
         if not senders:
             raise ValueError("no masked updates were sent")
         m = self.material
         summed = dequantize(unmask_total(total, senders, m.adverts, m.key_sharers, m.answers, m.threshold), m.scale)
         check_sum_bound(summed, n_samples, len(senders), m.max_update_norm, m.scale)
-        mean = unpack(summed / n_samples, base, keys)
-        weights: Weights = {
-            k: cast_like(np.asarray(base[k], np.float64) + mean[k], np.asarray(base[k])) if k in mean else np.array(base[k], copy=True)
-            for k in base
-        }
-        metrics = {k: metric_sums[k] / metric_weights[k] for k in metric_sums}
-        return AggregateResult(weights=weights, n_clients=len(senders), n_samples=n_samples, metrics=metrics)
+        return RoundSum(unpack(summed, base, keys), n_samples, len(senders), n_samples, metrics.means())
+
+    def publish(self, base: Mapping[str, np.ndarray], total: RoundSum) -> AggregateResult:
+        return self.inner.publish(base, total)
 
 
 def check_sum_bound(summed: np.ndarray, n_samples: int, n_devices: int, max_update_norm: float, scale: float) -> None:

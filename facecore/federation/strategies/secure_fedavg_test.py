@@ -1,11 +1,11 @@
-"""SecureFedAvg equals FedAvg over the survivors, to the fixed-point rounding."""
+"""FedAvg whose sum arrives through secure aggregation equals FedAvg over the survivors, to the fixed-point rounding."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from facecore.federation.strategies import ClientUpdate, FedAvg
-from facecore.federation.strategies.secure_fedavg import MASKED, SecureFedAvg, UnmaskMaterial, check_sum_bound
+from facecore.federation.strategies.secure_fedavg import MASKED, SecureSum, UnmaskMaterial, check_sum_bound
 from facecore.secagg import SecAggAborted, SecAggClient, key_in_process, mask_bound, quantize, weighted_update
 
 SCALE = 2.0**14
@@ -37,7 +37,7 @@ def test_secure_fedavg_matches_fedavg_of_the_survivors() -> None:
         for u in senders
     ]
     answers = [clients[u].unmask_shares([5], senders) for u in (1, 2, 3)]
-    strategy = SecureFedAvg(UnmaskMaterial(adverts, list(clients), answers, 3, SCALE))
+    strategy = SecureSum(FedAvg(), UnmaskMaterial(adverts, list(clients), answers, 3, SCALE))
     # Execute
     secure = strategy.aggregate_train(1, base, updates)
     plain = FedAvg().aggregate_train(1, base, [ClientUpdate(deltas[u], samples[u], {"loss": float(u)}) for u in senders])
@@ -51,7 +51,7 @@ def test_secure_fedavg_matches_fedavg_of_the_survivors() -> None:
 def test_an_update_from_a_non_member_is_refused() -> None:
     rng = np.random.default_rng(1)
     base = _base(rng)
-    strategy = SecureFedAvg(UnmaskMaterial({1: SecAggClient(1, 2).advertise()}, [1], [], 2, SCALE))
+    strategy = SecureSum(FedAvg(), UnmaskMaterial({1: SecAggClient(1, 2).advertise()}, [1], [], 2, SCALE))
     with pytest.raises(ValueError, match="not a member"):
         strategy.aggregate_train(1, base, [ClientUpdate({MASKED: np.zeros(17, np.int32)}, 1, client_id="9")])
 

@@ -1,4 +1,4 @@
-"""Server momentum (FedAvgM; Hsu, Qi & Brown 2019) around any backbone step.
+"""Server momentum (FedAvgM; Hsu, Qi & Brown 2019): the chain's stage around any backbone step.
 
 The inner strategy's step ``d`` (its new weights minus the base) becomes ``v = momentum * v_prev + d``
 and the round publishes ``base + v``. A round without it takes the single step the inner strategy
@@ -11,6 +11,8 @@ Invariants:
 - Only the inner step's keys move; ``v_prev`` entries for other keys are ignored, and a missing one
   counts as zero.
 - ``momentum == 0`` publishes exactly what the inner strategy does.
+- It sits outside DP noise: momentum is then post-processing of what the noise stage published, at no
+  privacy cost, and the lineage it reads is the published models.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-from facecore.federation.strategies.base import AggregateResult, ClientUpdate, Strategy, Weights
+from facecore.federation.strategies.base import AggregateResult, ClientUpdate, Strategy, Weights, Wrapper
 from facecore.federation.strategies.fedavg import cast_like
 
 
@@ -30,14 +32,16 @@ def last_step(base: Mapping[str, np.ndarray], parent: Mapping[str, np.ndarray] |
             if np.issubdtype(np.asarray(base[k]).dtype, np.floating)}
 
 
-class ServerMomentum(Strategy):
+class ServerMomentum(Wrapper):
     """``inner``'s backbone step with heavy-ball momentum; ``previous`` is the base's own step (last_step)."""
+
+    name = "server_momentum"
 
     def __init__(self, inner: Strategy, momentum: float, previous: Mapping[str, np.ndarray] | None = None) -> None:
         if not 0 <= momentum < 1:
             raise ValueError(f"server momentum must be in [0, 1), got {momentum}")
-        self.inner, self.momentum = inner, momentum
-        self.name = f"{inner.name}+momentum"
+        super().__init__(inner)
+        self.momentum = momentum
         self.previous: Weights = {k: np.asarray(v, np.float64) for k, v in (previous or {}).items()}
 
     def aggregate_train(self, server_round: int, base: Mapping[str, np.ndarray], results: Iterable[ClientUpdate]) -> AggregateResult:

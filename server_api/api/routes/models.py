@@ -29,13 +29,15 @@ IMMUTABLE = "private, max-age=31536000, immutable"
 
 def _public(version: ModelVersion) -> ModelVersionPublic:
     geometry = backbone_geometry(version.backbone)
+    verification = version.verification
     return ModelVersionPublic(
         version=version.version_hash, backbone=version.backbone, embedding_dim=version.embedding_dim,
         face_geometry=FaceGeometryPublic(**geometry.to_json()),
         round_id=version.round_id, created_at=version.created_at,
         backbone_url=f"/v1/models/{version.version_hash}/backbone",
         onnx_url=f"/v1/models/{version.version_hash}/onnx" if version.onnx_blob else None,
-        verify_threshold=(version.verification or {}).get("threshold"), verify_far=(version.verification or {}).get("far"),
+        verify_threshold=None if verification is None else verification.threshold,
+        verify_far=None if verification is None else verification.far,
         feature_center=version.feature_center,
     )
 
@@ -90,11 +92,13 @@ def download_onnx(
 
 
 def _admin_public(version: ModelVersion) -> ModelVersionAdminPublic:
-    verification = version.verification or {}
+    verification = version.verification
     return ModelVersionAdminPublic(
         version=version.version_hash, backbone=version.backbone, round_id=version.round_id, created_at=version.created_at,
-        verify_threshold=verification.get("threshold"), verify_far=verification.get("far"),
-        calibration=verification.get("calibration"), calibrated_for=verification.get("calibrated_for", version.version_hash),
+        verify_threshold=None if verification is None else verification.threshold,
+        verify_far=None if verification is None else verification.far,
+        calibration=None if verification is None else verification.calibration,
+        calibrated_for=(None if verification is None else verification.calibrated_for) or version.version_hash,
         feature_center=version.feature_center,
     )
 
@@ -124,5 +128,4 @@ def set_verification(version: VersionPath, body: VerificationCreate, _: AdminDep
     """Publish a threshold calibrated for this version: devices read it with the current model (every online verify and round), and
     the next round's version inherits it. A threshold below the model's own FAR 10% point (when its figures have one) is 422
     unless the body says `"force": true`."""
-    verification = body.model_dump(exclude={"force"})
-    return _admin_public(version_admin.set_verification(session, version, verification, force=body.force))
+    return _admin_public(version_admin.set_verification(session, version, body.record(), force=body.force))

@@ -1,11 +1,10 @@
 """Device side of a round: check in, then upload one signed update. The responses are built here
-from what the services return; an upload's body is built inside its transaction (``_update_body``),
-because the same bytes are stored for an Idempotency-Key replay."""
+from the plain values the services return; an upload's 201 and its Idempotency-Key replays are built
+by one function (``_update_body``) from the same stored values, so a replay answers the same bytes."""
 from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from server_api.services import participation
 from server_api.services.aggregation import try_aggregate
 from server_api.services.auth import signed_upload
 from server_api.services.participation import Checkin
-from server_api.services.uploads import UploadTicket, begin_upload, finish_upload
+from server_api.services.uploads import AcceptedUpdate, Recorded, begin_upload, finish_upload
 
 log = get_logger("uploads")
 router = APIRouter(prefix="/v1/rounds", tags=["rounds"])
@@ -42,15 +41,16 @@ def _checkin_public(checkin: Checkin) -> CheckinPublic:
     )
 
 
-def _update_body(ticket: UploadTicket, size: int) -> Callable[[int, int], dict[str, Any]]:
-    """The 201's body for this upload, once the service knows the update's id and sample count."""
-    def body(update_id: int, n_samples: int) -> dict[str, Any]:
-        return UpdatePublic(
-            update_id=update_id, round_id=ticket.round_id, device_id=ticket.device_id, n_samples=n_samples,
-            size_bytes=size, accepted_at=ticket.arrived_at,
-        ).model_dump(mode="json")
+def _update_body(accepted: AcceptedUpdate) -> dict[str, Any]:
+    return UpdatePublic(
+        update_id=accepted.update_id, round_id=accepted.round_id, device_id=accepted.device_id, n_samples=accepted.n_samples,
+        size_bytes=accepted.size_bytes, accepted_at=accepted.accepted_at,
+    ).model_dump(mode="json")
 
-    return body
+
+def _answer(outcome: Recorded) -> JSONResponse:
+    """The upload's answer: the first one, or an Idempotency-Key's replay of it."""
+    return JSONResponse(_update_body(outcome.accepted), status_code=outcome.status_code)
 
 
 @router.post("/current/checkin", response_model=CheckinPublic, responses=_errors)
@@ -95,7 +95,7 @@ async def upload_update(
         limits.addresses.take(address)
         raise
     if ticket.replay is not None:
-        return JSONResponse(ticket.replay.response, status_code=ticket.replay.status_code)
+        return _answer(ticket.replay)
     with limits.uploads.hold(), ctx.store.temp_file() as spool:
         try:
             size = await _receive_body(request, spool, ticket.body_sha256, limits.body_timeout_s)
@@ -105,10 +105,10 @@ async def upload_update(
             fields = {"round_id": round_id, "device_id": ticket.device_id}
             log.info("upload abandoned mid-body", extra={"fields": fields})
             return JSONResponse({"detail": "the client disconnected before the body was complete"}, status_code=400)
-        outcome = await run_in_threadpool(finish_upload, ctx, session, ticket, spool, size, _update_body(ticket, size))
+        outcome = await run_in_threadpool(finish_upload, ctx, session, ticket, spool, size)
     if outcome.due:
         background.add_task(try_aggregate, ctx, round_id)  # the target-th update; deadlines are the scheduler's
-    return JSONResponse(outcome.response, status_code=outcome.status_code)
+    return _answer(outcome)
 
 
 async def _receive_body(request: Request, spool: Path, declared_sha256: str, timeout_s: float) -> int:

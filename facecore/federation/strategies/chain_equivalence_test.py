@@ -1,0 +1,166 @@
+"""Every aggregation a round configuration can ask for publishes the same bits as the factory of
+alternative subclasses did before aggregation became a base strategy plus wrappers.
+
+The constants were recorded from that code (commit 205d433) on the seeded inputs below: for each
+configuration, a sha256 over the published weights (name, dtype, shape, bytes), the counts and the
+metrics of three aggregations, and the class embeddings after the strategy's embedding step. Round 1,
+then round 2 twice: by the same strategy object (the simulator keeps one across rounds) and by a fresh
+one built from the model lineage (the server builds one per round). Secure rounds have per-round key
+material, so they take only the server's path. A changed constant is a changed aggregate: fix the
+code, never the constant.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from facecore.federation.config import AggregationSettings, RoundConfig, SecureAggregationSettings
+from facecore.federation.strategies import AggregateResult, ClientUpdate, last_step, spreadout_of, strategy_for
+from facecore.federation.strategies.base import Weights
+from facecore.federation.strategies.secure_fedavg import MASKED, UnmaskMaterial
+from facecore.secagg import SecAggClient, key_in_process, mask_bound, quantize, weighted_update
+
+SEED, CLIENTS, SCALE_BITS = 20240605, 5, 14
+Delta = tuple[Weights, int, dict[str, float]]
+
+METHODS = [("fedavg", "samples"), ("fedavg", "devices"), ("median", "samples"), ("trimmed_mean", "samples"),
+           ("norm_bounded", "samples"), ("dp_fedavg", "samples")]
+CONFIGS = {
+    f"{strategy}-{method}:{weighting}-m{momentum}{'-secure' if secure else ''}": (strategy, method, weighting, momentum, secure)
+    for strategy in ("fedface", "fedavg") for method, weighting in METHODS for momentum in (0.0, 0.9) for secure in (False, True)
+    if not secure or (method, weighting) == ("fedavg", "samples")
+}
+EXPECTED = {
+    "fedavg-dp_fedavg:samples-m0.0": "f521b0c62cf731fe417f5f19fc7335635efaef2149830993195073e57b48e395",
+    "fedavg-dp_fedavg:samples-m0.9": "eab03ff630feaa4da7ef4e1daa0bca650b9a6e595e10c04d8e6b158a41721a19",
+    "fedavg-fedavg:devices-m0.0": "9f42e51ea0bde673c5ea5e6aa2a61d900d4e374c2100bfb7e4cd5c0342f36bf4",
+    "fedavg-fedavg:devices-m0.9": "ab3ded4ece865adba84eed2ad1b91b7824b1dd24e009697f36c1c8ab2dc2bf3c",
+    "fedavg-fedavg:samples-m0.0": "edf7691b9d40085e5e65ed61c9618be10c02789b0bfc4c225982d6c120cbbfd2",
+    "fedavg-fedavg:samples-m0.0-secure": "1388e9c7a81f817da51111003d746eea1fb6acafa69e57567e3e983c4a17570c",
+    "fedavg-fedavg:samples-m0.9": "3bc53a1865490ba5b716bc28b08460ad5a24cf3552548713d72446e39142bf5a",
+    "fedavg-fedavg:samples-m0.9-secure": "56c6fcc4ace5545bec2ba0bd8e718a6640c53235debcb093083bfa9ab4b559df",
+    "fedavg-median:samples-m0.0": "a0e0c6692fb30e1ab5701b3a5df13a8142a26c9500a0ef3221086a1dad4730f1",
+    "fedavg-median:samples-m0.9": "181672498cf45e755858e5db3ecb92222388b9c5474f2635f04ab8e9511168d3",
+    "fedavg-norm_bounded:samples-m0.0": "7e476a40f7546d437eba1b43a3481e14c1885a93185bf6ffcce45d04896d09fb",
+    "fedavg-norm_bounded:samples-m0.9": "45911804f697240a148da1c730b3b57d1405873b027c81e9688a4320a13b276f",
+    "fedavg-trimmed_mean:samples-m0.0": "efe047bd056da2928a6e26753bf1f01abe64ae8ab6e582ba39f65e63d32f4171",
+    "fedavg-trimmed_mean:samples-m0.9": "f08d21e24168076494f0dbaa0509825f01d5f628135b18b3a2340c3fb35bc762",
+    "fedface-dp_fedavg:samples-m0.0": "4c302a4cd9deb156e92058803b4f8a31603f41d9fa353c6c5b609858c9c12286",
+    "fedface-dp_fedavg:samples-m0.9": "220bd4a9806fd943c4a89a52d84587b347b57151e146cf7568a1c61fb1801520",
+    "fedface-fedavg:devices-m0.0": "6da513e829231e1f794c63e4d5d0edf25eed43ba5035ffcd66f00a5ce262083c",
+    "fedface-fedavg:devices-m0.9": "d24501b06b54bfc7406ad4387ac62e40b8f7ef7bd335d4b712ec0bbc30392a8d",
+    "fedface-fedavg:samples-m0.0": "eeadd4e2f8b6848d021d4bdf6c6ce2cb9600bef59740e98e94ffb86205638383",
+    "fedface-fedavg:samples-m0.0-secure": "d56080935e3e812eb8a179ed5efe3eb45a3c8ec11c17f53c9676bd5157044aca",
+    "fedface-fedavg:samples-m0.9": "1bc860d90c794da64330314fe2aef29bc811f16e479c6dc2e97435d40817ab58",
+    "fedface-fedavg:samples-m0.9-secure": "86668f6a41864463e30606ba2ada170e206fa6c347aafaf099acbd3de04a2c38",
+    "fedface-median:samples-m0.0": "46706bef0476ff3928e009b52aafea88eaae8a8c942d389db757a6b31703721f",
+    "fedface-median:samples-m0.9": "07f0970566730e77a10f0d463380911a6a3aaf25c1bcc9d8822fb84ba7215efe",
+    "fedface-norm_bounded:samples-m0.0": "3c1bd53621d4f2b9733f15e59eb465de3dc6e9200686758f85111b2f0ffdddf7",
+    "fedface-norm_bounded:samples-m0.9": "0925a9b760174b23aaafa87601aac813e5738fe38fd7aa26778613a3850aacf8",
+    "fedface-trimmed_mean:samples-m0.0": "e1e126000e7fa64ee9cf22273770e0b14311e90d1d109abcea6096bbe8a85400",
+    "fedface-trimmed_mean:samples-m0.9": "fab5d5587b8075db9e4b262664983dd1df1fe96082505b40dbed48351b25d886",
+}
+
+
+def _config(strategy: str, method: str, weighting: str, momentum: float, secure: bool) -> RoundConfig:
+    aggregation = AggregationSettings(method=method, weighting=weighting, server_momentum=momentum)  # type: ignore[arg-type]
+    return RoundConfig(target_participants=CLIENTS, strategy=strategy, aggregation=aggregation,  # type: ignore[arg-type]
+                       secure_aggregation=SecureAggregationSettings(enabled=secure, scale_bits=SCALE_BITS))
+
+
+def _base(rng: np.random.Generator) -> Weights:
+    """A conv block in a state_dict's order: float tensors, BatchNorm statistics and its integer counter."""
+    return {
+        "conv.weight": rng.standard_normal((6, 3, 3, 3)).astype(np.float32), "bn.weight": rng.standard_normal(6).astype(np.float32),
+        "bn.bias": rng.standard_normal(6).astype(np.float32), "bn.running_mean": rng.standard_normal(6).astype(np.float32),
+        "bn.running_var": rng.uniform(0.5, 2.0, 6).astype(np.float32), "bn.num_batches_tracked": np.array(40, np.int64),
+        "fc.weight": rng.standard_normal((4, 6)).astype(np.float32),
+    }
+
+
+def _deltas(rng: np.random.Generator, base: Weights) -> list[Delta]:
+    """One round's deltas: L2 norms from about 0.15 to 3 (around the default bound of 1), fp16 as on the
+    wire except the last (fp32), varied photo counts and metrics."""
+    out = []
+    for client, scale in enumerate((0.01, 0.03, 0.1, 0.2, 0.05)):
+        dtype = np.float16 if client < CLIENTS - 1 else np.float32
+        delta = {k: (np.array(3 + client, np.int64) if v.dtype.kind == "i" else (scale * rng.standard_normal(v.shape)).astype(dtype))
+                 for k, v in base.items()}
+        out.append((delta, int(rng.integers(1, 60)), {"loss": float(rng.uniform(0, 2)), "loss_before": float(rng.uniform(0, 2))}))
+    return out
+
+
+def _plain(deltas: list[Delta]) -> Iterator[ClientUpdate]:
+    for index, (delta, n_samples, metrics) in enumerate(deltas):
+        yield ClientUpdate(delta, n_samples, metrics, client_id=f"device-{index}")
+
+
+def _secure(deltas: list[Delta], max_update_norm: float) -> tuple[UnmaskMaterial, list[ClientUpdate]]:
+    """Five members share keys (t = 3); the last drops before uploading; three answer the unmasking step."""
+    scale = 2.0**SCALE_BITS
+    clients = {i: SecAggClient(i, 3) for i in range(1, CLIENTS + 1)}
+    adverts = key_in_process(clients)
+    senders = list(clients)[:-1]
+    bound = mask_bound(len(clients), scale)
+    updates = []
+    for u in senders:
+        delta, n_samples, metrics = deltas[u - 1]
+        masked = clients[u].masked_input(quantize(weighted_update(delta, n_samples, max_update_norm), bound, scale), list(clients))
+        updates.append(ClientUpdate({MASKED: masked.view(np.int32)}, n_samples, metrics, client_id=str(u)))
+    answers = [clients[u].unmask_shares([CLIENTS], senders) for u in senders[:3]]
+    return UnmaskMaterial(adverts, list(clients), answers, 3, scale, max_update_norm), updates
+
+
+def _digest(results: list[AggregateResult], embeddings: np.ndarray) -> str:
+    digest = hashlib.sha256()
+    for result in results:
+        for key in sorted(result.weights):
+            array = np.ascontiguousarray(result.weights[key])
+            digest.update(f"{key}|{array.dtype.str}|{array.shape}|".encode() + array.tobytes())
+        metrics = sorted((k, float(v).hex()) for k, v in result.metrics.items())
+        digest.update(repr((result.n_clients, result.n_samples, metrics)).encode())
+    embeddings = np.ascontiguousarray(embeddings)
+    digest.update(f"{embeddings.dtype.str}|{embeddings.shape}|".encode() + embeddings.tobytes())
+    return digest.hexdigest()
+
+
+def aggregate_digest(config: RoundConfig) -> str:
+    """The sha256 of what `config`'s strategy publishes on the seeded inputs (see the module docstring)."""
+    rng = np.random.default_rng(SEED)
+    base = _base(rng)
+    previous = {k: (0.05 * rng.standard_normal(v.shape)).astype(np.float64) for k, v in base.items() if v.dtype.kind == "f"}
+    W = (np.ones((7, 16)) + 0.1 * rng.standard_normal((7, 16))).astype(np.float32)
+    first, second = _deltas(rng, base), _deltas(rng, base)
+    if config.secure_aggregation.enabled:
+        bound = config.secure_aggregation.max_update_norm
+        material, updates = _secure(first, bound)
+        strategy = strategy_for(config, seed=SEED, previous_step=previous, secure=material)
+        results = [strategy.aggregate_train(1, base, iter(updates))]
+        material, updates = _secure(second, bound)
+        fresh = strategy_for(config, seed=SEED, previous_step=last_step(results[0].weights, base), secure=material)
+        results.append(fresh.aggregate_train(2, results[0].weights, iter(updates)))
+    else:
+        strategy = strategy_for(config, seed=SEED, previous_step=previous)
+        results = [strategy.aggregate_train(1, base, _plain(first))]
+        fresh = strategy_for(config, seed=SEED, previous_step=last_step(results[0].weights, base))
+        results.append(fresh.aggregate_train(2, results[0].weights, _plain(second)))
+        results.append(strategy.aggregate_train(2, results[0].weights, _plain(second)))
+    return _digest(results, strategy.aggregate_embeddings(W, spreadout_of(config.spreadout)))
+
+
+def test_every_configuration_is_covered() -> None:
+    # Assert: 2 strategies x 6 backbone steps x momentum on/off, and secure aggregation where it is allowed
+    assert len(CONFIGS) == 28 and EXPECTED.keys() == CONFIGS.keys()
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_the_chain_publishes_what_the_factory_did(name: str) -> None:
+    # Prepare
+    config = _config(*CONFIGS[name])
+    # Execute
+    digest = aggregate_digest(config)
+    # Assert
+    assert digest == EXPECTED[name], name
