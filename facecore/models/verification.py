@@ -1,7 +1,7 @@
 """A model's verification threshold as one typed record, wherever it travels.
 
 Two places hold one, and they mean different things:
-- A published version's database row (`server_api.models.ModelVersion.verification`) is the truth: what
+- A published version's database row (`server_api.tables.ModelVersion.verification`) is the truth: what
   devices are told (`/v1/models/current`), what the operator recalibrates
   (`PUT /v1/admin/models/{version}/verification`) and what the next round's version inherits.
 - A backbone file's meta holds only the threshold the model shipped with, under `SHIPPED_KEY`. The file's

@@ -13,9 +13,9 @@ from facecore.federation.protocol import body_sha256
 from server_api.core.limits import RequestLimits
 from server_api.core.security import check_admin_token
 from server_api.errors import AuthenticationFailed
-from server_api.models import Device
 from server_api.services.auth import SignedRequest, authenticate_request
 from server_api.services.context import ServerContext
+from server_api.tables import Device
 
 
 def get_ctx(request: Request) -> ServerContext:

@@ -158,7 +158,7 @@ def is_postgres(session_or_engine: Session | Engine) -> bool:
 
 def lock_round(session: Session, round_id: int) -> Any:
     """The round row, locked for the rest of the transaction (see module doc for SQLite)."""
-    from server_api.models import Round
+    from server_api.tables import Round
 
     # populate_existing: an earlier unlocked read in this session must not mask the locked row's values.
     statement = select(Round).where(Round.id == round_id).with_for_update().execution_options(populate_existing=True)

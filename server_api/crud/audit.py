@@ -6,7 +6,7 @@ from typing import Any
 from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
-from server_api.models import AuditEvent, table_of
+from server_api.tables import AuditEvent, table_of
 
 
 def record(session: Session, actor: str, action: str, round_id: int | None = None, device_id: str | None = None, **details: Any) -> None:

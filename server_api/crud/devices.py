@@ -11,7 +11,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from server_api.errors import AuthenticationFailed
-from server_api.models import Device, Enrollment, EnrollmentToken, Nonce, Update, table_of
+from server_api.tables import Device, Enrollment, EnrollmentToken, Nonce, Update, table_of
 
 
 def get_device(session: Session, device_id: str) -> Device | None:

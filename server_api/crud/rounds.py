@@ -11,7 +11,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from facecore.federation.status import CHOSEN_STATUSES, ParticipationStatus, RoundStatus
-from server_api.models import Device, Enrollment, Participation, Round, Update
+from server_api.tables import Device, Enrollment, Participation, Round, Update
 
 
 class RoundTally(NamedTuple):

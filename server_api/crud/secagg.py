@@ -13,7 +13,7 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 from facecore.federation.status import CHOSEN_STATUSES
-from server_api.models import Participation, SecAggMember, SecAggShare
+from server_api.tables import Participation, SecAggMember, SecAggShare
 
 
 def members(session: Session, round_id: int) -> list[SecAggMember]:

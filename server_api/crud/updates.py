@@ -12,7 +12,7 @@ from sqlalchemy import CursorResult, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from facecore.federation.status import ACTIVE_ROUND_STATUSES, ParticipationStatus
-from server_api.models import Device, Enrollment, IdempotencyRecord, Participation, Round, Update, table_of
+from server_api.tables import Device, Enrollment, IdempotencyRecord, Participation, Round, Update, table_of
 
 
 class Replay(NamedTuple):

@@ -10,7 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from facecore.models.verification import Verification
-from server_api.models import ModelVersion
+from server_api.tables import ModelVersion
 
 
 class VersionFiles(Protocol):

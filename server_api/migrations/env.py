@@ -8,7 +8,7 @@ import os
 from alembic import context
 from sqlalchemy import create_engine
 
-from server_api.models import Base
+from server_api.tables import Base
 
 target_metadata = Base.metadata
 

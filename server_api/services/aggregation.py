@@ -42,10 +42,10 @@ from server_api.crud import rounds as round_crud
 from server_api.crud import secagg as secagg_crud
 from server_api.crud import updates as update_crud
 from server_api.crud import versions as version_crud
-from server_api.models import Round, utcnow
 from server_api.services import rounds, secure_aggregation
 from server_api.services.context import ServerContext
 from server_api.services.model_store import build_model, load_weights, store_model
+from server_api.tables import Round, utcnow
 
 log = get_logger("aggregation")
 ClaimOutcome = Literal["claimed", "unmasking", "failed", "not_due", "busy", "closed"]

@@ -27,7 +27,7 @@ from server_api.core.db import transaction
 from server_api.core.security import check_nonce_format, check_timestamp, verify_signature
 from server_api.crud import devices as device_crud
 from server_api.errors import AuthenticationFailed
-from server_api.models import Device, utcnow
+from server_api.tables import Device, utcnow
 
 # Lowercase, as ASGI delivers them: a plain mapping from a test works like Starlette's case-blind Headers.
 _DEVICE_ID, _TIMESTAMP, _NONCE, _SIGNATURE, _CONTENT_SHA256 = (

@@ -28,10 +28,10 @@ from server_api.crud import audit
 from server_api.crud import devices as device_crud
 from server_api.crud import versions as version_crud
 from server_api.errors import AuthenticationFailed, Conflict, Forbidden, NotFound
-from server_api.models import Device, utcnow
 from server_api.services.auth import verify_registration
 from server_api.services.context import ServerContext
 from server_api.services.validation import check_enrollment_embedding
+from server_api.tables import Device, utcnow
 
 log = get_logger("devices")
 

@@ -12,9 +12,9 @@ from facecore.federation.status import ParticipationStatus
 from facecore.federation.strategies import strategy_for
 from server_api.core.db import transaction
 from server_api.crud import versions as version_crud
-from server_api.models import Device, utcnow
 from server_api.services import rounds
 from server_api.services.context import ServerContext
+from server_api.tables import Device, utcnow
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from facecore.federation.config import RoundConfig
 from server_api.core.db import transaction
 from server_api.crud import versions as version_crud
 from server_api.errors import Conflict, NotFound
-from server_api.models import Round, utcnow
 from server_api.services import rounds
+from server_api.tables import Round, utcnow
 
 
 def open_round(session: Session, config: RoundConfig) -> Round:

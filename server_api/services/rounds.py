@@ -37,8 +37,8 @@ from server_api.crud import rounds as round_crud
 from server_api.crud import versions as version_crud
 from server_api.crud.versions import VersionFiles
 from server_api.errors import Conflict, DeviceNotEnrolled, InvalidInput, NotFound, StaleRound
-from server_api.models import Device, ModelVersion, Participation, Round
 from server_api.services.secure_aggregation import members_fixed
+from server_api.tables import Device, ModelVersion, Participation, Round
 
 _rng = random.SystemRandom()
 

@@ -14,11 +14,11 @@ from server_api.core.db import session_scope, transaction
 from server_api.core.logging import get_logger
 from server_api.crud import devices as device_crud
 from server_api.crud import rounds as round_crud
-from server_api.models import utcnow
 from server_api.services import rounds
 from server_api.services.aggregation import try_aggregate
 from server_api.services.auth import nonce_cutoff
 from server_api.services.context import ServerContext
+from server_api.tables import utcnow
 
 log = get_logger("scheduler")
 NONCE_PRUNE_INTERVAL_S = 60.0

@@ -42,7 +42,7 @@ from server_api.crud import rounds as round_crud
 from server_api.crud import secagg as secagg_crud
 from server_api.crud import updates as update_crud
 from server_api.errors import Conflict, Forbidden, InvalidInput, NotFound
-from server_api.models import Device, Round, SecAggMember, utcnow
+from server_api.tables import Device, Round, SecAggMember, utcnow
 
 STATUS_PHASE: dict[str, str] = {RoundStatus.UNMASKING: "unmask", RoundStatus.AGGREGATING: "aggregating", RoundStatus.COMPLETED: "completed",
                 RoundStatus.FAILED: "failed"}

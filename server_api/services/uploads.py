@@ -39,11 +39,11 @@ from server_api.crud import audit
 from server_api.crud import rounds as round_crud
 from server_api.crud import updates as update_crud
 from server_api.errors import Conflict, DeviceNotEnrolled, Forbidden, InvalidInput, NotFound, ServerError, StaleRound
-from server_api.models import Device, Round, utcnow
 from server_api.services import secure_aggregation
 from server_api.services.auth import SignedRequest, authenticate_device
 from server_api.services.context import ServerContext
 from server_api.services.validation_pool import UpdateSpec
+from server_api.tables import Device, Round, utcnow
 
 IDEMPOTENCY_KEY = re.compile(r"^[A-Za-z0-9_.:-]{8,128}$")
 log = get_logger("uploads")

@@ -25,7 +25,7 @@ from server_api.core.logging import get_logger
 from server_api.crud import audit
 from server_api.crud import versions as version_crud
 from server_api.errors import InvalidInput, NotFound
-from server_api.models import ModelVersion
+from server_api.tables import ModelVersion
 
 log = get_logger("version_admin")
 

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 from server_api.core.db import transaction
 from server_api.crud import versions as version_crud
 from server_api.errors import NotFound
-from server_api.models import ModelVersion
+from server_api.tables import ModelVersion
 
 
 def for_download(session: Session, version_hash: str) -> ModelVersion:

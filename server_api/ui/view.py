@@ -20,7 +20,7 @@ from facecore.models.verification import FAR_10_KEY
 from server_api.crud import devices as device_crud
 from server_api.crud import rounds as round_crud
 from server_api.crud import versions as version_crud
-from server_api.models import ModelVersion, Round
+from server_api.tables import ModelVersion, Round
 
 
 @dataclass(frozen=True)

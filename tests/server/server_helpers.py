@@ -38,7 +38,7 @@ def open_round(client: TestClient, admin: dict[str, str], **config: Any) -> dict
 
 def shift_round(client: TestClient, round_id: int, **fields: float) -> None:
     """Move a round's selection/deadline times into the past instead of sleeping."""
-    from server_api.models import Round, utcnow
+    from server_api.tables import Round, utcnow
 
     with client.app.state.ctx.sessions() as session:
         round_ = session.get(Round, round_id)

@@ -8,7 +8,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from facecore.federation.protocol import ErrorCode
-from server_api.models import AuditEvent, Enrollment
+from server_api.tables import AuditEvent, Enrollment
 from server_helpers import enrolled_devices
 from server_testkit import EMBEDDING_DIM, Device, sign, unit_vector
 

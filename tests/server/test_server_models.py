@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from facecore.models.checkpoint import FIGURES, load_backbone, meta_of, shipped_verification
 from facecore.models.verification import FAR_10_KEY, LEGACY_KEY, SHIPPED_KEY, Verification
 from server_api.main import create_app
-from server_api.models import AuditEvent, Base, utcnow
+from server_api.tables import AuditEvent, Base, utcnow
 from server_api.ui.view import build as build_operator_view
 from server_helpers import enrolled_devices, make_settings, open_round
 from server_testkit import load_backbone_bytes, make_delta, unit_vector, update_file

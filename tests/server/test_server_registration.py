@@ -13,8 +13,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select, update
 
 from server_api.main import create_app
-from server_api.models import Device as DeviceRow
-from server_api.models import EnrollmentToken, utcnow
+from server_api.tables import Device as DeviceRow
+from server_api.tables import EnrollmentToken, utcnow
 from server_helpers import make_settings
 from server_testkit import Device, unit_vector
 

@@ -302,7 +302,7 @@ def test_closing_a_round_early_aggregates_what_it_has_or_fails_below_the_minimum
 
 def test_individual_deltas_are_deleted_once_their_round_ends(client: TestClient, admin: dict, rng: np.random.Generator) -> None:
     # Prepare
-    from server_api.models import Update
+    from server_api.tables import Update
 
     devices = enrolled_devices(client, 2, rng)
     round_ = open_round(client, admin, target_participants=2, min_participants=2)

@@ -125,7 +125,7 @@ def test_the_unmasked_sum_is_fedavg_of_every_uploader_despite_dropouts(
         expected = value + sum(samples[i] * deltas[i][key] for i in uploaders) / total
         np.testing.assert_allclose(new[key], expected, rtol=0, atol=len(uploaders) * 0.5 / 2**14 / total + 1e-6, err_msg=key)
     # the routed ciphertexts and the answers are gone with the round
-    from server_api.models import SecAggMember, SecAggShare
+    from server_api.tables import SecAggMember, SecAggShare
 
     with client.app.state.ctx.sessions() as session:
         assert session.query(SecAggShare).count() == 0

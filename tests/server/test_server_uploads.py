@@ -11,8 +11,8 @@ from sqlalchemy import func, select, update
 
 from facecore import tensorfile
 from server_api.errors import Conflict
-from server_api.models import IdempotencyRecord, Update, utcnow
 from server_api.services import uploads
+from server_api.tables import IdempotencyRecord, Update, utcnow
 from server_helpers import enrolled_devices, open_round
 from server_testkit import load_backbone_bytes, make_delta, sign, unit_vector, update_file
 

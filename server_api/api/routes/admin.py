@@ -14,9 +14,9 @@ from server_api.crud import devices as device_crud
 from server_api.crud import rounds as round_crud
 from server_api.crud import versions as version_crud
 from server_api.errors import NotFound
-from server_api.models import Device, Round
 from server_api.schemas import DeviceAdminPublic, DeviceRemovedPublic, RoundCreate, RoundPublic
 from server_api.services import device_admin, round_admin
+from server_api.tables import Device, Round
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 _errors: dict[int | str, dict[str, Any]] = {code: {"model": ErrorPublic} for code in (401, 404, 409, 422)}

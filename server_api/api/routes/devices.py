@@ -14,9 +14,9 @@ from facecore.federation.messages import DeviceCreate, DevicePublic, EmbeddingPu
 from facecore.federation.protocol import body_sha256
 from server_api.api.deps import AdminDep, CtxDep, CurrentDevice, LimitsDep, SessionDep, client_address, signed_path
 from server_api.crud import devices as device_crud
-from server_api.models import Device
 from server_api.schemas import DevicesPrunedPublic, EnrollmentTokensCreate, EnrollmentTokensPublic
 from server_api.services import devices as service
+from server_api.tables import Device
 
 router = APIRouter(prefix="/v1/devices", tags=["devices"])
 admin_router = APIRouter(prefix="/v1/admin", tags=["admin"])

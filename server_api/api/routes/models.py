@@ -13,10 +13,10 @@ from facecore.models.registry import backbone_geometry
 from server_api.api.deps import AdminDep, CtxDep, CurrentDevice, SessionDep
 from server_api.crud import versions as version_crud
 from server_api.errors import NotFound
-from server_api.models import ModelVersion
 from server_api.schemas import FaceGeometryPublic, FeatureCenterCreate, ModelVersionAdminPublic, ModelVersionPublic, VerificationCreate
 from server_api.services import version_admin, versions
 from server_api.storage.blobs import CHUNK
+from server_api.tables import ModelVersion
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
 admin_router = APIRouter(prefix="/v1/admin/models", tags=["admin"])

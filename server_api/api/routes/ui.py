@@ -19,7 +19,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from server_api.api.deps import CtxDep, SessionDep
 from server_api.core.security import check_admin_token, check_same_origin
 from server_api.errors import AuthenticationFailed
-from server_api.models import utcnow
+from server_api.tables import utcnow
 from server_api.ui import pages, session, view
 from server_api.ui.style import CSS
 
