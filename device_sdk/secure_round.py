@@ -1,4 +1,4 @@
-"""A device's steps in a secure-aggregation round (facecore.secagg over the server's /secagg API).
+"""A device's steps in a secure-aggregation round (facecore.federation.secagg over the server's /secagg API).
 
 The secrets (two X25519 keys, the self-mask seed, the shares received) live in memory only: a
 device that restarts mid-round has dropped out, which the protocol tolerates, and nothing it
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from device_sdk.errors import RoundClosed
-from facecore.secagg import (
+from facecore.federation.secagg import (
     Advert,
     SecAggAborted,
     SecAggClient,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from device_sdk.secure_round import SecureRound
-from facecore.secagg import SecAggAborted, SecAggClient
+from facecore.federation.secagg import SecAggAborted, SecAggClient
 
 
 def _b64(raw: bytes) -> str:

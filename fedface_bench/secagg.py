@@ -3,7 +3,7 @@
 Bytes are exact: the sizes of the protocol's messages for n devices and a d-parameter update,
 against the plain upload of the same update in fp16 and in fp32.
 
-Seconds are measured with `facecore.secagg` at the full update size:
+Seconds are measured with `facecore.federation.secagg` at the full update size:
 - per device: share_keys, masked_input over every peer, unmask_shares;
 - server: rebuilding the secrets and removing the masks of dropped devices.
 Below `full_protocol_max` devices the whole protocol runs end to end, and its sum is checked.
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from facecore.secagg import (
+from facecore.federation.secagg import (
     SHARE_BYTES,
     SHARE_CIPHERTEXT_BYTES,
     SecAggClient,

@@ -23,8 +23,8 @@ import numpy as np
 
 from facecore import tensorfile
 from facecore.federation.protocol import EMBEDDING_KEY, MASKED_KEY, METADATA_KEY
+from facecore.federation.secagg import Advert, SecAggClient, quantize, weighted_update
 from facecore.federation.status import FINAL_ROUND_STATUSES, RoundStatus
-from facecore.secagg import Advert, SecAggClient, quantize, weighted_update
 from fedface_bench.server_client import (
     DELTA_SCALE,
     REQUEST_TIMEOUT_S,

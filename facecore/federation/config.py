@@ -126,7 +126,7 @@ class AggregationSettings(StrictModel):
 
 
 class SecureAggregationSettings(StrictModel):
-    """Bonawitz et al. secure aggregation of the backbone updates (facecore.secagg): the server
+    """Bonawitz et al. secure aggregation of the backbone updates (facecore.federation.secagg): the server
     learns only the sum of the survivors' updates. After selection, devices advertise keys and
     share secrets within ``key_phase_s`` each, upload masked updates before the deadline, then
     answer the unmasking request within ``unmask_phase_s``. Fewer than ``threshold`` answers

@@ -27,13 +27,13 @@ from sqlalchemy.orm import Session
 
 from facecore.federation.config import AggregationSettings, RoundConfig
 from facecore.federation.protocol import BACKBONE_PREFIX, MASKED_KEY
+from facecore.federation.secagg import SecAggAborted
 from facecore.federation.status import FINAL_ROUND_STATUSES, ParticipationStatus, RoundStatus
 from facecore.federation.strategies import ClientUpdate, Strategy, last_step, spreadout_of, strategy_for
 from facecore.federation.strategies.base import Weights
 from facecore.federation.strategies.dp_fedavg import epsilon_of_history
 from facecore.federation.strategies.secure_fedavg import MASKED, UnmaskMaterial
 from facecore.models.verification import Verification
-from facecore.secagg import SecAggAborted
 from facecore.tensorfile import iter_tensors, read_header, read_tensor
 from server_api.core.db import lock_round, session_scope, transaction
 from server_api.core.logging import get_logger

@@ -1,4 +1,4 @@
-"""The server's part in secure aggregation (facecore.secagg): route messages, never hold a secret.
+"""The server's part in secure aggregation (facecore.federation.secagg): route messages, never hold a secret.
 
 Steps of a round with ``secure_aggregation.enabled`` (times from the end of selection):
 
@@ -34,8 +34,8 @@ from sqlalchemy.orm import Session
 
 from facecore.federation.config import SecureAggregationSettings
 from facecore.federation.messages import SecAggAdvertCreate, SecAggSharesCreate, SecAggUnmaskCreate
+from facecore.federation.secagg import SHARE_CIPHERTEXT_BYTES, Advert, is_valid_public_key, mask_bound, threshold_for
 from facecore.federation.status import CHOSEN_STATUSES, RoundStatus
-from facecore.secagg import SHARE_CIPHERTEXT_BYTES, Advert, is_valid_public_key, mask_bound, threshold_for
 from server_api.core.db import lock_round, transaction
 from server_api.crud import audit
 from server_api.crud import rounds as round_crud

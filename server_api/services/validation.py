@@ -73,7 +73,7 @@ def parse_update(handle: BinaryIO, size: int, spec: dict[str, Any], embedding_di
 
 def parse_masked_update(handle: BinaryIO, size: int, spec: dict[str, Any], embedding_dim: int, base_version: str) -> ParsedUpdate:
     """A secure-aggregation upload: ``secagg.masked`` (I32 bits of the uint32 masked vector over the
-    model's float tensors in spec order, facecore.secagg.weighted_update) and ``class_embedding``. The server
+    model's float tensors in spec order, facecore.federation.secagg.weighted_update) and ``class_embedding``. The server
     cannot bound the norm of a masked update; devices clip each coordinate before masking."""
     header, meta = _header_and_meta(handle, size, base_version)
     if set(header.tensors) != {MASKED_KEY, EMBEDDING_KEY}:

@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from facecore import tensorfile
-from facecore.secagg import Advert, SecAggClient, quantize, weighted_update
+from facecore.federation.secagg import Advert, SecAggClient, quantize, weighted_update
 from server_helpers import enrolled_devices, open_round, shift_round, tick
 from server_testkit import Device, load_backbone_bytes, make_delta, unit_vector, update_file
 
@@ -22,7 +22,7 @@ def _b64(raw: bytes) -> str:
 
 
 class Member:
-    """A test device that speaks the secure-aggregation steps with facecore.secagg."""
+    """A test device that speaks the secure-aggregation steps with facecore.federation.secagg."""
 
     def __init__(self, device: Device, round_id: int) -> None:
         self.device, self.url, self.client = device, f"/v1/rounds/{round_id}/secagg", SecAggClient(0, 0)
@@ -285,7 +285,7 @@ def test_a_member_that_uploads_random_words_fails_the_round_and_nothing_is_publi
 
 def test_the_round_publishes_its_update_bound_and_the_device_clips_to_it() -> None:
     # Prepare: a delta 5 long, a bound of 2
-    from facecore.secagg import weighted_update
+    from facecore.federation.secagg import weighted_update
 
     delta = {"w": np.full(25, 1.0, np.float32), "steps": np.zeros(1, np.int64)}
     # Execute

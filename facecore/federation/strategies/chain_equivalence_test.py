@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 from facecore.federation.config import AggregationSettings, RoundConfig, SecureAggregationSettings
+from facecore.federation.secagg import SecAggClient, key_in_process, mask_bound, quantize, weighted_update
 from facecore.federation.strategies import AggregateResult, ClientUpdate, last_step, spreadout_of, strategy_for
 from facecore.federation.strategies.base import Weights
 from facecore.federation.strategies.secure_fedavg import MASKED, UnmaskMaterial
-from facecore.secagg import SecAggClient, key_in_process, mask_bound, quantize, weighted_update
 
 SEED, CLIENTS, SCALE_BITS = 20240605, 5, 14
 Delta = tuple[Weights, int, dict[str, float]]

@@ -13,6 +13,7 @@ import pytest
 from pydantic import ValidationError
 
 from facecore.federation.config import AggregationSettings, RoundConfig, SecureAggregationSettings
+from facecore.federation.secagg import SecAggClient, key_in_process, mask_bound, quantize, weighted_update
 from facecore.federation.strategies import (
     ClientUpdate,
     CoordinateMedian,
@@ -28,7 +29,6 @@ from facecore.federation.strategies import (
     strategy_for,
 )
 from facecore.federation.strategies.secure_fedavg import MASKED, UnmaskMaterial
-from facecore.secagg import SecAggClient, key_in_process, mask_bound, quantize, weighted_update
 
 METHODS = ("fedavg", "median", "trimmed_mean", "norm_bounded", "dp_fedavg")
 SECURE = SecureAggregationSettings(enabled=True)

@@ -1,7 +1,7 @@
 """Secure aggregation as the transport of FedAvg's sum: the strategy only ever holds the masked running sum.
 
 Each device sends y_u = quantize(n_u * delta_u) + masks (mod 2^32) over the model's float tensors
-(facecore.secagg.weighted_update) and its n_u in the clear. The server adds the y_u as they stream in,
+(facecore.federation.secagg.weighted_update) and its n_u in the clear. The server adds the y_u as they stream in,
 removes the masks with the survivors' shares, and divides by the sum of n_u: the sample-weighted
 FedAvg of the survivors, to within the fixed-point rounding of 0.5 / scale per device and
 coordinate. Integer buffers (BatchNorm's step counter) keep the base model's value.
@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from facecore.federation.secagg import Advert, SecAggAborted, dequantize, float_keys, unmask_total, unpack
 from facecore.federation.strategies.base import AggregateResult, ClientUpdate, Strategy, Wrapper
 from facecore.federation.strategies.fedavg import FedAvg, MetricMeans, RoundSum, SumStrategy
-from facecore.secagg import Advert, SecAggAborted, dequantize, float_keys, unmask_total, unpack
 
 MASKED = "masked"
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from facecore.federation.secagg import SecAggAborted, SecAggClient, key_in_process, mask_bound, quantize, weighted_update
 from facecore.federation.strategies import ClientUpdate, FedAvg
 from facecore.federation.strategies.secure_fedavg import MASKED, SecureSum, UnmaskMaterial, check_sum_bound
-from facecore.secagg import SecAggAborted, SecAggClient, key_in_process, mask_bound, quantize, weighted_update
 
 SCALE = 2.0**14
 

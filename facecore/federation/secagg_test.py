@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from facecore.errors import FaceCoreError
-from facecore.secagg import (
+from facecore.federation.secagg import (
     SecAggAborted,
     SecAggClient,
     combine_shares,
