@@ -134,7 +134,7 @@ def resized_crop(x: torch.Tensor, area: torch.Tensor, log_ratio: torch.Tensor, c
 def random_crop_flip(x: torch.Tensor, tries: int = 10) -> torch.Tensor:
     """The official training augmentation, torchvision's RandomResizedCrop(size) (area 8–100%,
     aspect 3/4–4/3, up to ``tries`` draws for a box that fits) and RandomHorizontalFlip, batched.
-    Draws from torch's global RNG (engine.train_local seeds it per node and round)."""
+    Draws from torch's global RNG (engine.train_fused_node seeds it per node and round)."""
     n = len(x)
     area = torch.empty(n, tries, dtype=x.dtype).uniform_(0.08, 1.0)
     log_ratio = torch.empty(n, tries, dtype=x.dtype).uniform_(math.log(3 / 4), math.log(4 / 3))

@@ -68,7 +68,7 @@ def generator(*key: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(np.random.SeedSequence(list(key)).generate_state(1)[0]))
 
 
-def train_local(model: FusedCNN, data: NodeData, settings: LocalTraining, rng: torch.Generator) -> float:
+def train_fused_node(model: FusedCNN, data: NodeData, settings: LocalTraining, rng: torch.Generator) -> float:
     """SGD on the node's data, in place; returns the mean training loss (nan if no step ran)."""
     x, y = data
     params = [p for p in model.parameters() if p.requires_grad]
@@ -139,7 +139,7 @@ class Federation:
             # A generator, so the strategy sees one node's model at a time, as the server streams them.
             for i in chosen:
                 local = copy.deepcopy(self.model)
-                loss = train_local(local, self.nodes[i], settings, generator(self.seed, t, i))
+                loss = train_fused_node(local, self.nodes[i], settings, generator(self.seed, t, i))
                 yield ClientUpdate(trainable_state(local), n_samples=len(self.nodes[i][1]), metrics={"loss": loss},
                                    client_id=str(i), kind="full")
 
@@ -161,6 +161,6 @@ def fit_new_node(model: FusedCNN, train: NodeData, test: NodeData, local: LocalT
     one_epoch = replace(local, epochs=1)
     curve = [accuracy(node, test)]
     for epoch in range(1, epochs + 1):
-        train_local(node, train, one_epoch, generator(seed, 0, 1_000_000 + epoch))  # round 0 never trains: no clash with rounds
+        train_fused_node(node, train, one_epoch, generator(seed, 0, 1_000_000 + epoch))  # round 0 never trains: no clash with rounds
         curve.append(accuracy(node, test))
     return curve

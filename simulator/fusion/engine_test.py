@@ -7,7 +7,7 @@ import torch
 
 from facecore.federation.strategies import ClientUpdate, FedAvg
 from facecore.fusion import LambdaFusion
-from simulator.fusion.engine import Federation, LocalTraining, generator, train_local
+from simulator.fusion.engine import Federation, LocalTraining, generator, train_fused_node
 from simulator.fusion.model import FusedCNN, trainable_state
 from simulator.fusion.run import bytes_per_round
 
@@ -36,7 +36,7 @@ def test_a_round_is_the_shared_fedavg_of_node_models_trained_against_a_frozen_e_
     updates = []
     for i in federation.choose(1):
         node = copy.deepcopy(start)
-        train_local(node, nodes[i], local, generator(5, 1, i))
+        train_fused_node(node, nodes[i], local, generator(5, 1, i))
         updates.append(ClientUpdate(trainable_state(node), len(nodes[i][1]), kind="full"))
         assert not any(k.startswith("global_extractor") for k in updates[-1].weights)  # E_g never travels
     expected = FedAvg().aggregate_train(1, trainable_state(start), updates).weights

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from facecore.fusion import ConvFusion, LambdaFusion, make_fusion
-from simulator.fusion.engine import LocalTraining, generator, train_local
+from simulator.fusion.engine import LocalTraining, generator, train_fused_node
 from simulator.fusion.model import FusedCNN
 
 
@@ -74,7 +74,7 @@ def test_local_training_keeps_lambda_in_bounds_at_a_violent_learning_rate(kind: 
     g = torch.Generator().manual_seed(0)
     data = (torch.randn(64, 1, 16, 16, generator=g), torch.randint(0, 3, (64,), generator=g))
     # Execute
-    train_local(model, data, LocalTraining(epochs=2, batch=8, lr=20.0, momentum=0.9), generator(0, 1, 0))
+    train_fused_node(model, data, LocalTraining(epochs=2, batch=8, lr=20.0, momentum=0.9), generator(0, 1, 0))
     assert isinstance(model.fusion, LambdaFusion)
     lam = model.fusion.lam.detach()
     # Assert: inside [0, 1], and the optimiser did push it to a bound
