@@ -87,3 +87,36 @@ def test_a_corrupted_byte_anywhere_parses_or_is_a_tensor_file_error(position: in
         _read(bytes(good))
     except TensorFileError:
         pass
+
+
+def test_tensorfile_roundtrip_and_rejects_malformed_headers() -> None:
+    # Prepare
+    tensors: dict[str, np.ndarray] = {
+        "a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.array(7, dtype=np.int64), "c": np.ones(3, np.float16)}
+    data = tensorfile.dumps(tensors, {"k": "v"})
+
+    def header_file(header: dict[str, Any], payload: bytes = b"") -> bytes:
+        encoded = json.dumps(header).encode()
+        return struct.pack("<Q", len(encoded)) + encoded + payload
+
+    bad = {  # each malformed file and what the error names
+        "overlaps or leaves a hole": header_file(
+            {"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "y": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 8),
+        "do not fit shape": header_file({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}, b"\0" * 4),
+        "covers 4 bytes but the file holds 9": header_file({"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 9),
+        "shape must be a list": header_file({"x": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 0]}}),
+        "needs exactly dtype, shape and data_offsets": header_file({"x": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0], "code": "x"}}),
+        "__metadata__ must map strings": header_file({"__metadata__": {"n": 1}}),
+        "not valid JSON": struct.pack("<Q", 3) + b"\xff\xfe{",
+    }
+    # Execute
+    header = tensorfile.read_header(io.BytesIO(data), len(data))
+    loaded = dict(tensorfile.iter_tensors(io.BytesIO(data), header))
+    # Assert
+    assert header.metadata == {"k": "v"} and header.data_start % 8 == 0
+    for name, value in tensors.items():
+        assert loaded[name].dtype == value.dtype and loaded[name].shape == value.shape
+        np.testing.assert_array_equal(loaded[name], value)
+    for message, blob in bad.items():
+        with pytest.raises(tensorfile.TensorFileError, match=message):
+            tensorfile.read_header(io.BytesIO(blob), len(blob))

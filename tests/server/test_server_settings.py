@@ -1,52 +1,15 @@
-"""Pure parts: the tensor wire format, settings and secrets. (The aggregation strategies' unit tests live
-next to them, in facecore/federation/strategies.)"""
+"""The server's settings and secrets. (The aggregation strategies' unit tests live next to them, in
+facecore/federation/strategies; the tensor wire format's in facecore/tensorfile_test.py.)"""
 from __future__ import annotations
 
 import base64
-import io
-import json
 import stat
-import struct
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from facecore import tensorfile
 from server_api.core.config import Settings, resolve_secrets
 from server_api.errors import ConfigError
-
-
-def test_tensorfile_roundtrip_and_rejects_malformed_headers() -> None:
-    # Prepare
-    tensors = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.array(7, dtype=np.int64), "c": np.ones(3, np.float16)}
-    data = tensorfile.dumps(tensors, {"k": "v"})
-
-    def header_file(header: dict, payload: bytes = b"") -> bytes:
-        encoded = json.dumps(header).encode()
-        return struct.pack("<Q", len(encoded)) + encoded + payload
-
-    bad = {  # each malformed file and what the error names
-        "overlaps or leaves a hole": header_file(
-            {"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "y": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 8),
-        "do not fit shape": header_file({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}, b"\0" * 4),
-        "covers 4 bytes but the file holds 9": header_file({"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 9),
-        "shape must be a list": header_file({"x": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 0]}}),
-        "needs exactly dtype, shape and data_offsets": header_file({"x": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0], "code": "x"}}),
-        "__metadata__ must map strings": header_file({"__metadata__": {"n": 1}}),
-        "not valid JSON": struct.pack("<Q", 3) + b"\xff\xfe{",
-    }
-    # Execute
-    header = tensorfile.read_header(io.BytesIO(data), len(data))
-    loaded = dict(tensorfile.iter_tensors(io.BytesIO(data), header))
-    # Assert
-    assert header.metadata == {"k": "v"} and header.data_start % 8 == 0
-    for name, value in tensors.items():
-        assert loaded[name].dtype == value.dtype and loaded[name].shape == value.shape
-        np.testing.assert_array_equal(loaded[name], value)
-    for message, blob in bad.items():
-        with pytest.raises(tensorfile.TensorFileError, match=message):
-            tensorfile.read_header(io.BytesIO(blob), len(blob))
 
 
 def test_production_secrets_are_required_and_checked(tmp_path: Path) -> None:
