@@ -11,7 +11,7 @@ enrolled count are stored on the round when selection runs.
 Every transition happens with the round row locked (:func:`lock_round`), so two workers, the
 scheduler and the upload that reaches the target can all try the same transition and exactly one
 of them makes it. When a round is due for aggregation is decided by
-services.aggregation.claim_for_aggregation (secure aggregation's steps included).
+services.aggregation_claim.claim_for_aggregation (secure aggregation's steps included).
 
 Transactions: nothing here commits. Each function runs inside its caller's transaction (services
 .round_admin, .participation, .scheduler, .aggregation own them), so the lock taken here and the
@@ -147,7 +147,7 @@ def close_now(session: Session, round_id: int, now: datetime) -> Round:
     return round_
 
 
-# ---- steps of services.aggregation.claim_for_aggregation, which holds the round's lock ------------
+# ---- steps of services.aggregation_claim.claim_for_aggregation, which holds the round's lock ------------
 def resume_aggregation(session: Session, round_: Round, now: datetime, lease_s: float) -> None:
     """Retake a round stuck in ``aggregating`` whose lease ran out."""
     round_.lease_until = now + timedelta(seconds=lease_s)

@@ -258,7 +258,7 @@ def answer_unmask(session: Session, round_id: int, device: Device, body: SecAggU
     return state_for(session, round_id, device), answered >= len(survived)
 
 
-# ---- the round's transitions (called by aggregation.claim_for_aggregation and rounds.check_in, lock held)
+# ---- the round's transitions (called by aggregation_claim.claim_for_aggregation and rounds.check_in, lock held)
 def next_transition(session: Session, round_: Round, n_uploaded: int, now: datetime) -> tuple[RoundStatus | Literal["not_due"], str | None]:
     """(the status the round moves to, or "not_due"; failure reason)."""
     v = view(session, round_.id, now)  # the caller holds the round's lock; this is the same row

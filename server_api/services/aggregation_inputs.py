@@ -1,0 +1,86 @@
+"""What a round's aggregation reads: its updates streamed one at a time from the blob store (plain or
+masked), the enrolled identities' embeddings, and the lineage server momentum needs. Plain values
+only (``UpdateRef``, ``EnrolledRef``): the rows they were copied from are not touched after their
+session ends.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime
+from typing import NamedTuple
+
+import numpy as np
+from sqlalchemy.orm import Session
+
+from facecore.federation.config import RoundConfig
+from facecore.federation.protocol import BACKBONE_PREFIX, MASKED_KEY
+from facecore.federation.strategies import ClientUpdate, Strategy, spreadout_of
+from facecore.federation.strategies.secure_fedavg import MASKED
+from facecore.tensorfile import iter_tensors, read_header, read_tensor
+from server_api.crud import rounds as round_crud
+from server_api.crud import versions as version_crud
+from server_api.services.context import ServerContext
+
+
+class UpdateRef(NamedTuple):
+    device_id: str
+    blob_sha256: str
+    n_samples: int
+    metrics: dict[str, float]
+    embedding_ciphertext: bytes | None
+
+
+class EnrolledRef(NamedTuple):
+    device_id: str
+    ciphertext: bytes
+    updated_at: datetime
+
+
+def parent_hash(session: Session, producing_round_id: int | None) -> str | None:
+    """The base model of the round that produced a version: server momentum's lineage (None for an imported model)."""
+    if producing_round_id is None:
+        return None
+    producing = round_crud.get_round(session, producing_round_id)
+    parent = None if producing is None else version_crud.get(session, producing.base_version_id)
+    return None if parent is None else parent.version_hash
+
+
+def stream_updates(ctx: ServerContext, updates: list[UpdateRef]) -> Iterator[ClientUpdate]:
+    """One update in memory at a time, read back from the blob store."""
+    for update in updates:
+        with ctx.store.open(update.blob_sha256) as handle:
+            header = read_header(handle, ctx.store.size(update.blob_sha256))
+            weights = dict(iter_tensors(handle, header, prefix=BACKBONE_PREFIX))
+        yield ClientUpdate(weights=weights, n_samples=update.n_samples, metrics=update.metrics, client_id=update.device_id)
+
+
+def stream_masked(ctx: ServerContext, updates: list[UpdateRef], index_of: dict[str, int]) -> Iterator[ClientUpdate]:
+    for update in updates:
+        with ctx.store.open(update.blob_sha256) as handle:
+            header = read_header(handle, ctx.store.size(update.blob_sha256))
+            masked = read_tensor(handle, header, MASKED_KEY)
+        yield ClientUpdate(weights={MASKED: masked}, n_samples=update.n_samples, metrics=update.metrics, client_id=str(index_of[update.device_id]))
+
+
+def new_embeddings(
+    ctx: ServerContext, strategy: Strategy, config: RoundConfig, updates: list[UpdateRef], enrolled: list[EnrolledRef], dim: int
+) -> dict[str, tuple[bytes, datetime]]:
+    """W = every enrolled identity's embedding (this round's upload if it sent one), through the strategy."""
+    if not enrolled:
+        return {}
+    uploaded = {u.device_id: u.embedding_ciphertext for u in updates if u.embedding_ciphertext is not None}
+    rows = []
+    for enrollment in enrolled:
+        device_id = enrollment.device_id
+        if device_id in uploaded:
+            raw = ctx.cipher.decrypt(uploaded[device_id], device_id, "update")
+        else:
+            raw = ctx.cipher.decrypt(enrollment.ciphertext, device_id, "enrollment")
+        rows.append(np.frombuffer(raw, dtype="<f4").astype(np.float32))
+    W = np.stack(rows)
+    assert W.shape[1] == dim
+    W_new = strategy.aggregate_embeddings(W, spreadout_of(config.spreadout))
+    return {
+        e.device_id: (ctx.cipher.encrypt(W_new[i].astype("<f4").tobytes(), e.device_id, "enrollment"), e.updated_at)
+        for i, e in enumerate(enrolled)
+    }
