@@ -82,7 +82,10 @@ MAX_BACKBONE_TENSORS = 1024
 MAX_BACKBONE_PICKLE_BYTES = 2**20
 
 
-def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
+def write_atomic(path: Path, data: bytes, mode: int = 0o600, replace: bool = True) -> None:
+    """Write `data` to `path` whole or not at all (a temporary file, fsynced, then renamed over it). With
+    `replace` False a file already at `path` (another process got there first) is a FileExistsError, and
+    `path` is left as it was."""
     handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(handle, "wb") as out:
@@ -90,25 +93,18 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
             out.flush()
             os.fsync(out.fileno())
         os.chmod(temp, mode)
-        os.replace(temp, path)
+        if replace:
+            os.replace(temp, path)
+        else:
+            os.link(temp, path)  # unlike rename, link refuses an existing name
     finally:
         if os.path.exists(temp):
             os.unlink(temp)
 
 
 def write_new(path: Path, data: bytes, mode: int = 0o600) -> None:
-    """`write_atomic` that never replaces: a file already at `path` (another process got there first) is a
-    FileExistsError, and `path` is left as it was."""
-    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(temp, mode)
-        os.link(temp, path)  # unlike rename, link refuses an existing name
-    finally:
-        os.unlink(temp)
+    """`write_atomic` that never replaces an existing file."""
+    write_atomic(path, data, mode, replace=False)
 
 
 def check_version(version: object) -> str:

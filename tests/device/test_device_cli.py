@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -117,7 +118,7 @@ def test_a_mistyped_state_folder_is_refused_in_one_line_and_not_created(
 
 def test_a_secure_member_floor_below_two_is_a_usage_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     # Execute
-    with pytest.raises(SystemExit) as usage:
+    with pytest.raises(SystemExit, match="^2$") as usage:
         main(["device", "train", "--state", str(tmp_path / "device"), "--min-secure-members", "1"])
     # Assert: named, and nothing created
     assert usage.value.code == 2 and "--min-secure-members: must be at least 2, got 1" in capsys.readouterr().err
@@ -274,6 +275,18 @@ def _read_until(process: subprocess.Popen[str], prefix: str, log: Path) -> str:
     raise AssertionError(f"`fedface device train` ended before {prefix!r}:\n{log.read_text()[-2000:]}")
 
 
+def _train_in_a_round(
+    server: ServerProcess, state: Path, log: Path, paused: list[subprocess.Popen[str]], deadline: float,
+) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    """A train that checked in, then a one-device round opened for it: returned once it trains locally."""
+    process = _start_train(server, state, log)
+    paused.append(process)
+    _read_until(process, "checking in", log)
+    opened = open_round(server, target=1, minimum=1, deadline=deadline, window=0.5)
+    _read_until(process, "training locally", log)
+    return process, opened
+
+
 def _wait_for_status(
     server: ServerProcess, round_id: int, statuses: set[str], timeout: float = 120,
 ) -> dict[str, object]:
@@ -306,11 +319,7 @@ def test_a_server_down_after_training_keeps_the_update_and_the_next_train_sends_
 ) -> None:
     # Prepare: the device waits for a round; once it trains, it is held while the server goes down
     log = tmp_path / "train.log"
-    process = _start_train(server, device_dir, log)
-    paused.append(process)
-    _read_until(process, "checking in", log)
-    opened = open_round(server, target=1, minimum=1, deadline=300, window=0.5)
-    _read_until(process, "training locally", log)
+    process, opened = _train_in_a_round(server, device_dir, log, paused, deadline=300)
     os.kill(process.pid, signal.SIGSTOP)
     server.stop()
     # Execute
@@ -335,11 +344,7 @@ def test_a_late_upload_says_the_deadline_passed(
 ) -> None:
     # Prepare: the device is held mid-training until its round's deadline has passed
     log = tmp_path / "train.log"
-    process = _start_train(server, device_dir, log)
-    paused.append(process)
-    _read_until(process, "checking in", log)
-    opened = open_round(server, target=1, minimum=1, deadline=15, window=0.5)
-    _read_until(process, "training locally", log)
+    process, opened = _train_in_a_round(server, device_dir, log, paused, deadline=15)
     os.kill(process.pid, signal.SIGSTOP)
     _wait_for_status(server, opened["id"], {"failed", "completed"})
     # Execute
@@ -467,11 +472,7 @@ def test_ctrl_c_during_an_upload_says_the_update_is_saved_and_the_next_train_sen
 ) -> None:
     # Prepare: the device trains; the server is frozen (SIGSTOP) so that the upload hangs
     log = tmp_path / "train.log"
-    process = _start_train(server, device_dir, log)
-    paused.append(process)
-    _read_until(process, "checking in", log)
-    opened = open_round(server, target=1, minimum=1, deadline=300, window=0.5)
-    _read_until(process, "training locally", log)
+    process, opened = _train_in_a_round(server, device_dir, log, paused, deadline=300)
     os.killpg(server.pid, signal.SIGSTOP)
     try:
         _read_until(process, "uploading the update", log)
