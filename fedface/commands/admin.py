@@ -22,16 +22,16 @@ from typing import Any
 from facecore.federation.status import ACTIVE_ROUND_STATUSES, RoundStatus
 from fedface.commands import admin_model
 from fedface.commands.admin_client import call, connection_arguments, flag_errors, table, time_text, usage
-from fedface.commands.round_flags import ROUND_FLAGS, Alias, add_round_flags, flag_text, given_settings, nested
 from server_api.errors import AdminClientError
 
-# Old spellings of round open's flags, hidden from help, kept for one release.
-OPEN_ALIASES = (Alias("--lr", "local.lr"), Alias("--keep-templates", "local.train_embedding", const=False))
+# The round-flag table (fedface.commands.round_flags) is read from RoundConfig, which loads pydantic: it is
+# imported inside the functions that build or read round open's flags, so other admin commands start without it.
 
 
 def _preset_flags(secure: bool, besides: dict[str, Any] | None = None) -> dict[str, Any]:
     """What the fleet-camera preset sets, by setting, other than the defaults (or than `besides`)."""
     from facecore.federation.fleet_camera import fleet_camera_settings
+    from fedface.commands.round_flags import ROUND_FLAGS
 
     preset = fleet_camera_settings([1.0], secure)  # any unit vector: the centre is not a flag
     flat = {f"{section}.{name}": value for section, values in preset.items() for name, value in values.items()}
@@ -40,6 +40,10 @@ def _preset_flags(secure: bool, besides: dict[str, Any] | None = None) -> dict[s
 
 
 def _open_arguments(parser: argparse.ArgumentParser) -> None:
+    from fedface.commands.round_flags import ROUND_FLAGS, Alias, add_round_flags, flag_text
+
+    # Old spellings of round open's flags, hidden from help, kept for one release.
+    aliases = (Alias("--lr", "local.lr"), Alias("--keep-templates", "local.train_embedding", const=False))
     plain = _preset_flags(False)
     secure = _preset_flags(True, {path: plain.get(path, flag.default) for path, flag in ROUND_FLAGS.items()})
     parser.add_argument(
@@ -50,7 +54,7 @@ def _open_arguments(parser: argparse.ArgumentParser) -> None:
         "paper: the defaults below, the FedFace paper's rounds (trained templates, spreadout), which leave a strong model unchanged. "
         "A flag given overrides either (default: fleet-camera)",
     )
-    add_round_flags(parser, list(ROUND_FLAGS), OPEN_ALIASES)
+    add_round_flags(parser, list(ROUND_FLAGS), aliases)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -130,6 +134,8 @@ def _feature_center(args: argparse.Namespace) -> list[float]:
 
 
 def _round_config(args: argparse.Namespace, feature_center: list[float] | None) -> dict[str, Any]:
+    from fedface.commands.round_flags import given_settings, nested
+
     """The POST body of `round open`: the settings preset (fleet-camera with `feature_center`, else the
     schema's defaults, the paper's), then every flag given; checked with the server's own schema."""
     from pydantic import ValidationError

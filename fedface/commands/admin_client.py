@@ -8,6 +8,7 @@ raw JSON error list.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -15,16 +16,18 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from fedface.commands.round_flags import ROUND_FLAGS
 from server_api.errors import AdminClientError
 
-# request field (dotted path) -> the flag that sets it: round open's from the round-flag table
-FLAGS = {path: flag.flag for path, flag in ROUND_FLAGS.items()} | {
-    "limit": "--limit",
-    "offset": "--offset",
-    "device_id": "DEVICE_ID",
-    "round_id": "--round",
-}
+
+@functools.cache
+def request_flags() -> dict[str, str]:
+    """request field (dotted path) -> the flag that sets it: round open's from the round-flag table (read from
+    RoundConfig, so imported here, when an error needs it, not when a command starts)."""
+    from fedface.commands.round_flags import ROUND_FLAGS
+
+    return {path: flag.flag for path, flag in ROUND_FLAGS.items()} | {
+        "limit": "--limit", "offset": "--offset", "device_id": "DEVICE_ID", "round_id": "--round",
+    }
 
 
 def connection_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,8 +62,8 @@ def with_flag_names(text: str) -> str:
     an underscore: plain words such as "method" or "limit" also occur in ordinary prose)."""
     # A dotted name first ("secure_aggregation.max_update_norm"); then a bare one, which two sections may
     # share: the first section's (aggregation's max_update_norm).
-    names = {dotted: flag for dotted, flag in FLAGS.items() if "." in dotted}
-    for dotted, flag in FLAGS.items():
+    names = {dotted: flag for dotted, flag in request_flags().items() if "." in dotted}
+    for dotted, flag in request_flags().items():
         if "_" in dotted.rsplit(".", 1)[-1]:
             names.setdefault(dotted.rsplit(".", 1)[-1], flag)
     for name in sorted(names, key=len, reverse=True):
@@ -77,7 +80,7 @@ def flag_errors(errors: list[dict[str, Any]], sent: dict[str, Any] | None = None
         if not loc:
             lines.append(message)
             continue
-        flag = FLAGS.get(".".join(loc), "--" + loc[-1].replace("_", "-"))
+        flag = request_flags().get(".".join(loc), "--" + loc[-1].replace("_", "-"))
         value = error.get("input", _dig(sent, loc))
         lines.append(f"{flag}{'' if value is None or isinstance(value, dict) else f' {value}'}: {message}")
     return "; ".join(lines)
