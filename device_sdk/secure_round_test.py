@@ -75,7 +75,7 @@ def test_a_member_with_a_low_order_key_is_treated_as_dropped() -> None:
         {"round_id": 7, "phase": "share_keys", "index": 1},
     ])
     # Execute: the device shares keys, then waits; the scripted server has nothing more to say
-    with pytest.raises(IndexError):
+    with pytest.raises(IndexError, match="^pop from empty list$"):
         SecureRound(server, "/v1/rounds/7/secagg", poll=0).join()
     # Assert: shares went to members 2 and 4 only, none to the low-order key
     shares = next(body for method, path, body in server.sent if path.endswith("/shares"))["shares"]

@@ -6,6 +6,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import stat
 import zipfile
 from collections.abc import Callable
@@ -43,7 +44,7 @@ def test_a_model_version_that_is_not_64_lowercase_hex_digits_never_reaches_a_pat
     # Execute / Assert
     with pytest.raises(BadServerResponse, match="64 lowercase hex digits"):
         state.model_path(version, "onnx")  # type: ignore[arg-type]
-    with pytest.raises(BadServerResponse):
+    with pytest.raises(BadServerResponse, match="64 lowercase hex digits"):
         state.store_model(version, "onnx", b"model", None)  # type: ignore[arg-type]
     assert not (tmp_path / "x").exists() and not list((tmp_path / "device").glob("models/*"))
 
@@ -84,7 +85,7 @@ def test_a_damaged_key_is_one_line_naming_the_file_and_the_fix_and_writes_nothin
     damage(key)
     listing = sorted(p.name for p in (tmp_path / "device").iterdir())
     # Execute
-    with pytest.raises(StateError) as caught:
+    with pytest.raises(StateError, match=re.escape(message)) as caught:
         DeviceState(tmp_path / "device").require_registered()
     # Assert: named file, the reset fix, one line, and no fresh key written behind the user's back
     text = str(caught.value)

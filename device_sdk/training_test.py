@@ -97,7 +97,7 @@ def test_public_negatives_move_the_owners_faces_away_from_other_peoples_template
 
 def test_a_diverging_round_is_refused(owner) -> None:  # type: ignore[no-untyped-def]
     model, faces, embedding = owner
-    with pytest.raises(TrainingDiverged):
+    with pytest.raises(TrainingDiverged, match=r"^local training diverged \(loss (nan|-?inf)\); lower the learning rate$"):
         train_local(model, embedding, faces, LocalTrainingConfig(batch=4, lr=1e30, momentum=0.0))
 
 

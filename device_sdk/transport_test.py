@@ -2,6 +2,7 @@
 known code, only the HTTP status types it. A response body is read only up to its cap."""
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -22,7 +23,7 @@ def _refused(body: dict[str, str]) -> ServerRefused:
     transport = Transport("http://fedface.invalid", retries=0)
     transport.http = httpx.Client(base_url="http://fedface.invalid",
                                   transport=httpx.MockTransport(lambda request: httpx.Response(409, json=body)))
-    with pytest.raises(ServerRefused) as refused:
+    with pytest.raises(ServerRefused, match=r"^server refused the request \(409(, [a-z_]+)?\): " + re.escape(MISLEADING) + "$") as refused:
         transport.request("POST", "/v1/rounds/current/checkin", Ed25519PrivateKey.generate(), "d" * 32)
     return refused.value
 

@@ -167,7 +167,7 @@ def test_a_failed_export_leaves_nothing_behind(tmp_path: Path, real_data: Path, 
 
     monkeypatch.setattr(pipeline, "quantize_int8", broken)
     # Execute
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="^calibration crashed$"):
         export_model("default", tmp_path / "out", real_data, int8=True)
     # Assert
     assert list((tmp_path / "out").iterdir()) == []

@@ -286,7 +286,7 @@ def test_spreadout_config_defaults_and_frozen() -> None:
 
     # Execute / Assert
     assert dataclasses.asdict(cfg) == {"nu": 0.3, "steps": 10, "lr": 0.01, "momentum": 0.9, "center": False}
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(dataclasses.FrozenInstanceError, match="^cannot assign to field 'steps'$"):
         cfg.steps = 3  # type: ignore[misc]
 
 
@@ -298,10 +298,12 @@ def test_spreadout_config_defaults_and_frozen() -> None:
     ],
 )
 def test_spreadout_config_rejects_bad_values(kwargs: dict[str, Any]) -> None:
+    # Prepare: the error names the bad setting first, for both the config and the function that builds one
+    names_it = rf"^{next(iter(kwargs))} .*must be"
     # Execute / Assert
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=names_it):
         SpreadoutConfig(**kwargs)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=names_it):
         spreadout_optimize(torch.randn(3, 4), **kwargs)
 
 

@@ -143,7 +143,7 @@ def test_every_command_and_option_has_help_showing_its_default_and_upper_case_me
 
 def test_usage_errors_exit_2_and_name_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
     # Execute: a value argparse refuses, then values only the server's schema refuses
-    with pytest.raises(SystemExit) as bad_choice:
+    with pytest.raises(SystemExit, match="^2$") as bad_choice:
         main(["admin", "round", "open", "--aggregation", "bogus"])
     capsys.readouterr()
     too_few = main(["admin", "round", "open", "--min", "5", "--target", "3", "--server", "http://127.0.0.1:9"])
@@ -254,7 +254,7 @@ def test_sim_capture_names_the_fleet_cameras_and_refuses_others(capsys: pytest.C
 
     # Execute
     parsed = cli.build_parser().parse_args(["sim", "cross-device", "--capture", "far"])
-    with pytest.raises(SystemExit) as refused:
+    with pytest.raises(SystemExit, match="^2$") as refused:
         main(["sim", "cross-device", "--capture", "webcam", "--out", str(tmp_path)])
     err = capsys.readouterr().err
     # Assert

@@ -66,7 +66,7 @@ def test_a_server_that_cannot_start_is_one_line_naming_its_log(tmp_path: Path) -
     # Prepare
     server = LocalServer(tmp_path / "data", model=str(tmp_path / "missing.pt"), env=FAST, inherit_settings=False)
     # Execute
-    with pytest.raises(LaunchFailed) as raised:
+    with pytest.raises(LaunchFailed, match="^the local server exited with 1 before it was ready; its log: ") as raised:
         server.start()
     # Assert
     message = str(raised.value)
@@ -99,6 +99,6 @@ def test_a_server_ends_with_its_whole_group_when_the_process_that_started_it_is_
     while group_running(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert running_before and not group_running(pid)
-    with pytest.raises(httpx.ConnectError):  # refused: nothing listens
+    with pytest.raises(httpx.ConnectError, match="Connection refused"):  # nothing listens
         httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5)
     assert "the process that started it" in (tmp_path / f"server-{port}.log").read_text()

@@ -51,7 +51,7 @@ def test_scaled_arcface_keeps_the_template_shape_and_names_its_parameters() -> N
     centre = np.array([75.0, 75.0])
     np.testing.assert_allclose(moved.points + [0.0, 10.0] - centre, (plain.points - centre) * 1.2, atol=1e-9)
     assert ARCFACE_112.key == "arcface112" and moved.key == "arcface150-s1.2-up10"
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^template points of 'arcface112-s3-up0' must lie inside the 112px crop$"):
         scaled_arcface(112, 3.0)  # points outside the crop
 
 

@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -54,5 +55,5 @@ def test_parse_folds(spec: str, expected: tuple[int, ...]) -> None:
 
 @pytest.mark.parametrize("spec", ["0-3", "x", "9-11"])
 def test_parse_folds_rejects_nonsense(spec: str) -> None:
-    with pytest.raises(DatasetFormatError):
+    with pytest.raises(DatasetFormatError, match=f"^bad fold spec {re.escape(repr(spec))}: "):
         parse_folds(spec)

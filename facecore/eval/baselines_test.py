@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -120,7 +122,7 @@ def test_bad_input_raises() -> None:
     # Prepare
     gray_batch = np.zeros((2, 112, 112), dtype=np.uint8)
     # Execute / Assert
-    with pytest.raises(FaceCoreError):
+    with pytest.raises(FaceCoreError, match=re.escape("faces must be a non-empty (N, H, W, 3) array, got shape (2, 112, 112)")):
         lbp_features(gray_batch)
     with pytest.raises(FaceCoreError, match="fit"):
         PCABaseline().transform(np.zeros((1, 112, 112, 3), dtype=np.uint8))

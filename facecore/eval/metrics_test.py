@@ -110,7 +110,7 @@ def test_kfold_errors() -> None:
         kfold_accuracy(scores, labels, [3, 3, 3, 3])
     with pytest.raises(FaceCoreError, match="only one class"):
         kfold_accuracy(scores, labels, [0, 1, 1, 1])
-    with pytest.raises(FaceCoreError):
+    with pytest.raises(FaceCoreError, match="^need one fold id per score, got 2 for 4$"):
         kfold_accuracy(scores, labels, [0, 1])
 
 

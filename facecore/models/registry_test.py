@@ -72,7 +72,7 @@ def test_mobilefacenet_s_is_cheaper() -> None:
 
 def test_unknown_name_lists_valid_names() -> None:
     # Execute
-    with pytest.raises(UnknownBackbone) as excinfo:
+    with pytest.raises(UnknownBackbone, match="^unknown backbone 'resnet9000'; valid names: ") as excinfo:
         get_backbone("resnet9000")
 
     # Assert

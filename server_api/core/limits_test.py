@@ -21,7 +21,7 @@ def test_a_bucket_serves_its_burst_then_refills_at_its_rate() -> None:
     limiter = KeyedRateLimiter(rate_per_s=0.5, burst=3, what="device", clock=clock)
     # Execute
     served = [limiter.take("a") for _ in range(4)]
-    with pytest.raises(RateLimited) as refused:
+    with pytest.raises(RateLimited, match="^too many requests from this device; retry in 2 s$") as refused:
         limiter.charge("a")
     other_key = limiter.take("b")
     clock.now = 2.0  # one token back at 0.5/s
@@ -39,7 +39,7 @@ def test_check_refuses_an_empty_bucket_without_spending() -> None:
     limiter.check("x")
     limiter.take("x")
     # Execute / Assert
-    with pytest.raises(RateLimited):
+    with pytest.raises(RateLimited, match="^too many requests from this address; retry in 1 s$"):
         limiter.check("x")
     clock.now = 1.0
     limiter.check("x")

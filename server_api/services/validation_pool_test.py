@@ -92,5 +92,5 @@ def test_close_stops_every_worker(tmp_path: Path) -> None:
     # Assert
     assert len(pids) == 2 and workers.pids() == []
     for pid in pids:
-        with pytest.raises(ProcessLookupError):
+        with pytest.raises(ProcessLookupError, match="No such process"):
             os.kill(pid, 0)  # gone, and reaped by the forkserver

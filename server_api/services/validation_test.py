@@ -72,7 +72,7 @@ def test_hostile_metadata_is_one_short_invalid_input(fedface_meta: str) -> None:
                for k, (dtype, shape) in SPEC.items()}
     body = tensorfile.dumps(tensors | {"class_embedding": np.full(4, 0.5, "<f4")}, {"fedface": fedface_meta})
     # Execute
-    with pytest.raises(InvalidInput) as caught:
+    with pytest.raises(InvalidInput, match="^update metadata invalid at ") as caught:
         _parse(body)
     # Assert
     assert "metadata" in str(caught.value) and len(str(caught.value)) < 400

@@ -68,7 +68,7 @@ def test_models_with_different_crops_are_refused_in_one_line(capsys: pytest.Capt
     specs = ["mobile", "default"]
 
     # Execute
-    with pytest.raises(SystemExit) as exit_info:
+    with pytest.raises(SystemExit, match="^2$") as exit_info:
         main(specs)
 
     # Assert

@@ -18,8 +18,8 @@ def test_the_paper_preset_holds_the_official_settings() -> None:
 
 
 def test_every_problem_of_a_changed_preset_is_listed_in_one_error() -> None:
-    # Execute
-    with pytest.raises(FusionInputError) as error:
+    # Execute: four problems, each `<flag> must be ...`, joined by '; ' on one line
+    with pytest.raises(FusionInputError, match=r"^(?:[a-z-]+ must be [^;]+; ){3}[a-z-]+ must be [^;]+$") as error:
         dataclasses.replace(PRESETS["paper"], lambda_mu=1.0, lr_decay=0.0, weight_decay=-1.0, lambda_bound="sigmoid")
     # Assert
     message = str(error.value)

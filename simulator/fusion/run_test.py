@@ -131,7 +131,7 @@ def test_without_flags_each_preset_comes_back_unchanged() -> None:
 
 def test_bad_flags_on_a_preset_are_one_face_core_error_listing_each() -> None:
     # Execute
-    with pytest.raises(FaceCoreError) as error:
+    with pytest.raises(FaceCoreError, match=r"^[a-z-]+ must be [^;]+; [a-z-]+ must be [^;]+$") as error:  # two problems, one line
         command.config_from_args(_parse("--preset", "paper", "--lambda-mu", "1", "--lr-decay", "0"))
     # Assert
     assert "lr-decay must be in (0, 1]" in str(error.value) and "lambda-mu must be in [0, 1)" in str(error.value)

@@ -1,6 +1,8 @@
 """Federated Validation's pure parts (Alg. 2, eqs. 7-13)."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -74,10 +76,10 @@ def test_mix_is_the_weighted_sum_of_backbones() -> None:
 
 def test_bad_configs_and_scores_are_refused() -> None:
     for bad in ({"candidates": 1}, {"phi": 0.0}, {"norm": "global"}, {"gamma": 0.0}, {"eps": 0.0}):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=rf"^{next(iter(bad))}\b.* must be"):  # names the setting it refuses
             FVConfig(**bad)
     fv = FederatedValidation(2)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=re.escape("scores must be a finite (validators, candidates) array, got shape (1, 3)")):
         fv.apply(fv.propose(), np.array([[0.1, float("nan"), 0.2]]))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=re.escape("a weighting must be finite, >= 0 and sum to 1, got [0.7 0.7]")):
         FederatedValidation(2, initial=[0.7, 0.7])

@@ -1,6 +1,8 @@
 """PFM's server half: the weighted average and M = (Theta_prev - Theta_new) / eta."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -48,14 +50,14 @@ def test_without_a_weighting_it_is_fedavg_and_zero_weights_drop_a_client() -> No
 
 @pytest.mark.parametrize("weighting", [{}, {"a": -1.0}, {"a": 0.0}, {"a": float("nan")}])
 def test_bad_weightings_are_refused(weighting: dict[str, float]) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^a weighting needs finite weights >= 0 with a positive sum, got "):
         WeightedFedAvg(weighting)
 
 
 def test_bad_settings_and_unknown_clients_are_refused() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^the learning rate must be a positive finite number, got 0.0$"):
         PFM(lr=0.0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=re.escape("beta must be in [0, 1), got 1.0")):
         PFM(lr=0.1, beta=1.0)
     with pytest.raises(ValueError, match="no weight"):
         PFM(lr=0.1, weighting={"a": 1.0}).aggregate_train(1, BASE, [full("zzz", 0.1)])
