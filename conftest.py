@@ -2,12 +2,17 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from facecore.errors import DataRootMissing
 from facecore.paths import data_root
+
+if TYPE_CHECKING:
+    import torch
 
 
 @pytest.fixture(scope="session")
@@ -50,3 +55,32 @@ def isolated_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv(PACKAGES_ENV, str(packages_root()))
     monkeypatch.setenv("FEDFACE_CACHE", str(tmp_path / "cache"))
     return tmp_path / "cache"
+
+
+@pytest.fixture(scope="session")
+def calibrated_backbone() -> Callable[..., torch.nn.Module]:
+    """Builds small untrained backbones that behave like trained ones where a unit test needs it
+    (`_calibrated_backbone`); a test helper, so it lives here rather than in a product package."""
+    return _calibrated_backbone
+
+
+def _calibrated_backbone(name: str = "mobilefacenet_s", seed: int = 0) -> torch.nn.Module:
+    """A seeded untrained backbone, in eval mode, whose BatchNorm statistics were estimated on
+    64 synthetic faces. An untrained network's default statistics squash features to ~1e-5, where
+    normalisation turns gradients into noise; pretraining would have set real ones."""
+    import torch
+    from torch import nn
+
+    from facecore.data.synthetic import synthetic_faces
+    from facecore.models.preprocess import faces_to_tensor
+    from facecore.models.registry import get_backbone
+
+    torch.manual_seed(seed)
+    model = get_backbone(name)
+    calibration, _ = synthetic_faces(16, 4, seed=6)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                module.momentum = None  # a cumulative average over the one calibration batch
+        model.train()(faces_to_tensor(calibration))
+    return model.eval()

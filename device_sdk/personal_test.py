@@ -2,6 +2,7 @@
 own threshold and its torch-free file."""
 import copy
 import io
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -21,11 +22,10 @@ from device_sdk.training import LocalTrainingConfig
 from facecore.data.synthetic import synthetic_faces
 from facecore.fusion import LambdaFusion
 from facecore.models.preprocess import faces_to_tensor
-from facecore.models.testing import calibrated_backbone
 
 
 @pytest.fixture(scope="module")
-def setup() -> tuple[torch.nn.Module, np.ndarray, np.ndarray]:
+def setup(calibrated_backbone: Callable[..., torch.nn.Module]) -> tuple[torch.nn.Module, np.ndarray, np.ndarray]:
     model = calibrated_backbone("mobilefacenet_s", seed=0)
     faces, labels = synthetic_faces(6, 4, seed=5)
     return model, faces[labels < 3], faces[labels >= 3]

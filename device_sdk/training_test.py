@@ -1,4 +1,5 @@
 import copy
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -16,12 +17,11 @@ from device_sdk.training import (
 )
 from facecore.data.synthetic import synthetic_faces
 from facecore.models.preprocess import faces_to_tensor
-from facecore.models.testing import calibrated_backbone
 from facecore.templates import mean_feature_embedding
 
 
 @pytest.fixture(scope="module")
-def owner() -> tuple[torch.nn.Module, np.ndarray, np.ndarray]:
+def owner(calibrated_backbone: Callable[..., torch.nn.Module]) -> tuple[torch.nn.Module, np.ndarray, np.ndarray]:
     model = calibrated_backbone("mobilefacenet_s", seed=0)
     # photos of several synthetic people, so the model starts far from the margin
     faces, _ = synthetic_faces(4, 3, seed=5)
@@ -69,7 +69,8 @@ def test_frozen_prefix_trains_only_the_last_blocks(owner) -> None:  # type: igno
     assert not any(k.startswith("stem.") for k in changed)
 
 
-def test_public_negatives_move_the_owners_faces_away_from_other_peoples_templates() -> None:
+def test_public_negatives_move_the_owners_faces_away_from_other_peoples_templates(
+        calibrated_backbone: Callable[..., torch.nn.Module]) -> None:
     # Prepare: an owner, and the templates of four other synthetic people under the starting model
     model = calibrated_backbone("mobilefacenet_s", seed=0)
     faces, labels = synthetic_faces(5, 4, seed=5)

@@ -1,4 +1,5 @@
 """Torch-free verification against the torch path, on real LFW photos with the default model."""
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,6 @@ from facecore.align.pipeline import FaceAligner, load_rgb
 from facecore.data.synthetic import synthetic_faces
 from facecore.models.checkpoint import load_backbone
 from facecore.models.preprocess import embed_faces
-from facecore.models.testing import calibrated_backbone
 
 OWNER = [f"Colin_Powell/Colin_Powell_{n:04d}.jpg" for n in range(1, 7)]
 OTHERS = ["Tony_Blair/Tony_Blair_0010.jpg", "Serena_Williams/Serena_Williams_0003.jpg",
@@ -91,7 +91,8 @@ def test_a_file_that_is_no_image_and_a_photo_without_a_face_are_reported_in_orde
     assert results[1].score is not None and results[0].score is None and results[2].match is None
 
 
-def test_a_personal_verifier_without_a_threshold_asks_for_one_and_takes_a_given_one(tmp_path: Path) -> None:
+def test_a_personal_verifier_without_a_threshold_asks_for_one_and_takes_a_given_one(
+        tmp_path: Path, calibrated_backbone: Callable[..., torch.nn.Module]) -> None:
     # Prepare: a personal verifier saved without calibration, sealed in a device state
     model = calibrated_backbone("mobilefacenet_s", seed=0)
     faces, labels = synthetic_faces(2, 4, seed=5)

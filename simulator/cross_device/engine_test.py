@@ -1,6 +1,7 @@
 """The simulator runs the SDK's training and the server's strategies, and resumes exactly."""
 import copy
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -15,14 +16,13 @@ from facecore.federation.selection import least_recently_selected
 from facecore.federation.strategies import ClientUpdate, FedAvg
 from facecore.federation.wire import Precision, as_received, backbone_deltas, update_tensors
 from facecore.models.registry import embedding_dim_of
-from facecore.models.testing import calibrated_backbone
 from simulator.cross_device.config import CrossDeviceConfig
 from simulator.cross_device.engine import CrossDeviceSimulation, mean_pairwise_cosine
 from simulator.cross_device.population import Population, SimDevice
 
 
 @pytest.fixture(scope="module")
-def model() -> torch.nn.Module:
+def model(calibrated_backbone: Callable[..., torch.nn.Module]) -> torch.nn.Module:
     return calibrated_backbone("mobilefacenet_s", seed=0)
 
 

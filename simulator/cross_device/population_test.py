@@ -1,5 +1,6 @@
 """A fleet camera takes every device photo, the same way in every arm of one seed, and a run on them trains."""
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,6 @@ from facecore.align.geometry import ARCFACE_112
 from facecore.capture import get_capture
 from facecore.data.synthetic import synthetic_faces
 from facecore.models.preprocess import embed_faces
-from facecore.models.testing import calibrated_backbone
 from facecore.templates import mean_feature_embedding
 from simulator.cross_device.config import CrossDeviceConfig
 from simulator.cross_device.engine import CrossDeviceSimulation
@@ -42,7 +42,8 @@ def test_every_device_photo_is_captured_from_the_seed_and_its_own_stream() -> No
         assert device.identity == plain.identity and device.faces.shape == plain.faces.shape
 
 
-def test_a_run_through_a_fleet_camera_trains_and_resumes_a_checkpoint_from_before_captures(tmp_path: Path) -> None:
+def test_a_run_through_a_fleet_camera_trains_and_resumes_a_checkpoint_from_before_captures(
+        tmp_path: Path, calibrated_backbone: Callable[..., torch.nn.Module]) -> None:
     # Prepare: the captured population of a seed, a config naming the camera, and an older checkpoint without it
     model = calibrated_backbone("mobilefacenet_s", seed=0)
     config = CrossDeviceConfig(devices=3, rounds=1, per_round=2, eval_every=1, method="fedavg", capture="lowlight-ir",
@@ -68,7 +69,8 @@ def test_an_unknown_capture_is_refused_naming_the_choices() -> None:
         CrossDeviceConfig(capture="webcam")
 
 
-def test_a_clean_enrolment_starts_each_template_from_the_photos_before_the_camera_and_devices_keep_it() -> None:
+def test_a_clean_enrolment_starts_each_template_from_the_photos_before_the_camera_and_devices_keep_it(
+        calibrated_backbone: Callable[..., torch.nn.Module]) -> None:
     # Prepare: a captured fleet whose devices enrolled clean and do not train their template
     model = calibrated_backbone("mobilefacenet_s", seed=0)
     clean = _population()
