@@ -328,22 +328,17 @@ def _server_model(state: DeviceState, args: argparse.Namespace) -> tuple[str | N
     retry, `--timeout` seconds at most (0: not asked). Nothing is written: the model a later offline verify
     falls back to stays the one whose ONNX file a verify or enroll cached."""
     from device_sdk.errors import DeviceError, ServerUnavailable
-    from device_sdk.state import MAX_DESCRIPTION_BYTES, check_version
+    from device_sdk.link import ServerLink
+    from device_sdk.model_cache import current_model
     from device_sdk.transport import Transport
 
     if args.timeout == 0:
         return None, "the server was not asked (--timeout 0)"
-    device_id, key = state.require_registered(), state.signing_key()
-    assert key is not None  # require_registered checked that identity.enc opens
     transport = Transport(args.server, timeout=args.timeout, retries=0, verify=tls_verify(args.server, args.cacert))
     try:
-        response = transport.request("GET", "/v1/models/current", key, device_id, max_bytes=MAX_DESCRIPTION_BYTES)
-        described = response.json()
-        return check_version(described.get("version") if isinstance(described, dict) else None), None
+        return current_model(ServerLink(state, transport), remember=False)["version"], None
     except ServerUnavailable:
         return None, f"the server at {args.server} cannot be reached now"
-    except ValueError:
-        return None, f"the server at {args.server} sent a model description that is not JSON"
     except DeviceError as error:  # a refusal (removed device, no model yet) or a malformed answer
         return None, f"the server at {args.server} did not say ({error})"
     finally:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -62,15 +62,14 @@ class AcceptedUpdate:
 
     def to_record(self) -> dict[str, Any]:
         """The JSON stored with the Idempotency-Key."""
-        return {"update_id": self.update_id, "round_id": self.round_id, "device_id": self.device_id, "n_samples": self.n_samples,
-                "size_bytes": self.size_bytes, "accepted_at": self.accepted_at.isoformat()}
+        return asdict(self) | {"accepted_at": self.accepted_at.isoformat()}
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> AcceptedUpdate:
         """The values `to_record` stored; also reads the records stored before it, which held the 201's body
         (the same keys, its time written with a trailing Z)."""
-        return cls(int(record["update_id"]), int(record["round_id"]), str(record["device_id"]), int(record["n_samples"]),
-                   int(record["size_bytes"]), datetime.fromisoformat(record["accepted_at"]))
+        values = {f.name: record[f.name] for f in fields(cls)}
+        return cls(**values | {"accepted_at": datetime.fromisoformat(record["accepted_at"])})
 
 
 class Recorded(NamedTuple):

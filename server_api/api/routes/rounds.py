@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +43,7 @@ def _checkin_public(checkin: Checkin) -> CheckinPublic:
 
 
 def _update_body(accepted: AcceptedUpdate) -> dict[str, Any]:
-    return UpdatePublic(
-        update_id=accepted.update_id, round_id=accepted.round_id, device_id=accepted.device_id, n_samples=accepted.n_samples,
-        size_bytes=accepted.size_bytes, accepted_at=accepted.accepted_at,
-    ).model_dump(mode="json")
+    return UpdatePublic(**asdict(accepted)).model_dump(mode="json")
 
 
 def _answer(outcome: Recorded) -> JSONResponse:
