@@ -29,7 +29,6 @@ from device_sdk.link import ServerLink
 from device_sdk.model_cache import Embedders, current_model, fetch_onnx, model_geometry
 from device_sdk.scoring import NOT_AN_IMAGE, PhotoVerifier, Threshold
 from device_sdk.state import DeviceState, check_version
-from device_sdk.transport import Transport
 from facecore.align.detectors import FaceDetector, load_detector
 from facecore.align.geometry import FaceGeometry
 from facecore.data.folders import list_photos
@@ -81,11 +80,6 @@ def usable_model(link: ServerLink, embedders: Embedders | None = None) -> Device
     onnx = state.model_path(version, "onnx") if held else fetch_onnx(link, described)
     state.remember_model(described)  # with its file cached: what an offline verify falls back to
     return DeviceModel(described, onnx, offline=False)
-
-
-def device_model(state: DeviceState, transport: Transport) -> DeviceModel:
-    """`usable_model` for a state folder and a transport of the caller's."""
-    return usable_model(ServerLink(state, transport))
 
 
 def _last_model(state: DeviceState, embedders: Embedders | None) -> DeviceModel | None:
@@ -183,5 +177,5 @@ def _personal_threshold(calibrated: PersonalThreshold | None, given: float | Non
     return Threshold(calibrated.threshold, "personal", calibrated.impostor_far, calibrated.describe())
 
 
-__all__ = ["DeviceModel", "VerifyResult", "device_model", "open_verifier", "owner_verifier", "personal_file",
+__all__ = ["DeviceModel", "VerifyResult", "open_verifier", "owner_verifier", "personal_file",
            "usable_model", "verify_photo"]

@@ -113,9 +113,10 @@ def bench_verify(server_url: str, state_dir: Path, enroll_photos: list[Path], pr
                  repeats: int = 5, progress: Progress = QUIET) -> dict[str, Any]:
     """A device enrolled on `enroll_photos`; then cold one-photo verifies of `probe` (CLI and SDK,
     interleaved), the CLI over `folder`, and the warm rate of one verifier already open."""
+    from device_sdk.link import ServerLink
     from device_sdk.state import DeviceState
     from device_sdk.transport import Transport
-    from device_sdk.verify import device_model, open_verifier
+    from device_sdk.verify import owner_verifier
     from facecore.data.folders import list_photos
 
     progress("verify: register and enroll a device to verify against")
@@ -134,8 +135,7 @@ def bench_verify(server_url: str, state_dir: Path, enroll_photos: list[Path], pr
     progress(f"verify: `fedface device verify` over a folder of {len(photos)} photos, {max(1, repeats // 2)} time(s)")
     whole_folder = [run_measured([*cli, str(folder)])[0] for _ in range(max(1, repeats // 2))]
     progress(f"verify: {repeats} warm passes over the folder, one verifier open")
-    state = DeviceState(state_dir)
-    verifier = open_verifier(state, device_model(state, Transport(server_url)))
+    verifier = owner_verifier(ServerLink(DeviceState(state_dir), Transport(server_url)))
     verifier.verify(photos[:2])
     warm = []
     for _ in range(repeats):
