@@ -30,7 +30,7 @@ from device_sdk.training import PrefixCache, Workspace, prefix_cache, train_loca
 from facecore.federation.config import training_seed
 from facecore.federation.protocol import EMBEDDING_KEY
 from facecore.federation.selection import least_recently_selected
-from facecore.federation.strategies import ClientUpdate, FedFace, ServerMomentum, Strategy, strategy_for
+from facecore.federation.strategies import ClientUpdate, ServerMomentum, Strategy, layer_of, strategy_for
 from facecore.federation.strategies.dp_fedavg import DPFedAvg, dp_epsilon, noise_for_epsilon
 from facecore.federation.template_noise import noisy_template
 from facecore.federation.wire import as_received, backbone_deltas, delta, update_tensors, wire_arrays
@@ -93,10 +93,8 @@ class CrossDeviceSimulation:
         self.evaluate = evaluate
         self.round_config = config.round_config(len(population.devices), self._dp_noise_multiplier())
         self.strategy: Strategy = strategy_for(self.round_config, seed=config.seed)
-        step = self.strategy.backbone if isinstance(self.strategy, FedFace) else self.strategy
-        self.momentum = step if isinstance(step, ServerMomentum) else None  # its last step is checkpointed
-        step = step.inner if isinstance(step, ServerMomentum) else step
-        self.dp = step if isinstance(step, DPFedAvg) else None
+        self.momentum = layer_of(self.strategy, ServerMomentum)  # its last step is checkpointed
+        self.dp = layer_of(self.strategy, DPFedAvg)
         # The model as devices receive it (fp16 on the wire); devices train from it and send deltas against it.
         self.received = self.model if config.wire == "fp32" else copy.deepcopy(self.model)
         self._receive()
