@@ -16,6 +16,7 @@ class PretrainConfig:
     batch: int = 128
     lr: float = 0.1
     momentum: float = 0.9
+    optimizer: str = "sgd"  # or "adamw": per-weight step sizes, for a network whose layers' gradients differ in scale by orders
     weight_decay: float = 5e-4
     warmup_epochs: float = 1.0
     schedule: str = "cosine"  # or "step": x0.1 at 60% and 85% of training
@@ -33,6 +34,7 @@ class PretrainConfig:
             "batch must be >= 2": self.batch >= 2,
             "lr must be > 0": self.lr > 0,
             "momentum must be in [0, 1)": 0 <= self.momentum < 1,
+            "optimizer must be sgd or adamw": self.optimizer in ("sgd", "adamw"),
             "weight_decay must be >= 0": self.weight_decay >= 0,
             "warmup_epochs must be >= 0": self.warmup_epochs >= 0,
             "schedule must be cosine or step": self.schedule in ("cosine", "step"),
@@ -51,5 +53,5 @@ class PretrainConfig:
 
     # What must match for --resume to continue the same run.
     def resume_key(self) -> dict[str, Any]:
-        keys = ("backbone", "embedding_dim", "loss", "scale", "margin", "batch", "seed", "role", "schedule", "epochs")
+        keys = ("backbone", "embedding_dim", "loss", "scale", "margin", "batch", "seed", "role", "schedule", "epochs", "optimizer")
         return {k: v for k, v in asdict(self).items() if k in keys}

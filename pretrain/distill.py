@@ -25,7 +25,7 @@ from facecore.align.geometry import ARCFACE_112, FaceGeometry
 from facecore.models.checkpoint import save_backbone
 from facecore.models.preprocess import PIXEL_MEAN, PIXEL_STD, embed_faces
 from pretrain.distill_config import DistillConfig
-from pretrain.distill_loss import cosine_distance, relational_loss
+from pretrain.distill_loss import centered_cosine_distance, cosine_distance, relational_loss
 from pretrain.distill_views import ViewCache
 from pretrain.trainer import EvalFn, Pretrainer
 
@@ -75,6 +75,7 @@ class Distiller(Pretrainer):
     def _set_rotation(self, rotation: np.ndarray) -> None:
         self.rotation = np.asarray(rotation, dtype=np.float32)
         self.targets = torch.from_numpy(np.asarray(self.data.cache.teacher) @ self.rotation.T)
+        self.center = self.targets.mean(0).to(self.device)  # of the unit targets, not renormalised: centred targets average zero
 
     def _extra_state(self) -> dict[str, object]:
         return {"teacher_rotation": torch.from_numpy(self.rotation), "view_cache": self.data.cache.folder.name}
@@ -111,7 +112,8 @@ class Distiller(Pretrainer):
         c = self.config
         loss = embeddings.new_zeros(())
         if c.distill_weight:
-            loss = loss + c.distill_weight * cosine_distance(embeddings, targets)
+            distance = centered_cosine_distance(embeddings, targets, self.center) if c.centered else cosine_distance(embeddings, targets)
+            loss = loss + c.distill_weight * distance
         if c.relational_weight:
             loss = loss + c.relational_weight * relational_loss(embeddings, targets)
         if c.cosface_weight:

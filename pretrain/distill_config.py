@@ -15,7 +15,10 @@ from pretrain.distill_views import ViewJitter
 @dataclass(frozen=True)
 class DistillConfig(PretrainConfig):
     teacher: str = "default"
-    init: str = "mobile"  # 'mobile', 'random' or a backbone file
+    init: str = "mobile"  # 'mobile', 'random', a backbone file, or 'cut': the teacher itself, cut to `width` and `depth`
+    width: float = 0.5  # init 'cut': the fraction of the teacher's channels kept
+    depth: str = "full"  # init 'cut': 'full' keeps every block, 'short' drops one identity block per stage
+    cut_by: str = "energy"  # init 'cut': how the kept channels are chosen (pretrain.teacher_cut.CRITERIA)
     views: int = 8
     view_seed: int = 0
     rotation_deg: float = 10.0
@@ -24,6 +27,7 @@ class DistillConfig(PretrainConfig):
     flip: bool = True
     colour_jitter: float = 0.2  # brightness and contrast factors in 1 ± this, per face, on the fly
     distill_weight: float = 1.0  # cosine distance to the teacher embedding
+    centered: bool = False  # measure that distance about the teacher's mean embedding (distill_loss.centered_cosine_distance)
     relational_weight: float = 0.0  # batch cosine-matrix match
     cosface_weight: float = 0.0  # CosFace on the public labels
     rotate_teacher: bool = True  # turn the teacher's space onto the init student's (orthogonal Procrustes)
@@ -36,6 +40,9 @@ class DistillConfig(PretrainConfig):
             "at least one loss weight must be > 0": max(self.distill_weight, self.relational_weight, self.cosface_weight) > 0,
             "colour_jitter must be in [0, 1)": 0 <= self.colour_jitter < 1,
             "distillation trains on the public role only": self.role == "public",
+            "width must be in (0, 1]": 0 < self.width <= 1,
+            "depth must be full or short": self.depth in ("full", "short"),
+            "cut_by must be energy or l1": self.cut_by in ("energy", "l1"),
         }
         failed = [message for message, ok in checks.items() if not ok]
         if failed:

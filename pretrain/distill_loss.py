@@ -1,6 +1,6 @@
 """Distillation losses on embeddings.
 
-Invariants: both losses compare directions only (every embedding is L2-normalised first), are
+Invariants: the losses compare directions only (every embedding is L2-normalised first), are
 zero when the student's embeddings equal the teacher's (up to scale), and are never negative.
 The relational loss depends on the batch's pairwise cosines only, so it is unchanged by any
 rotation of either embedding space.
@@ -16,6 +16,14 @@ from torch import Tensor
 def cosine_distance(student: Tensor, teacher: Tensor) -> Tensor:
     """mean_i (1 - cos(student_i, teacher_i))."""
     return (1.0 - (F.normalize(student, dim=1) * F.normalize(teacher, dim=1)).sum(1)).mean()
+
+
+def centered_cosine_distance(student: Tensor, teacher: Tensor, center: Tensor) -> Tensor:
+    """mean_i (1 - cos(s_i - c, t_i - c)) over unit embeddings s, t, with c the mean of the teacher's unit
+    embeddings. A strong face model's embeddings share a large common direction (any two faces score far
+    above zero), which the plain cosine rewards for free; about the centre only what tells faces apart is left."""
+    s, t = F.normalize(student, dim=1), F.normalize(teacher, dim=1)
+    return cosine_distance(s - center, t - center)
 
 
 def relational_loss(student: Tensor, teacher: Tensor) -> Tensor:

@@ -13,6 +13,7 @@ import platform
 import time
 from functools import partial
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -20,14 +21,19 @@ import torch
 from facecore.align.geometry import ARCFACE_112, geometry_of
 from facecore.align.pipeline import FaceAligner, default_cache, file_key, load_rgb
 from facecore.data.split import SplitConfig, SplitManifest, build_split
+from facecore.errors import FaceCoreError
 from facecore.eval.plots import save_line_plot
 from facecore.models.checkpoint import load_backbone
+from facecore.models.dlib_cut import cut_name
+from facecore.models.dlib_resnet import DlibResNet
 from facecore.models.preprocess import embed_faces
+from facecore.models.registry import backbone_geometry, get_backbone
 from facecore.paths import cache_root, data_root
 from pretrain.distill import MONITOR_KEY, DistillData, Distiller, init_targets, lfw_folds_monitor
 from pretrain.distill_config import DistillConfig
 from pretrain.distill_views import Photo, build_view_cache, weights_digest
 from pretrain.evaluation import check_disjoint_from_evaluation
+from pretrain.teacher_cut import Criterion, cut_from_teacher
 
 
 def public_photos(manifest: SplitManifest, root: Path) -> tuple[list[Photo], tuple[str, ...], int]:
@@ -47,14 +53,25 @@ def public_photos(manifest: SplitManifest, root: Path) -> tuple[list[Photo], tup
 
 
 def config_from_args(args: argparse.Namespace) -> DistillConfig:
+    cut = args.init == "cut"
     return DistillConfig(
-        backbone="mobilefacenet", epochs=args.epochs, batch=args.batch, lr=args.lr, warmup_epochs=args.warmup_epochs,
-        schedule=args.schedule, seed=args.seed, workers=args.workers, compile=args.compile, device=args.device,
+        backbone=cut_name(args.width, args.depth) if cut else "mobilefacenet", epochs=args.epochs, batch=args.batch, lr=args.lr,
+        warmup_epochs=args.warmup_epochs, optimizer=args.optimizer, schedule=args.schedule, seed=args.seed, workers=args.workers,
+        compile=args.compile, device=args.device,
         eval_every=args.eval_every, max_steps_per_epoch=args.max_steps_per_epoch, scale=args.scale, margin=args.margin,
         teacher=args.teacher, init=args.init, views=args.views, view_seed=args.view_seed, colour_jitter=args.colour_jitter,
-        distill_weight=args.distill_weight, relational_weight=args.relational_weight, cosface_weight=args.cosface_weight,
-        rotate_teacher=args.rotate_teacher,
+        distill_weight=args.distill_weight, centered=args.centered, relational_weight=args.relational_weight, cosface_weight=args.cosface_weight,
+        width=args.width, depth=args.depth, cut_by=args.cut_by,
+        rotate_teacher=args.rotate_teacher and not cut,  # a cut already speaks the teacher's space
     )
+
+
+def cut_student(teacher: torch.nn.Module, data: DistillData, config: DistillConfig, faces: int = 1024) -> torch.nn.Module:
+    """The teacher cut to the config's width and depth, its channels ranked on `faces` public photos (view 0)."""
+    if not isinstance(teacher, DlibResNet):
+        raise FaceCoreError(f"--from-teacher cuts the dlib ResNet; {config.teacher!r} is a {type(teacher).__name__}")
+    rows = np.linspace(0, len(data) - 1, min(faces, len(data))).astype(np.int64) * data.cache.views
+    return cut_from_teacher(teacher, np.asarray(data.cache.student[rows]), config.width, config.depth, cast(Criterion, config.cut_by))
 
 
 def run_distill(args: argparse.Namespace) -> int:
@@ -66,19 +83,25 @@ def run_distill(args: argparse.Namespace) -> int:
     manifest.save(out / "split.json")
     check_disjoint_from_evaluation(manifest, root, "public")
     config = config_from_args(args)
-    student = load_backbone(config.init, backbone=config.backbone, seed=config.seed)
+    cut = config.init == "cut"
+    student = None if cut else load_backbone(config.init, backbone=config.backbone, seed=config.seed)
     photos, classes, excluded = public_photos(manifest, root)
     print(f"public split: {len(photos)} photos of {len(classes)} identities ({excluded} without a detected face excluded)")
     teacher = load_backbone(config.teacher)
     cache_started = time.time()
     cache = build_view_cache(
-        photos, teacher, config.teacher, geometry_of(student), cache_root() / "distill", views=config.views,
-        seed=config.view_seed, jitter=config.jitter,
+        photos, teacher, config.teacher, backbone_geometry(config.backbone) if student is None else geometry_of(student),
+        cache_root() / "distill", views=config.views, seed=config.view_seed, jitter=config.jitter,
     )
     cache_seconds = time.time() - cache_started
     print(f"views: {cache.folder} ({len(cache) * cache.views} rows, {cache_seconds:.0f} s)")
-    del teacher
     data = DistillData(cache, np.array([p.label for p in photos], dtype=np.int64), classes)
+    if student is None:
+        # A resumed run's weights come from its checkpoint; only a new one ranks the teacher's channels.
+        student = get_backbone(config.backbone) if args.resume else cut_student(teacher, data, config)
+        print(f"student: {config.backbone}, {sum(p.numel() for p in student.parameters()):,} parameters cut from {config.teacher} "
+              f"by {config.cut_by}", flush=True)
+    del teacher
     monitor = lfw_folds_monitor(root, geometry=geometry_of(student))
     config = DistillConfig(**{**config.to_dict(), "embedding_dim": student.embedding_dim})
     if args.resume:

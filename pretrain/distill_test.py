@@ -17,7 +17,7 @@ from facecore.data.synthetic import synthetic_faces
 from facecore.errors import CheckpointError
 from pretrain.distill import DistillData, Distiller, init_targets
 from pretrain.distill_config import DistillConfig
-from pretrain.distill_loss import cosine_distance, procrustes_rotation, relational_loss
+from pretrain.distill_loss import centered_cosine_distance, cosine_distance, procrustes_rotation, relational_loss
 from pretrain.distill_views import Photo, ViewJitter, build_view_cache, draw_view, view_crops
 
 TEACHER_GEOMETRY = scaled_arcface(150, scale=1.1, shift_y=15.0)  # a dlib-like crop: another size, scale and offset
@@ -104,6 +104,22 @@ def test_losses_are_zero_when_the_student_equals_the_teacher_and_positive_otherw
     assert relational_loss(torch.randn(12, 16), teacher).item() > 0.01
 
 
+def test_the_centred_distance_sees_past_a_direction_every_face_shares() -> None:
+    # Prepare: teacher and student agree on a large common direction and disagree on what tells faces apart
+    torch.manual_seed(1)
+    common = 5.0 * torch.nn.functional.normalize(torch.randn(1, 16), dim=1)
+    teacher, student = common + 0.3 * torch.randn(64, 16), common + 0.3 * torch.randn(64, 16)
+    center = torch.nn.functional.normalize(teacher, dim=1).mean(0)
+
+    # Execute
+    plain, centred = cosine_distance(student, teacher).item(), centered_cosine_distance(student, teacher, center).item()
+
+    # Assert
+    assert centered_cosine_distance(2.0 * teacher, teacher, center).item() == pytest.approx(0.0, abs=1e-6)
+    assert plain < 0.1
+    assert centred > 10 * plain
+
+
 def test_procrustes_turns_the_teacher_space_onto_the_student_space() -> None:
     # Prepare
     rng = np.random.default_rng(0)
@@ -133,18 +149,19 @@ def test_the_view_cache_is_built_once_and_reused(tmp_path: Path) -> None:
     assert [p.name for p in (tmp_path / "cache").iterdir() if p.name.startswith(".")] == []  # no unfinished folders
 
 
-def test_stopping_after_epoch_1_and_resuming_equals_a_straight_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize("recipe", [{}, {"optimizer": "adamw", "lr": 1e-3, "centered": True}], ids=["sgd", "adamw-centred"])
+def test_stopping_after_epoch_1_and_resuming_equals_a_straight_run(tmp_path: Path, recipe: dict[str, object]) -> None:
     # Prepare
     data = _data(tmp_path)
-    rotation, head, _ = init_targets(Distiller(_config(), data, tmp_path / "probe").model, data, rotate=True)
-    straight = Distiller(_config(), data, tmp_path / "straight", init_head=head, rotation=rotation)
+    rotation, head, _ = init_targets(Distiller(_config(**recipe), data, tmp_path / "probe").model, data, rotate=True)
+    straight = Distiller(_config(**recipe), data, tmp_path / "straight", init_head=head, rotation=rotation)
     # Execute
     straight.fit()
-    stopped = Distiller(_config(), data, tmp_path / "stopped", init_head=head, rotation=rotation)
+    stopped = Distiller(_config(**recipe), data, tmp_path / "stopped", init_head=head, rotation=rotation)
     stopped.out.mkdir(parents=True)
     stopped.history.append(stopped.train_epoch())
     stopped.save_checkpoint()
-    resumed = Distiller(_config(), data, tmp_path / "stopped")  # no rotation given: it must come from the checkpoint
+    resumed = Distiller(_config(**recipe), data, tmp_path / "stopped")  # no rotation given: it must come from the checkpoint
     resumed.resume()
     resumed.fit()
     # Assert
@@ -154,7 +171,7 @@ def test_stopping_after_epoch_1_and_resuming_equals_a_straight_run(tmp_path: Pat
         torch.testing.assert_close(resumed.model.state_dict()[name], value, rtol=1e-5, atol=1e-6, msg=name)
     assert [round(h["loss"], 5) for h in resumed.history] == [round(h["loss"], 5) for h in straight.history]
     with pytest.raises(CheckpointError, match="relational_weight"):
-        Distiller(_config(relational_weight=2.0), data, tmp_path / "stopped").resume()
+        Distiller(_config(**recipe, relational_weight=2.0), data, tmp_path / "stopped").resume()
 
 
 def test_distillation_lowers_the_loss_and_keeps_the_best_epoch(tmp_path: Path) -> None:

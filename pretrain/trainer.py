@@ -78,7 +78,10 @@ class Pretrainer:
             with torch.no_grad():
                 self.head.weight.copy_(init_head.to(self.head.weight))
         params = list(self.model.parameters()) + list(self.head.parameters())
-        self.optimizer = torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
+        self.optimizer: torch.optim.Optimizer = (
+            torch.optim.AdamW(params, lr=config.lr, betas=(config.momentum, 0.999), weight_decay=config.weight_decay)
+            if config.optimizer == "adamw" else torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
+        )
         self.steps_per_epoch = self._steps_per_epoch()
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(config, s, self.steps_per_epoch))
         self.epoch = 0

@@ -18,6 +18,8 @@ Invariants of the port, which parity with the original depends on:
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -47,16 +49,47 @@ BLOCKS: tuple[tuple[str, int, int, bool], ...] = (
 )
 
 
+
+
+@dataclass(frozen=True)
+class BlockShape:
+    """One residual block's channels: the stream's in and out, and the width between its two convolutions."""
+
+    name: str
+    in_channels: int
+    out_channels: int
+    down: bool
+    mid_channels: int
+
+
+@dataclass(frozen=True)
+class DlibShape:
+    """The channel counts of a dlib-ResNet-shaped network; cuts of the teacher (facecore.models.dlib_cut) differ only here."""
+
+    stem_channels: int
+    blocks: tuple[BlockShape, ...]
+
+    @property
+    def out_channels(self) -> int:
+        return self.blocks[-1].out_channels
+
+
+TEACHER_SHAPE = DlibShape(32, tuple(BlockShape(name, c_in, c_out, down, c_out) for name, c_in, c_out, down in BLOCKS))
+
+
 class ResidualBlock(nn.Module):
     """conv-ReLU-conv plus the input (average-pooled and zero-widened when `down`), then ReLU."""
 
-    def __init__(self, in_channels: int, out_channels: int, down: bool) -> None:
+    def __init__(self, in_channels: int, out_channels: int, down: bool, mid_channels: int | None = None) -> None:
         super().__init__()
         if not down and in_channels != out_channels:
             raise ValueError("a block that keeps the resolution keeps the width")
+        if in_channels > out_channels:
+            raise ValueError("a block never narrows the stream")
+        mid = out_channels if mid_channels is None else mid_channels
         self.down = down
-        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, stride=2 if down else 1, padding=0 if down else 1)
-        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1)
+        self.conv1 = nn.Conv2d(in_channels, mid, 3, stride=2 if down else 1, padding=0 if down else 1)
+        self.conv2 = nn.Conv2d(mid, out_channels, 3, padding=1)
         self.extra_channels = out_channels - in_channels
 
     def forward(self, x: Tensor) -> Tensor:
@@ -78,9 +111,9 @@ class DlibStem(nn.Module):
     input_scale: Tensor  # buffers, registered in __init__
     input_shift: Tensor
 
-    def __init__(self) -> None:
+    def __init__(self, channels: int = 32) -> None:
         super().__init__()
-        self.conv = nn.Conv2d(3, 32, 7, stride=2)
+        self.conv = nn.Conv2d(3, channels, 7, stride=2)
         # [-1, 1] -> (pixel - mean) / 255, per channel: architecture constants, not weights.
         mean = torch.tensor(DLIB_RGB_MEAN).view(1, 3, 1, 1)
         self.register_buffer("input_scale", torch.full((1, 1, 1, 1), PIXEL_STD / DLIB_PIXEL_DIVISOR), persistent=False)
@@ -93,9 +126,9 @@ class DlibStem(nn.Module):
 class DlibHead(nn.Module):
     """Global mean over the 2x2 map, then a linear map without bias."""
 
-    def __init__(self, embedding_dim: int) -> None:
+    def __init__(self, embedding_dim: int, channels: int = 256) -> None:
         super().__init__()
-        self.fc = nn.Linear(256, embedding_dim, bias=False)
+        self.fc = nn.Linear(channels, embedding_dim, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.fc(x.mean((2, 3)))
@@ -110,15 +143,18 @@ class DlibResNet(nn.Module):
     input_size: int = INPUT_SIZE
     geometry: FaceGeometry = DLIB_GEOMETRY
 
-    def __init__(self, embedding_dim: int = 128, name: str = "dlib-resnet") -> None:
+    def __init__(self, embedding_dim: int = 128, name: str = "dlib-resnet", shape: DlibShape = TEACHER_SHAPE) -> None:
         super().__init__()
         if embedding_dim < 1:
             raise ValueError(f"embedding_dim must be positive, got {embedding_dim}")
+        if shape.blocks[0].in_channels != shape.stem_channels:
+            raise ValueError("the first block reads the stem's channels")
         self.name = name
         self.embedding_dim = embedding_dim
-        self.stem = DlibStem()
-        self.blocks = nn.Sequential(*(ResidualBlock(c_in, c_out, down) for _, c_in, c_out, down in BLOCKS))
-        self.head = DlibHead(embedding_dim)
+        self.shape = shape
+        self.stem = DlibStem(shape.stem_channels)
+        self.blocks = nn.Sequential(*(ResidualBlock(b.in_channels, b.out_channels, b.down, b.mid_channels) for b in shape.blocks))
+        self.head = DlibHead(embedding_dim, shape.out_channels)
         for module in self.modules():
             if isinstance(module, nn.Conv2d):
                 nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")

@@ -44,7 +44,7 @@ def register_backbone(name: str) -> Callable[[F], F]:
 def _register_architectures() -> None:
     # Each architecture module registers its factories on import. Imported at the first lookup, not with the
     # package, so that importing facecore.models stays free of torch (facecore/models/__init__.py).
-    from facecore.models import dlib_resnet, iresnet, mobilefacenet  # noqa: F401
+    from facecore.models import dlib_cut, dlib_resnet, iresnet, mobilefacenet  # noqa: F401
 
 
 def backbone_names() -> list[str]:

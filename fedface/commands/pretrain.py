@@ -24,6 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=128, help="faces per optimiser step")
     parser.add_argument("--lr", type=float, default=None,
                         help="peak learning rate (default: 0.1, or 0.02 with --teacher)")
+    parser.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd",
+                        help="SGD with momentum 0.9, or AdamW (its first-moment decay 0.9): per-weight steps, as a network cut from a teacher needs")
     parser.add_argument("--warmup-epochs", type=float, default=1.0, help="linear learning-rate warm-up, in epochs")
     parser.add_argument("--schedule", choices=("cosine", "step"), default="cosine",
                         help="learning-rate decay after the warm-up")
@@ -44,9 +46,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     distill = parser.add_argument_group("distillation (--teacher): see pretrain/DISTILLATION.md")
     distill.add_argument("--teacher", default=None, help="distil this model (e.g. 'default') into the student on the public faces")
     distill.add_argument("--init", default=None, help="student start: mobile, random or a backbone file (default: mobile)")
+    distill.add_argument(
+        "--from-teacher", default=None, metavar="MODEL",
+        help="distil MODEL (default, or a dlib ResNet file) into a student cut from MODEL itself (see --width, --depth)",
+    )
+    distill.add_argument("--width", type=float, default=0.5, help="--from-teacher: fraction of the teacher's channels kept (default: 0.5)")
+    distill.add_argument("--depth", choices=("full", "short"), default="full",
+                         help="--from-teacher: every block, or one identity block fewer per stage (default: full)")
+    distill.add_argument("--cut-by", choices=("energy", "l1"), default="energy",
+                         help="--from-teacher: rank the teacher's channels by activation energy on public faces or by filter L1 norm")
     distill.add_argument("--views", type=int, default=8, help="cached jittered views per public photo")
     distill.add_argument("--view-seed", type=int, default=0, help="seed of the cached jittered views")
     distill.add_argument("--distill-weight", type=float, default=1.0, help="weight of the cosine distance to the teacher")
+    distill.add_argument("--centered", action="store_true",
+                         help="measure the cosine distance about the teacher's mean embedding, where faces differ")
     distill.add_argument("--relational-weight", type=float, default=0.0, help="weight of the batch similarity-matrix loss")
     distill.add_argument("--cosface-weight", type=float, default=0.0, help="weight of CosFace on the public labels")
     distill.add_argument("--no-init-eval", dest="init_eval", action="store_false", help="skip the LFW folds 1-5 check of the init")
@@ -60,13 +73,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _check_models(args: argparse.Namespace) -> None:
     from fedface.cli import UsageError
 
+    if args.from_teacher is not None:
+        if args.teacher or args.init:
+            raise UsageError("--from-teacher names both the teacher and the student's start: drop --teacher and --init")
+        from facecore.models.dlib_cut import WIDTHS
+
+        if args.width not in WIDTHS:
+            raise UsageError(f"--width must be one of {', '.join(f'{w:g}' for w in WIDTHS)}, got {args.width:g}")
+        args.teacher, args.init = args.from_teacher, "cut"
     if args.init is not None and not args.teacher:
         raise UsageError("--init is the distillation student's start: it needs --teacher")
     from facecore.errors import CheckpointError
     from facecore.models.cards import MODEL_NAMES
 
-    for flag, spec in (("--finetune-from", args.finetune_from), ("--teacher", args.teacher), ("--init", args.init)):
-        if spec is not None and spec not in MODEL_NAMES and not Path(spec).is_file():
+    teacher_flag = "--from-teacher" if args.init == "cut" else "--teacher"
+    for flag, spec in (("--finetune-from", args.finetune_from), (teacher_flag, args.teacher), ("--init", args.init)):
+        if spec is not None and spec != "cut" and spec not in MODEL_NAMES and not Path(spec).is_file():
             raise CheckpointError(f"{flag}: model file {spec} does not exist (or name one of {', '.join(MODEL_NAMES)})")
 
 
@@ -104,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
         manifest.save(out / "split.json")
     config = PretrainConfig(
         backbone=args.backbone, loss=args.loss, scale=args.scale, margin=args.margin, epochs=args.epochs, batch=args.batch, lr=args.lr,
-        warmup_epochs=args.warmup_epochs, schedule=args.schedule, seed=args.seed, workers=args.workers,
+        warmup_epochs=args.warmup_epochs, optimizer=args.optimizer, schedule=args.schedule, seed=args.seed, workers=args.workers,
         compile=args.compile, device=args.device, eval_every=args.eval_every,
         role="devices" if args.finetune_from else "public", max_steps_per_epoch=args.max_steps_per_epoch,
     )

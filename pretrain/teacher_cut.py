@@ -1,0 +1,166 @@
+"""A student cut from the teacher itself: the dlib ResNet's own weights, keeping the channels that
+matter most (`fedface pretrain --from-teacher default --width W`).
+
+Invariants:
+* The student's channels are a subset of the teacher's, in the teacher's order, and its weights are
+  the teacher's weights at those channels: no weight is made up. Distillation then repairs only what
+  the cut removed.
+* The residual stream is cut consistently: a channel kept in a stage is kept in every later stage
+  (a down block's shortcut carries channel j to channel j), and the channels a down block adds are
+  chosen among the ones it adds in the teacher.
+* A removed channel's mean activation on public faces is folded into the bias of each kept
+  convolution that read it, so the cut changes each kept channel's mean as little as a constant can.
+* A dropped block is an identity block: its input is already non-negative (a ReLU's output), so with
+  its residual branch gone the block is exactly the identity and nothing else moves.
+* The head is refitted (least squares, the teacher's embeddings from the cut's pooled features on the
+  same public faces): the one layer whose best weights for the cut can be solved for exactly.
+* Criteria: `energy`, a channel's mean square activation on public faces (a block's inner channel
+  weighted by the squared norm of the filters that read it); `l1`, the L1 norm of the filters that
+  write the channel. Both are normalised per layer, so stages of different scale compare fairly.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, cast
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from facecore.models.dlib_cut import DEPTHS, build_cut
+from facecore.models.dlib_resnet import DlibResNet, ResidualBlock
+from facecore.models.preprocess import faces_to_tensor
+
+Criterion = Literal["energy", "l1"]
+CRITERIA: tuple[Criterion, ...] = ("energy", "l1")
+
+
+@dataclass(frozen=True)
+class Activations:
+    """Per-channel mean and mean square over faces and positions: the stream after the stem and after
+    every block, and every block's inner (post-ReLU) activation."""
+
+    stream_mean: list[Tensor]  # [stem, block 0, block 1, ...]
+    stream_square: list[Tensor]
+    inner_mean: list[Tensor]  # [block 0, block 1, ...]
+    inner_square: list[Tensor]
+
+
+@torch.no_grad()
+def teacher_activations(teacher: DlibResNet, faces: np.ndarray, batch: int = 64) -> Activations:
+    """The statistics `energy` and the bias compensation need, from faces (N, s, s, 3) uint8."""
+    blocks = cast(Sequence[ResidualBlock], teacher.blocks)
+    sums: dict[str, list[Tensor]] = {key: [] for key in ("stream_mean", "stream_square", "inner_mean", "inner_square")}
+    count = 0
+    teacher.eval()
+    for start in range(0, len(faces), batch):
+        x = teacher.stem(faces_to_tensor(faces[start : start + batch]))
+        stream, inner = [x], []
+        for block in blocks:
+            inner.append(torch.relu(block.conv1(x)))
+            x = block(x)
+            stream.append(x)
+        for key, maps in (("stream", stream), ("inner", inner)):
+            means = [m.sum((0, 2, 3)) / (m.shape[2] * m.shape[3]) for m in maps]
+            squares = [(m * m).sum((0, 2, 3)) / (m.shape[2] * m.shape[3]) for m in maps]
+            for name, values in ((f"{key}_mean", means), (f"{key}_square", squares)):
+                sums[name] = values if not sums[name] else [a + b for a, b in zip(sums[name], values)]
+        count += len(stream[0])
+    return Activations(**{key: [v / count for v in values] for key, values in sums.items()})
+
+
+def _normalised(score: Tensor) -> Tensor:
+    return score / score.mean().clamp_min(1e-12)
+
+
+def _filter_l1(conv: nn.Conv2d) -> Tensor:
+    return _normalised(conv.weight.detach().abs().sum((1, 2, 3)))
+
+
+def stream_scores(teacher: DlibResNet, stats: Activations, criterion: Criterion) -> Tensor:
+    """One importance per stream channel of the widest stage, summed over every layer the channel lives in."""
+    blocks = cast(Sequence[ResidualBlock], teacher.blocks)
+    total = torch.zeros(teacher.shape.out_channels)
+    if criterion == "energy":
+        for square in stats.stream_square:
+            total[: len(square)] += _normalised(square)
+        return total
+    total[: teacher.shape.stem_channels] += _filter_l1(teacher.stem.conv)
+    for block in blocks:
+        total[: block.conv2.out_channels] += _filter_l1(block.conv2)
+    return total
+
+
+def inner_scores(block: ResidualBlock, inner_square: Tensor, criterion: Criterion) -> Tensor:
+    if criterion == "l1":
+        return _filter_l1(block.conv1)
+    readers = block.conv2.weight.detach().pow(2).sum((0, 2, 3))
+    return _normalised(inner_square * readers)
+
+
+def _top(scores: Tensor, count: int, offset: int = 0) -> Tensor:
+    """The `count` best of `scores` as indices (plus `offset`), in ascending order."""
+    return torch.sort(torch.topk(scores, count).indices + offset).values
+
+
+def _folded_bias(conv: nn.Conv2d, outputs: Tensor, inputs: Tensor, input_mean: Tensor) -> Tensor:
+    """The kept outputs' bias plus what the removed inputs' mean activation added through them."""
+    removed = torch.ones(conv.in_channels, dtype=torch.bool)
+    removed[inputs] = False
+    weight = conv.weight.detach()[outputs][:, removed].sum((2, 3))
+    assert conv.bias is not None  # every convolution of the dlib ResNet has one
+    return conv.bias.detach()[outputs] + weight @ input_mean[removed]
+
+
+def _cut_conv(target: nn.Conv2d, source: nn.Conv2d, outputs: Tensor, inputs: Tensor, input_mean: Tensor) -> None:
+    target.weight.data.copy_(source.weight.detach()[outputs][:, inputs])
+    assert target.bias is not None
+    target.bias.data.copy_(_folded_bias(source, outputs, inputs, input_mean))
+
+
+@torch.no_grad()  # not inference mode: the student's parameters must stay trainable
+def cut_from_teacher(
+    teacher: DlibResNet, faces: np.ndarray, width: float, depth: str = "full", criterion: Criterion = "energy", refit_head: bool = True,
+) -> DlibResNet:
+    """The `width`/`depth` cut of `teacher`, started from its channels that `criterion` ranks highest
+    on `faces` (public faces, (N, s, s, 3) uint8, at the teacher's crop); `refit_head=False` keeps the
+    teacher's head weights at the kept channels instead of solving for them."""
+    if criterion not in CRITERIA:
+        raise ValueError(f"criterion must be one of {', '.join(CRITERIA)}, got {criterion!r}")
+    if teacher.shape.stem_channels != 32 or len(teacher.blocks) != len(build_cut(1.0, "full").blocks):
+        raise ValueError("cut_from_teacher cuts the full dlib ResNet, not another cut")
+    student = build_cut(width, depth, teacher.embedding_dim).eval()
+    stats = teacher_activations(teacher, faces)
+    stream_rank = stream_scores(teacher, stats, criterion)
+    teacher_blocks = cast(Sequence[ResidualBlock], teacher.blocks)
+    stream = _top(stream_rank[: teacher.shape.stem_channels], student.shape.stem_channels)
+    _cut_conv(student.stem.conv, teacher.stem.conv, stream, torch.arange(3), torch.zeros(3))
+    student_blocks = iter(cast(Sequence[ResidualBlock], student.blocks))
+    for index, (block, shape) in enumerate(zip(teacher_blocks, teacher.shape.blocks)):
+        if shape.name in DEPTHS[depth]:
+            continue  # an identity block: dropping it passes its input on unchanged
+        cut = next(student_blocks)
+        grown = cut.conv2.out_channels - len(stream)
+        outputs = stream if not grown else torch.cat([stream, _top(stream_rank[shape.in_channels : shape.out_channels], grown, shape.in_channels)])
+        inner = _top(inner_scores(block, stats.inner_square[index], criterion), cut.conv1.out_channels)
+        _cut_conv(cut.conv1, block.conv1, inner, stream, stats.stream_mean[index])
+        _cut_conv(cut.conv2, block.conv2, outputs, inner, stats.inner_mean[index])
+        stream = outputs
+    student.head.fc.weight.data.copy_(teacher.head.fc.weight.detach()[:, stream])
+    if refit_head:
+        student.head.fc.weight.data.copy_(_fitted_head(student, teacher, faces))
+    return student
+
+
+def _fitted_head(student: DlibResNet, teacher: DlibResNet, faces: np.ndarray, batch: int = 64, ridge: float = 1e-3) -> Tensor:
+    """The head weights that map the student's pooled features closest to the teacher's embeddings."""
+    features, targets = [], []
+    for start in range(0, len(faces), batch):
+        x = faces_to_tensor(faces[start : start + batch])
+        features.append(student.blocks(student.stem(x)).mean((2, 3)).double())
+        targets.append(teacher(x).double())
+    f, t = torch.cat(features), torch.cat(targets)
+    gram = f.T @ f
+    gram += ridge * gram.diagonal().mean() * torch.eye(len(gram), dtype=gram.dtype)
+    return torch.linalg.solve(gram, f.T @ t).T.float()
