@@ -7,6 +7,8 @@ Anything else is a path to a backbone or training file.
 
 A backbone file is a torch pickle of a plain dict (loaded with weights_only=True):
 {"format": "fedface-backbone/1", "backbone": name, "embedding_dim": d, "state_dict": {...}, "meta": {...}}.
+An int8 file (the compact shipped form) also holds "int8_scales": {key: one fp32 scale per output channel}
+for each weight stored as int8; loading multiplies them back, so every reader gets fp32 weights.
 Training checkpoints embed the same keys, so both load here. A loaded model keeps its file's meta as
 `model.meta`; the verification threshold in it is only the one the model shipped with, read and set through
 `shipped_verification` and `set_shipped_verification` (facecore.models.verification says where the truth is).
@@ -36,11 +38,43 @@ from facecore.models.verification import Verification, shipped_in, shipping
 FORMAT = "fedface-backbone/1"
 
 
-def save_backbone(model: torch.nn.Module, path: str | Path, meta: dict[str, Any] | None = None, half: bool = False) -> Path:
-    """Atomically write a backbone file; `half` stores floating tensors as fp16 (the shipped form)."""
-    state = {k: (v.half() if half and v.is_floating_point() else v).detach().cpu().clone() for k, v in model.state_dict().items()}
+def save_backbone(
+    model: torch.nn.Module, path: str | Path, meta: dict[str, Any] | None = None, half: bool = False, int8: bool = False,
+) -> Path:
+    """Atomically write a backbone file. `half` stores floating tensors as fp16 (the shipped form); `int8`
+    stores every weight of two or more dimensions as int8 with a scale per output channel, the rest as fp16."""
+    if half and int8:
+        raise ValueError("a backbone file is fp16 or int8, not both")
+    state, scales = {}, {}
+    for key, value in model.state_dict().items():
+        value = value.detach().cpu()
+        if int8 and value.is_floating_point() and value.dim() >= 2:
+            state[key], scales[key] = quantized_per_channel(value)
+        else:
+            state[key] = (value.half() if (half or int8) and value.is_floating_point() else value).clone()
     payload = {"format": FORMAT, "backbone": model.name, "embedding_dim": model.embedding_dim, "state_dict": state, "meta": meta or {}}
+    if scales:
+        payload["int8_scales"] = scales
     return atomic_torch_save(payload, path)
+
+
+def quantized_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 codes of `weight` and one fp32 scale per output channel (its first dimension)."""
+    peak = weight.float().abs().flatten(1).amax(1).clamp_min(1e-12)
+    scale = peak / 127.0
+    codes = torch.round(weight.float() / scale.view(-1, *[1] * (weight.dim() - 1))).clamp_(-127, 127).to(torch.int8)
+    return codes, scale
+
+
+def dequantized_state(payload: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """A backbone file's state dict with fp32 floating tensors, int8 weights multiplied back by their scales."""
+    scales = payload.get("int8_scales") or {}
+    state = {}
+    for key, value in payload["state_dict"].items():
+        if key in scales:
+            value = value.float() * scales[key].float().view(-1, *[1] * (value.dim() - 1))
+        state[key] = value.float() if value.is_floating_point() else value
+    return state
 
 
 def atomic_torch_save(payload: Any, path: str | Path) -> Path:
@@ -120,7 +154,7 @@ def _with_figures(model: torch.nn.Module, name: str) -> torch.nn.Module:
 def _load_file(path: Path) -> torch.nn.Module:
     payload = read_backbone_file(path)
     model = get_backbone(payload["backbone"], embedding_dim=payload["embedding_dim"])
-    state = {k: v.float() if v.is_floating_point() else v for k, v in payload["state_dict"].items()}
+    state = dequantized_state(payload)
     try:
         model.load_state_dict(state)
     except RuntimeError as error:
