@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from facecore.models.dlib_cut import DEPTHS, build_cut
-from facecore.models.dlib_resnet import DlibResNet, ResidualBlock
+from facecore.models.dlib_resnet import TEACHER_SHAPE, DlibResNet, ResidualBlock
 from facecore.models.preprocess import faces_to_tensor
 
 Criterion = Literal["energy", "l1"]
@@ -128,7 +128,7 @@ def cut_from_teacher(
     teacher's head weights at the kept channels instead of solving for them."""
     if criterion not in CRITERIA:
         raise ValueError(f"criterion must be one of {', '.join(CRITERIA)}, got {criterion!r}")
-    if teacher.shape.stem_channels != 32 or len(teacher.blocks) != len(build_cut(1.0, "full").blocks):
+    if teacher.shape != TEACHER_SHAPE:
         raise ValueError("cut_from_teacher cuts the full dlib ResNet, not another cut")
     student = build_cut(width, depth, teacher.embedding_dim).eval()
     stats = teacher_activations(teacher, faces)
