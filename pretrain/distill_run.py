@@ -103,7 +103,8 @@ def run_distill(args: argparse.Namespace) -> int:
               f"by {config.cut_by}", flush=True)
     del teacher
     monitor = lfw_folds_monitor(root, geometry=geometry_of(student))
-    config = DistillConfig(**{**config.to_dict(), "embedding_dim": student.embedding_dim})
+    # A student file (a cut trained before, continued) brings its own architecture
+    config = DistillConfig(**{**config.to_dict(), "backbone": student.name, "embedding_dim": student.embedding_dim})
     if args.resume:
         trainer = Distiller(config, data, out, evaluate=monitor, init_state=student.state_dict())
         trainer.resume()
