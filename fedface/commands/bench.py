@@ -316,13 +316,15 @@ def _describe_export(result: dict) -> str:  # type: ignore[type-arg]
     models = result["models"]
     lines = [f"batch {result['batch']}, {result['threads']} thread; p50 (p95) ms over {next(iter(models.values()))['torch_eager']['runs']} runs "
              f"per engine, all engines interleaved in {result['rounds']} rounds"]
-    lines.append(f"{'model':<14}{'backbone':<15}{'input':>6}{'params':>8}{'torch eager':>18}{'onnx fp32':>18}{'onnx int8':>18}"
+    label_width = max(14, *(len(label) + 2 for label in models))
+    backbone_width = max(15, *(len(r["backbone"]) + 2 for r in models.values()))
+    lines.append(f"{'model':<{label_width}}{'backbone':<{backbone_width}}{'input':>6}{'params':>8}{'torch eager':>18}{'onnx fp32':>18}{'onnx int8':>18}"
                  f"{'fp32 vs torch':>14}{'int8/fp32':>10}{'fp32 MB':>9}{'int8 MB':>9}{'int8/fp32 size':>15}")
     for label, r in models.items():
         cells = [f"{r[e]['p50_ms']:7.2f} ({r[e]['p95_ms']:6.2f})" if e in r else "-" for e in ("torch_eager", "onnx_fp32", "onnx_int8")]
         bytes_ = r["bytes"]
         lines.append(
-            f"{label:<14}{r['backbone']:<15}{r['input'][-1]:>6}{r['params'] / 1e6:>7.2f}M{cells[0]:>18}{cells[1]:>18}{cells[2]:>18}"
+            f"{label:<{label_width}}{r['backbone']:<{backbone_width}}{r['input'][-1]:>6}{r['params'] / 1e6:>7.2f}M{cells[0]:>18}{cells[1]:>18}{cells[2]:>18}"
             f"{r['fp32_speedup_vs_torch']:>13.2f}x{r.get('int8_over_fp32_ms', float('nan')):>10.2f}"
             f"{bytes_['model.onnx'] / 1e6:>9.2f}{bytes_.get('model.int8.onnx', float('nan')) / 1e6:>9.2f}{r.get('int8_over_fp32_bytes', float('nan')):>15.2f}"
         )
