@@ -49,8 +49,6 @@ BLOCKS: tuple[tuple[str, int, int, bool], ...] = (
 )
 
 
-
-
 @dataclass(frozen=True)
 class BlockShape:
     """One residual block's channels: the stream's in and out, and the width between its two convolutions."""
