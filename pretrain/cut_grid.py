@@ -24,15 +24,14 @@ from facecore.models.registry import backbone_geometry
 from facecore.paths import cache_root, data_root
 from pretrain.distill import DistillData, lfw_folds_monitor
 from pretrain.distill_config import DistillConfig
-from pretrain.distill_run import cut_student, public_photos
+from pretrain.distill_run import cut_student, public_photos, ranking_photos
 from pretrain.distill_views import build_view_cache
 from pretrain.teacher_cut import CRITERIA
 
 
 def held_out_rows(data: DistillData, count: int = 1024) -> np.ndarray:
     """View-0 rows of public photos between the ones the cut ranks channels on."""
-    ranked = set(np.linspace(0, len(data) - 1, min(1024, len(data))).astype(np.int64).tolist())
-    others = np.array([i for i in range(len(data)) if i not in ranked], dtype=np.int64)
+    others = np.setdiff1d(np.arange(len(data)), ranking_photos(data))
     return others[np.linspace(0, len(others) - 1, min(count, len(others))).astype(np.int64)] * data.cache.views
 
 

@@ -66,12 +66,20 @@ def config_from_args(args: argparse.Namespace) -> DistillConfig:
     )
 
 
-def cut_student(teacher: torch.nn.Module, data: DistillData, config: DistillConfig, faces: int = 1024) -> torch.nn.Module:
-    """The teacher cut to the config's width and depth, its channels ranked on `faces` public photos (view 0)."""
+RANKING_PHOTOS = 1024
+
+
+def ranking_photos(data: DistillData) -> np.ndarray:
+    """The photos (indices into `data`) a cut ranks the teacher's channels on: RANKING_PHOTOS spread evenly."""
+    return np.linspace(0, len(data) - 1, min(RANKING_PHOTOS, len(data))).astype(np.int64)
+
+
+def cut_student(teacher: torch.nn.Module, data: DistillData, config: DistillConfig) -> torch.nn.Module:
+    """The teacher cut to the config's width and depth, its channels ranked on the view 0 of `ranking_photos`."""
     if not isinstance(teacher, DlibResNet):
         raise FaceCoreError(f"--from-teacher cuts the dlib ResNet; {config.teacher!r} is a {type(teacher).__name__}")
-    rows = np.linspace(0, len(data) - 1, min(faces, len(data))).astype(np.int64) * data.cache.views
-    return cut_from_teacher(teacher, np.asarray(data.cache.student[rows]), config.width, config.depth, cast(Criterion, config.cut_by))
+    faces = np.asarray(data.cache.student[ranking_photos(data) * data.cache.views])
+    return cut_from_teacher(teacher, faces, config.width, config.depth, cast(Criterion, config.cut_by))
 
 
 def run_distill(args: argparse.Namespace) -> int:

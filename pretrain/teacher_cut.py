@@ -39,35 +39,46 @@ CRITERIA: tuple[Criterion, ...] = ("energy", "l1")
 @dataclass(frozen=True)
 class Activations:
     """Per-channel mean and mean square over faces and positions: the stream after the stem and after
-    every block, and every block's inner (post-ReLU) activation."""
+    every block, and every block's inner (post-ReLU) activation; and the teacher's embeddings."""
 
     stream_mean: list[Tensor]  # [stem, block 0, block 1, ...]
     stream_square: list[Tensor]
     inner_mean: list[Tensor]  # [block 0, block 1, ...]
     inner_square: list[Tensor]
+    embeddings: Tensor  # (N, D), unnormalised, what the refitted head aims at
+
+
+def _channel_moments(maps: Sequence[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
+    """Each map's per-channel sum over the batch of its spatial mean and of its spatial mean square."""
+    area = [m.shape[2] * m.shape[3] for m in maps]
+    return [m.sum((0, 2, 3)) / a for m, a in zip(maps, area)], [(m * m).sum((0, 2, 3)) / a for m, a in zip(maps, area)]
 
 
 @torch.no_grad()
 def teacher_activations(teacher: DlibResNet, faces: np.ndarray, batch: int = 64) -> Activations:
-    """The statistics `energy` and the bias compensation need, from faces (N, s, s, 3) uint8."""
+    """The statistics `energy`, the bias folding and the head refit need, from faces (N, s, s, 3) uint8,
+    in one forward pass per batch (the inner activations are read through hooks, not recomputed)."""
     blocks = cast(Sequence[ResidualBlock], teacher.blocks)
-    sums: dict[str, list[Tensor]] = {key: [] for key in ("stream_mean", "stream_square", "inner_mean", "inner_square")}
-    count = 0
+    inner: list[Tensor] = []
+    hooks = [block.conv1.register_forward_hook(lambda _module, _input, output: inner.append(torch.relu(output))) for block in blocks]
+    totals: list[list[Tensor]] = []
+    embeddings = []
     teacher.eval()
-    for start in range(0, len(faces), batch):
-        x = teacher.stem(faces_to_tensor(faces[start : start + batch]))
-        stream, inner = [x], []
-        for block in blocks:
-            inner.append(torch.relu(block.conv1(x)))
-            x = block(x)
-            stream.append(x)
-        for key, maps in (("stream", stream), ("inner", inner)):
-            means = [m.sum((0, 2, 3)) / (m.shape[2] * m.shape[3]) for m in maps]
-            squares = [(m * m).sum((0, 2, 3)) / (m.shape[2] * m.shape[3]) for m in maps]
-            for name, values in ((f"{key}_mean", means), (f"{key}_square", squares)):
-                sums[name] = values if not sums[name] else [a + b for a, b in zip(sums[name], values)]
-        count += len(stream[0])
-    return Activations(**{key: [v / count for v in values] for key, values in sums.items()})
+    try:
+        for start in range(0, len(faces), batch):
+            inner.clear()
+            stream = [teacher.stem(faces_to_tensor(faces[start : start + batch]))]
+            for block in blocks:
+                stream.append(block(stream[-1]))
+            embeddings.append(teacher.head(stream[-1]))
+            moments = [*_channel_moments(stream), *_channel_moments(inner)]
+            totals = moments if not totals else [[a + b for a, b in zip(old, new)] for old, new in zip(totals, moments)]
+    finally:
+        for hook in hooks:
+            hook.remove()
+    count = len(faces)
+    stream_mean, stream_square, inner_mean, inner_square = ([v / count for v in values] for values in totals)
+    return Activations(stream_mean, stream_square, inner_mean, inner_square, torch.cat(embeddings))
 
 
 def _normalised(score: Tensor) -> Tensor:
@@ -149,18 +160,20 @@ def cut_from_teacher(
         stream = outputs
     student.head.fc.weight.data.copy_(teacher.head.fc.weight.detach()[:, stream])
     if refit_head:
-        student.head.fc.weight.data.copy_(_fitted_head(student, teacher, faces))
+        student.head.fc.weight.data.copy_(_fitted_head(student, stats.embeddings, faces))
     return student
 
 
-def _fitted_head(student: DlibResNet, teacher: DlibResNet, faces: np.ndarray, batch: int = 64, ridge: float = 1e-3) -> Tensor:
-    """The head weights that map the student's pooled features closest to the teacher's embeddings."""
-    features, targets = [], []
-    for start in range(0, len(faces), batch):
-        x = faces_to_tensor(faces[start : start + batch])
-        features.append(student.blocks(student.stem(x)).mean((2, 3)).double())
-        targets.append(teacher(x).double())
-    f, t = torch.cat(features), torch.cat(targets)
+def _fitted_head(student: DlibResNet, targets: Tensor, faces: np.ndarray, batch: int = 64, ridge: float = 1e-3) -> Tensor:
+    """The head weights that map the student's pooled features of `faces` closest to `targets`, the teacher's embeddings of them."""
+    pooled: list[Tensor] = []
+    hook = student.head.fc.register_forward_hook(lambda _module, inputs, _output: pooled.append(inputs[0].double()))
+    try:
+        for start in range(0, len(faces), batch):
+            student(faces_to_tensor(faces[start : start + batch]))
+    finally:
+        hook.remove()
+    f, t = torch.cat(pooled), targets.double()
     gram = f.T @ f
     gram += ridge * gram.diagonal().mean() * torch.eye(len(gram), dtype=gram.dtype)
     return torch.linalg.solve(gram, f.T @ t).T.float()
