@@ -8,8 +8,10 @@ Invariants:
   `fedface models fetch` and each is checked against the sha256 its manifest records.
 - `version` names the detector's nets and settings; the aligned-face cache is keyed by it, so a
   crop made by one detector is never read back as another's.
-- `tinyface`, the default, hands the photos it still misses to MTCNN (`ThenOnMisses`): a few in a
-  thousand in-the-wild photos, which MTCNN's slower cascade finds more often than not.
+- `tinyface`, the default, looks at each photo at 128 px; what it misses there it looks at again at
+  160 px, bare and then inside the borders below, and what it still misses goes to MTCNN
+  (`ThenOnMisses`): a few in a thousand in-the-wild photos, which MTCNN's slower cascade finds more
+  often than not.
 - A miss is retried on the photo inside a black border, at two widths (`TightCropRetry`): photos
   cropped tightly to the face (ID photos, many face data sets) show a face larger than a detector
   trained on whole scenes looks for. The retry's landmarks are mapped back to the photo's own
@@ -58,23 +60,27 @@ def detector_name(name: str | None = None) -> str:
 def detector_version(name: str | None = None) -> str:
     """The cache key part of a detector, known without loading it."""
     from facecore.align.onnx_detector import MTCNN_VERSION
-    from facecore.align.tiny_detector import TINYFACE_VERSION
+    from facecore.align.tiny_detector import RETRY_INPUT_SIZE, TINYFACE_VERSION, TinyFaceConfig, tinyface_version
+
+    RETRY_TINYFACE_VERSION = tinyface_version(TinyFaceConfig(input_size=RETRY_INPUT_SIZE))
 
     if detector_name(name) == "mtcnn":
         return f"{MTCNN_VERSION}-{RETRY_KEY}"
-    return f"{TINYFACE_VERSION}-{RETRY_KEY}-then-{MTCNN_VERSION}"
+    return f"{TINYFACE_VERSION}-then-{RETRY_TINYFACE_VERSION}-{RETRY_KEY}-then-{MTCNN_VERSION}"
 
 
 def load_detector(name: str | None = None, threads: int = 1) -> FaceDetector:
-    """The named detector on onnxruntime, with the tight-crop retry around it; `tinyface` hands what it
-    still misses to MTCNN."""
+    """The named detector on onnxruntime, with the tight-crop retry around it; `tinyface` looks again at its
+    misses at a larger size, then hands what it still misses to MTCNN."""
     from facecore.align.onnx_detector import OnnxMTCNN
 
     if detector_name(name) == "mtcnn":
         return TightCropRetry(OnnxMTCNN(threads=threads))
-    from facecore.align.tiny_detector import TinyFaceDetector
+    from facecore.align.tiny_detector import RETRY_INPUT_SIZE, TinyFaceDetector
 
-    return ThenOnMisses(TightCropRetry(TinyFaceDetector(threads=threads)), lambda: OnnxMTCNN(threads=threads), OnnxMTCNN.version)
+    first = TinyFaceDetector(threads=threads)
+    retry = TightCropRetry(first.at_input_size(RETRY_INPUT_SIZE))
+    return ThenOnMisses(ThenOnMisses(first, lambda: retry, retry.version), lambda: OnnxMTCNN(threads=threads), OnnxMTCNN.version)
 
 
 class ThenOnMisses:

@@ -75,15 +75,26 @@ def test_photos_cut_to_their_face_box_are_found_by_the_retry(real_data: Path, ti
     mtcnn = OnnxMTCNN()
     cuts = [_cut_to_face_box(photo, mtcnn) for photo in photos]
     whole = tinyface.detect(photos)
+    larger = tinyface.at_input_size(160)
     # Execute
-    bare = tinyface.detect([cut for cut, _ in cuts])
-    retried = TightCropRetry(tinyface).detect([cut for cut, _ in cuts])
-    # Assert: the bare detector misses many such crops, the retry nearly none, with landmarks in the cut's own pixels
+    bare = larger.detect([cut for cut, _ in cuts])
+    retried = TightCropRetry(larger).detect([cut for cut, _ in cuts])
+    # Assert: at 160 px the bare detector misses many such crops, the retry nearly none, with landmarks in the
+    # cut's own pixels
     assert sum(found is None for found in bare) >= 10
     assert sum(found is not None for found in retried) >= 29
     for found, (_, corner), reference in zip(retried, cuts, whole):
         if found is not None and reference is not None:
             assert np.abs(found.landmarks + corner - reference.landmarks).max() < 12.0
+
+
+def test_at_128_px_most_photos_cut_to_their_face_box_need_no_retry(real_data: Path, tinyface: TinyFaceDetector) -> None:
+    # Prepare
+    cuts = [_cut_to_face_box(photo, OnnxMTCNN())[0] for photo in _lfw_photos(real_data, 30, offset=3)]
+    # Execute
+    found = tinyface.detect(cuts)
+    # Assert
+    assert sum(f is not None for f in found) >= 27
 
 
 def test_a_padded_and_shrunk_photo_is_found(real_data: Path) -> None:
@@ -137,6 +148,22 @@ def test_five_points_are_eye_centres_nose_tip_and_mouth_corners() -> None:
     five = five_points(points)
     # Assert
     np.testing.assert_allclose(five, [points[36:42].mean(0), points[42:48].mean(0), points[30], points[48], points[54]])
+
+
+def test_a_second_look_at_a_larger_size_shares_the_nets_and_finds_the_same_face(real_data: Path,
+                                                                               tinyface: TinyFaceDetector) -> None:
+    # Prepare
+    photos = _lfw_photos(real_data, 4, offset=11)
+    # Execute
+    larger = tinyface.at_input_size(160)
+    small, large = tinyface.detect(photos), larger.detect(photos)
+    # Assert: one set of sessions, two versions (two caches), and the same faces to a few pixels
+    assert larger._sessions is tinyface._sessions
+    assert (tinyface.config.input_size, larger.config.input_size) == (128, 160)
+    assert "-s128-" in tinyface.version + "-" and "-s160-" in larger.version + "-"
+    for a, b in zip(small, large):
+        assert a is not None and b is not None
+        assert np.abs(a.landmarks - b.landmarks).max() < 6.0
 
 
 def test_config_refuses_sizes_the_net_cannot_take() -> None:
