@@ -19,7 +19,7 @@ import numpy as np
 
 from facecore.align.detectors import FaceDetector, load_detector
 from facecore.align.geometry import FaceGeometry
-from facecore.align.pipeline import load_rgb
+from facecore.align.photos import load_rgb
 from facecore.align.template import warp_to_template
 
 NOT_AN_IMAGE = "not an image"

@@ -182,3 +182,29 @@ def test_a_scratch_folder_goes_however_its_block_ends_unless_kept(keep: bool, ca
     if keep:
         (folder / "file").unlink()
         folder.rmdir()
+
+
+ENDING_NOW = """
+import atexit, sys, threading, time
+from facecore.lifetime import exit_now
+
+class Freed:
+    def __del__(self):
+        print("freed in the teardown", file=sys.stderr, flush=True)
+
+kept = Freed()  # a module global: only the interpreter's teardown frees it
+atexit.register(print, "exit handlers ran")
+threading.Thread(target=lambda: (time.sleep(0.3), print("thread finished"))).start()
+print("buffered output", end="")  # no newline, no flush: the exit must flush it
+exit_now(int(sys.argv[1]))
+"""
+
+
+def test_exit_now_waits_for_threads_runs_exit_handlers_flushes_and_skips_the_teardown() -> None:
+    # Execute
+    ended = subprocess.run([sys.executable, "-c", ENDING_NOW, "3"], cwd=CODE_ROOT, capture_output=True, text=True,
+                           timeout=60)
+    # Assert: the status given, everything a normal exit does, in its order, and nothing freed
+    assert ended.returncode == 3
+    assert ended.stdout == "buffered outputthread finished\nexit handlers ran\n"
+    assert "freed in the teardown" not in ended.stderr

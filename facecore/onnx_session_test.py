@@ -1,5 +1,5 @@
-"""A model file's optimised graph is saved once and reloaded with the same outputs; a bad or unwritable cache
-only costs the saving."""
+"""A model file's optimised graph is saved once and reloaded with the same outputs, its weights mapped from a
+file of their own; a bad or unwritable cache only costs the saving."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from facecore import onnx_session
-from facecore.onnx_session import open_session
+from facecore.onnx_session import GRAPH, WEIGHTS, open_session
 
 
 def _conv_net(path: Path, seed: int = 0) -> Path:
@@ -35,18 +35,22 @@ def _features(session: ort.InferenceSession) -> np.ndarray:
     return np.asarray(session.run(None, {"image": IMAGE})[0])
 
 
+def _saved(cache: Path) -> list[Path]:
+    return sorted(p for p in cache.iterdir() if not p.name.startswith("."))
+
+
 def test_the_second_session_loads_the_saved_graph_and_computes_the_same(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     # Prepare
     model, cache = _conv_net(tmp_path / "net.onnx"), tmp_path / "cache"
     first = _features(open_session(model, cache=cache))
-    (saved,) = cache.glob("*.onnx")
+    (saved,) = _saved(cache)
     monkeypatch.setattr(onnx_session, "_build_and_save", lambda *_: pytest.fail("optimised again"))
     # Execute
     second = _features(open_session(model, cache=cache))
-    # Assert: bit for bit, from the one saved file, named for the source's sha256, this onnxruntime and this CPU
+    # Assert: bit for bit, from the one saved graph, named for the source's sha256, this onnxruntime and this CPU
     assert np.array_equal(first, second)
-    assert list(cache.glob("*.onnx")) == [saved] and not list(cache.glob(".*"))
+    assert _saved(cache) == [saved] and not list(cache.glob(".*"))
     assert onnx_session.cpu_key() in saved.name and "-t1-" in saved.name
 
 
@@ -59,22 +63,43 @@ def test_another_model_file_is_not_served_the_first_ones_graph(tmp_path: Path) -
     features = _features(open_session(other, cache=cache))
     # Assert
     assert np.array_equal(features, _features(open_session(other, cache=tmp_path / "fresh")))
-    assert len(list(cache.glob("*.onnx"))) == 2
+    assert len(_saved(cache)) == 2
 
 
-@pytest.mark.parametrize("damage", [lambda data: data[: len(data) // 2], lambda data: b"not a model"])
-def test_a_damaged_saved_graph_is_replaced_and_the_session_is_right(tmp_path: Path, damage: object) -> None:
+def test_the_saved_weights_are_a_file_of_their_own_which_the_session_maps(tmp_path: Path) -> None:
     # Prepare
     model, cache = _conv_net(tmp_path / "net.onnx"), tmp_path / "cache"
     expected = _features(open_session(model, cache=cache))
-    (saved,) = cache.glob("*.onnx")
-    good = saved.read_bytes()
-    saved.write_bytes(damage(good))  # type: ignore[operator]
+    (saved,) = _saved(cache)
+    # Execute
+    session = open_session(model, cache=cache)
+    # Assert: the conv weights left the graph, and the session reads them from the file's pages, not a copy
+    assert (saved / WEIGHTS).stat().st_size > (saved / GRAPH).stat().st_size
+    assert np.array_equal(_features(session), expected)
+    maps = Path("/proc/self/maps")
+    if maps.exists():  # Linux: where the device runs
+        assert str((saved / WEIGHTS).resolve()) in maps.read_text()
+
+
+@pytest.mark.parametrize("damage", [lambda data: data[: len(data) // 2], lambda data: b"not a model", lambda data: None],
+                         ids=["cut short", "overwritten", "gone"])
+@pytest.mark.parametrize("part", [GRAPH, WEIGHTS])
+def test_a_damaged_saved_graph_is_replaced_and_the_session_is_right(tmp_path: Path, damage: object, part: str) -> None:
+    # Prepare: one of the saved files cut short, overwritten or gone
+    model, cache = _conv_net(tmp_path / "net.onnx"), tmp_path / "cache"
+    expected = _features(open_session(model, cache=cache))
+    (saved,) = _saved(cache)
+    good = (saved / part).read_bytes()
+    damaged = damage(good)  # type: ignore[operator]
+    if damaged is None:
+        (saved / part).unlink()
+    else:
+        (saved / part).write_bytes(damaged)
     # Execute
     features = _features(open_session(model, cache=cache))
     # Assert
     assert np.array_equal(features, expected)
-    assert saved.read_bytes() == good
+    assert (saved / part).read_bytes() == good
 
 
 def test_an_unwritable_cache_only_means_no_saving(tmp_path: Path) -> None:
@@ -104,4 +129,16 @@ def test_the_folder_keeps_the_most_recently_used_graphs(tmp_path: Path, monkeypa
     for model in models:
         open_session(model, cache=cache)
     # Assert
-    assert len(list(cache.glob("*.onnx"))) == 2
+    assert len(_saved(cache)) == 2
+
+
+def test_a_graph_saved_in_the_earlier_one_file_format_is_deleted(tmp_path: Path) -> None:
+    # Prepare: a file beside the folders, as one graph with its weights inside was saved before
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    earlier = cache / f"{'0' * 32}-ort{ort.__version__}-t1-{onnx_session.cpu_key()}.onnx"
+    earlier.write_bytes(b"an earlier saved graph")
+    # Execute
+    open_session(_conv_net(tmp_path / "net.onnx"), cache=cache)
+    # Assert
+    assert not earlier.exists() and len(_saved(cache)) == 1

@@ -1,3 +1,3 @@
-from fedface.cli import main
+from fedface.cli import console
 
-raise SystemExit(main())
+console()

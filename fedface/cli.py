@@ -14,6 +14,10 @@ Invariants:
   (`interrupted`, `stopped by SIGTERM`) and dies of that signal: a shell shows 130, 143 or 129. A command
   module that sets `OWN_SIGNALS` is left to handle them itself (the server: uvicorn shuts down gracefully).
 - Every option's help shows its default in one style, `(default: X)`, and metavars are upper case.
+- `main` returns the exit status; `console` (the program: `python -m fedface`) exits with it. A command module
+  whose `skips_teardown(args)` says so is ended by `console` through facecore.lifetime.exit_now once it has
+  returned: threads joined, exit handlers run and output flushed as at any exit, without the interpreter's
+  teardown, which a cold one-photo verify would otherwise spend a seventh of its time on.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from facecore.errors import FaceCoreError
-from facecore.lifetime import Stopped, die_of, stopped_by_signals
+from facecore.lifetime import Stopped, die_of, exit_now, stopped_by_signals
 
 # command -> (module with `add_arguments(parser)` and `run(args) -> int`, help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -206,6 +210,21 @@ def _die_stopped(command: str, stopped: Stopped) -> NoReturn:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command `argv` (default: this process's arguments) and return its exit status."""
+    return _run(argv)[0]
+
+
+def console() -> NoReturn:
+    """The program: `main` on this process's arguments, then exit, without the interpreter's teardown when the
+    command allows it (see the module's invariants)."""
+    code, skip_teardown = _run(None)
+    if skip_teardown:
+        exit_now(code)
+    raise SystemExit(code)
+
+
+def _run(argv: Sequence[str] | None) -> tuple[int, bool]:
+    # (exit status, whether the process may end without the interpreter's teardown: only after the command returned)
     command = "fedface"
     try:
         args = build_parser().parse_args(argv)
@@ -215,28 +234,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         with stopped_by_signals(enabled=not getattr(module, "OWN_SIGNALS", False)):
             code = int(module.run(args) or 0)
         sys.stdout.flush()
-        return code
+        skips_teardown = getattr(module, "skips_teardown", None)
+        return code, bool(skips_teardown is not None and skips_teardown(args))
     except UsageError as error:
         print(f"{command}: error: {error}", file=sys.stderr)
-        return EXIT_USAGE_ERROR
+        return EXIT_USAGE_ERROR, False
     except FaceCoreError as error:
         print(f"{command}: error: {error}", file=sys.stderr)
-        return EXIT_RUNTIME_ERROR
+        return EXIT_RUNTIME_ERROR, False
     except BrokenPipeError:
         _silence_stdout()
-        return EXIT_BROKEN_PIPE
+        return EXIT_BROKEN_PIPE, False
     except OSError as error:
         stopped = _stopped_cause(error)
         if stopped is not None:
             _die_stopped(command, stopped)
         # A file or folder the user named that cannot be read or written: its errno and path say what to fix.
         print(f"{command}: error: {error}", file=sys.stderr)
-        return EXIT_RUNTIME_ERROR
+        return EXIT_RUNTIME_ERROR, False
     except Stopped as stopped:
         _die_stopped(command, stopped)
     except KeyboardInterrupt:
         print(f"{command}: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return EXIT_INTERRUPTED, False
     except Exception as error:
         # A signal that lands inside a C extension's import (onnxruntime's) comes back as that
         # import's error, with the Stopped as its cause: it is still the signal that ended the run.

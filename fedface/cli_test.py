@@ -396,3 +396,45 @@ def test_pretrain_from_the_teacher_refuses_a_width_outside_the_family_and_a_seco
     assert missing.returncode == 1
     assert missing.stderr.startswith(f"fedface pretrain: error: --from-teacher: model file {tmp_path / 'teacher.pt'} does not exist")
     assert not (tmp_path / "run").exists()
+
+
+# A command module of its own, run by `console` as `fedface fake SKIP`: SKIP says whether it skips the teardown.
+CONSOLE = """
+import sys, types
+from fedface import cli
+
+class Freed:
+    def __del__(self):
+        print("freed in the teardown", file=sys.stderr, flush=True)
+
+fake = types.ModuleType("fake_command")
+fake.kept = Freed()  # held by a module: only the interpreter's teardown frees it
+fake.add_arguments = lambda parser: parser.add_argument("skip", choices=("yes", "no"))
+fake.run = lambda args: print("ran", end="") or 4
+fake.skips_teardown = lambda args: args.skip == "yes"
+sys.modules["fake_command"] = fake
+cli.COMMANDS["fake"] = ("fake_command", "a test's command")
+sys.argv = ["fedface", "fake", sys.argv[1]]
+cli.console()
+"""
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_the_program_skips_the_teardown_only_for_a_command_that_says_so(skip: bool) -> None:
+    # Execute
+    ended = subprocess.run([sys.executable, "-c", CONSOLE, "yes" if skip else "no"], capture_output=True, text=True,
+                           timeout=60)
+    # Assert: the command's status and output either way; its module freed only by a teardown
+    assert (ended.returncode, ended.stdout) == (4, "ran")
+    assert ("freed in the teardown" in ended.stderr) != skip
+
+
+@pytest.mark.parametrize("action", ["register", "verify", "status", "unenroll", "enroll", "train", "reset"])
+def test_only_the_device_actions_that_leave_nothing_open_skip_the_teardown(action: str) -> None:
+    # Prepare
+    from fedface.commands import device
+
+    # Execute
+    skips = device.skips_teardown(argparse.Namespace(action=action))
+    # Assert: the four that open no aligner, pool or torch; every other action ends as any program does
+    assert skips == (action in ("register", "verify", "status", "unenroll"))

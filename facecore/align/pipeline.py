@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
 
 from facecore.align.cache import (
     STATUS_FALLBACK,
@@ -31,6 +30,7 @@ from facecore.align.cache import (
 from facecore.align.detector import Detection
 from facecore.align.detectors import FaceDetector, detector_name, detector_version, load_detector
 from facecore.align.geometry import ARCFACE_112, FaceGeometry
+from facecore.align.photos import load_rgb
 from facecore.align.template import warp_to_template
 from facecore.paths import cache_root
 
@@ -66,14 +66,6 @@ def default_cache(geometry: FaceGeometry = ARCFACE_112, detector: str | None = N
 
 def file_key(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def load_rgb(path: Path) -> np.ndarray | None:
-    try:
-        with Image.open(path) as image:
-            return np.asarray(image.convert("RGB"), dtype=np.uint8)
-    except (OSError, UnidentifiedImageError, ValueError):
-        return None
 
 
 class FaceAligner:
@@ -140,7 +132,7 @@ class FaceAligner:
         if todo and self.landmark_source is not None:
             entries.update(self.cache.add(self._rewarp_known([files[i] for i in todo], [keys[i] for i in todo])))
             todo = [i for i in todo if keys[i] not in entries]
-        from tqdm import tqdm  # here: a device's verify imports this module for `load_rgb` alone
+        from tqdm import tqdm  # here: a device's enroll imports this module, yet aligns in memory (align_image)
 
         bar = tqdm(total=len(todo), desc=desc, unit="img", disable=not progress or not todo)
         for start in range(0, len(todo), self.batch_size):
