@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from facecore.align.detector import Detection, DetectorConfig, pick_face
-from facecore.align.detector_files import DetectorCorrupt, DetectorMissing, verified_files
+from facecore.align.detector_files import DetectorCorrupt, DetectorMissing, detector_sessions, verified_files
 from facecore.paths import packages_root
 
 SOURCE = "facenet-pytorch 2.6.0"
@@ -25,6 +25,7 @@ FORMAT = "fedface-mtcnn-onnx/1"
 NETS = ("pnet", "rnet", "onet")
 PYRAMID_FACTOR = 0.709  # facenet-pytorch's default, which MTCNNDetector keeps
 MTCNN_VERSION = "mtcnn-facenet2.6"
+WHAT = "the ONNX MTCNN face detector"
 
 
 def detector_dir() -> Path:
@@ -34,7 +35,7 @@ def detector_dir() -> Path:
 
 def detector_files(folder: Path | None = None) -> dict[str, Path]:
     """{net: path} of the exported nets, each checked against the manifest's sha256."""
-    return verified_files(folder or detector_dir(), FORMAT, NETS, "the ONNX MTCNN face detector")
+    return verified_files(folder or detector_dir(), FORMAT, NETS, WHAT)
 
 
 class IntegralImage:
@@ -159,16 +160,8 @@ class OnnxMTCNN:
     version = MTCNN_VERSION
 
     def __init__(self, config: DetectorConfig = DetectorConfig(), folder: Path | None = None, threads: int = 1) -> None:
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
         self.config = config
-        self._sessions = {
-            net: ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-            for net, path in detector_files(folder).items()
-        }
+        self._sessions = detector_sessions(folder or detector_dir(), FORMAT, NETS, WHAT, threads)
 
     def detect(self, images: list[np.ndarray]) -> list[Detection | None]:
         """Best face per RGB uint8 image, or None; a miss is retried with the looser settings."""

@@ -22,12 +22,13 @@ import numpy as np
 from PIL import Image
 
 from facecore.align.detector import Detection, pick_face
-from facecore.align.detector_files import verified_files
+from facecore.align.detector_files import detector_sessions, verified_files
 from facecore.paths import packages_root
 
 SOURCE = "@vladmandic/face-api 1.7.15: tiny_face_detector_model, face_landmark_68_model"
 FORMAT = "fedface-tinyface-onnx/2"
 NETS = ("detector", "landmarks")
+WHAT = "the default face detector"
 # The pixel means each net was trained with; the ONNX graphs subtract them (export.tinyface_onnx).
 MEAN_RGB = np.array([117.001, 114.697, 97.404], np.float32)
 LANDMARK_MEAN_RGB = np.array([122.782, 117.001, 104.298], np.float32)
@@ -72,7 +73,7 @@ def tinyface_dir() -> Path:
 
 def tinyface_files(folder: Path | None = None) -> dict[str, Path]:
     """{net: path} of the built nets, each checked against the manifest's sha256."""
-    return verified_files(folder or tinyface_dir(), FORMAT, NETS, "the default face detector")
+    return verified_files(folder or tinyface_dir(), FORMAT, NETS, WHAT)
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -151,15 +152,9 @@ class TinyFaceDetector:
     name = "tinyface"
 
     def __init__(self, config: TinyFaceConfig = TinyFaceConfig(), folder: Path | None = None, threads: int = 1) -> None:
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
         self.config = config
         self.version = tinyface_version(config)
-        self._sessions = {net: ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-                          for net, path in tinyface_files(folder).items()}
+        self._sessions = detector_sessions(folder or tinyface_dir(), FORMAT, NETS, WHAT, threads)
 
     def at_input_size(self, input_size: int) -> TinyFaceDetector:
         """This detector seeing photos at another size, sharing its sessions (the detector net takes any size)."""

@@ -1,4 +1,5 @@
 """The default detector on real LFW photos: whole, cut to the face box, padded and shrunk; and its decoding."""
+import json
 from pathlib import Path
 
 import numpy as np
@@ -12,13 +13,16 @@ from facecore.align.onnx_detector import OnnxMTCNN
 from facecore.align.pipeline import load_rgb
 from facecore.align.tiny_detector import (
     ANCHORS,
+    NETS,
     TinyFaceConfig,
     TinyFaceDetector,
     decode_grid,
     five_points,
     square_crop,
+    tinyface_dir,
     tinyface_files,
 )
+from facecore.onnx_session import OPTIMIZED_DIR
 
 
 @pytest.fixture(scope="module")
@@ -164,6 +168,22 @@ def test_a_second_look_at_a_larger_size_shares_the_nets_and_finds_the_same_face(
     for a, b in zip(small, large):
         assert a is not None and b is not None
         assert np.abs(a.landmarks - b.landmarks).max() < 6.0
+
+
+def test_later_detectors_start_from_the_saved_optimised_nets_and_find_the_same_points(real_data: Path,
+                                                                                    isolated_cache: Path) -> None:
+    # Prepare
+    photos = _lfw_photos(real_data, 6, offset=5)
+    first = TinyFaceDetector()
+    saved = sorted(p.name for p in (isolated_cache / OPTIMIZED_DIR).iterdir())
+    # Execute: a second detector, as the next process makes one
+    again = TinyFaceDetector()
+    # Assert: one saved graph per net, named by the manifest's sha256; the same points, bit for bit
+    digests = json.loads((tinyface_dir() / "manifest.json").read_text())["files"]
+    assert len(saved) == 2 and {name[:32] for name in saved} == {digests[net]["sha256"][:32] for net in NETS}
+    assert sorted(p.name for p in (isolated_cache / OPTIMIZED_DIR).iterdir()) == saved
+    for a, b in zip(first.detect(photos), again.detect(photos)):
+        assert a is not None and b is not None and np.array_equal(a.landmarks, b.landmarks)
 
 
 def test_config_refuses_sizes_the_net_cannot_take() -> None:
