@@ -12,11 +12,11 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    import onnxruntime as ort
-
 from facecore.digest import file_sha256
 from facecore.errors import FaceCoreError
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
 
 FETCH_HINT = "fedface models fetch"
 
@@ -39,7 +39,8 @@ def detector_sessions(folder: Path, format_: str, nets: tuple[str, ...], what: s
     """{net: session} of the folder's files, each checked against the manifest's sha256 first."""
     from facecore.onnx_session import open_session
 
-    return {net: open_session(path, threads, sha256=digest) for net, (path, digest) in _verified(folder, format_, nets, what).items()}
+    verified = _verified(folder, format_, nets, what)
+    return {net: open_session(path, threads, sha256=digest) for net, (path, digest) in verified.items()}
 
 
 def _verified(folder: Path, format_: str, nets: tuple[str, ...], what: str) -> dict[str, tuple[Path, str]]:

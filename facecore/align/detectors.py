@@ -60,9 +60,7 @@ def detector_name(name: str | None = None) -> str:
 def detector_version(name: str | None = None) -> str:
     """The cache key part of a detector, known without loading it."""
     from facecore.align.onnx_detector import MTCNN_VERSION
-    from facecore.align.tiny_detector import RETRY_INPUT_SIZE, TINYFACE_VERSION, TinyFaceConfig, tinyface_version
-
-    RETRY_TINYFACE_VERSION = tinyface_version(TinyFaceConfig(input_size=RETRY_INPUT_SIZE))
+    from facecore.align.tiny_detector import RETRY_TINYFACE_VERSION, TINYFACE_VERSION
 
     if detector_name(name) == "mtcnn":
         return f"{MTCNN_VERSION}-{RETRY_KEY}"

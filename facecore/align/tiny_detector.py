@@ -65,6 +65,7 @@ def tinyface_version(config: TinyFaceConfig) -> str:
 
 RETRY_INPUT_SIZE = 160
 TINYFACE_VERSION = tinyface_version(TinyFaceConfig())
+RETRY_TINYFACE_VERSION = tinyface_version(TinyFaceConfig(input_size=RETRY_INPUT_SIZE))
 
 
 def tinyface_dir() -> Path:
@@ -197,6 +198,6 @@ class TinyFaceDetector:
 
 
 __all__ = [
-    "RETRY_INPUT_SIZE", "TINYFACE_VERSION", "TinyFaceConfig", "TinyFaceDetector", "decode_grid",
+    "RETRY_INPUT_SIZE", "RETRY_TINYFACE_VERSION", "TINYFACE_VERSION", "TinyFaceConfig", "TinyFaceDetector", "decode_grid",
     "five_points", "square_crop", "square_input", "tinyface_dir", "tinyface_files",
 ]
