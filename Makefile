@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml
 # Each round's model is scored on a seeded subset of LFW folds 6-10, clean and under the fleet camera, so a
 # first run fits in minutes; `.venv/bin/fedface demo` without --eval-photos gives the full figure (README).
 run: $(STAMP) weights
-	$(BIN)/fedface demo --out reports/demo --eval-photos 2000
+	$(BIN)/fedface demo --out reports/demo --eval-photos 1500
 
 # Lint first, so a style, type or layering error fails in seconds, before the weights and the suite.
 # Two workers, one per core of the CI machine: much of the suite waits on servers and subprocesses.
