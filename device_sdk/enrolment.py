@@ -25,7 +25,8 @@ from device_sdk.model_cache import Embedders, current_model, model_geometry
 from device_sdk.state import MAX_DESCRIPTION_BYTES, DeviceState
 from facecore.align.detectors import FaceDetector
 from facecore.align.geometry import FaceGeometry
-from facecore.align.pipeline import FaceAligner, load_rgb
+from facecore.align.photos import load_rgb
+from facecore.align.pipeline import FaceAligner
 from facecore.data.folders import list_photos
 from facecore.federation.template_noise import noisy_template
 from facecore.templates import mean_feature_embedding

@@ -18,7 +18,8 @@ from export.detectors import export_detectors
 from export.onnx_model import export_fp32
 from facecore.align.geometry import ARCFACE_112, geometry_of
 from facecore.align.onnx_detector import OnnxMTCNN
-from facecore.align.pipeline import FaceAligner, load_rgb
+from facecore.align.photos import load_rgb
+from facecore.align.pipeline import FaceAligner
 from facecore.data.synthetic import synthetic_faces
 from facecore.models.checkpoint import load_backbone
 from facecore.models.preprocess import embed_faces

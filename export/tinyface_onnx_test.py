@@ -9,7 +9,7 @@ import pytest
 
 from export.tinyface_onnx import export_tinyface_onnx
 from facecore.align.detector_files import DetectorMissing
-from facecore.align.pipeline import load_rgb
+from facecore.align.photos import load_rgb
 from facecore.align.tiny_detector import square_crop, square_input, tinyface_files
 from facecore.models import published
 

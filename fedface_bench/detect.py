@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from facecore.align.detectors import DEFAULT_DETECTOR, DETECTORS, FaceDetector, load_detector
-from facecore.align.pipeline import load_rgb
+from facecore.align.photos import load_rgb
 from facecore.align.template import warp_to_template
 from facecore.data.lfw import LFW
 from fedface_bench.goals import Goal, at_least, with_goals

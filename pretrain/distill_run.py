@@ -19,7 +19,8 @@ import numpy as np
 import torch
 
 from facecore.align.geometry import ARCFACE_112, geometry_of
-from facecore.align.pipeline import FaceAligner, default_cache, file_key, load_rgb
+from facecore.align.photos import load_rgb
+from facecore.align.pipeline import FaceAligner, default_cache, file_key
 from facecore.data.split import SplitConfig, SplitManifest, build_split
 from facecore.errors import FaceCoreError
 from facecore.eval.plots import save_line_plot

@@ -6,7 +6,8 @@ import pytest
 
 from facecore.align.cache import AlignedFaceCache
 from facecore.align.geometry import ARCFACE_112, FaceGeometry, geometry_of, scaled_arcface
-from facecore.align.pipeline import FaceAligner, file_key, load_rgb
+from facecore.align.photos import load_rgb
+from facecore.align.pipeline import FaceAligner, file_key
 from facecore.align.template import ARCFACE_TEMPLATE
 from facecore.models.dlib_resnet import DLIB_GEOMETRY
 from facecore.models.registry import get_backbone

@@ -10,7 +10,7 @@ from torchvision.ops import nms as torchvision_nms
 from export.mtcnn_onnx import export_mtcnn_onnx
 from facecore.align.detector import MTCNNDetector
 from facecore.align.onnx_detector import DetectorCorrupt, DetectorMissing, OnnxMTCNN, area_resize, detector_files, nms
-from facecore.align.pipeline import load_rgb
+from facecore.align.photos import load_rgb
 
 
 @pytest.fixture(scope="module")

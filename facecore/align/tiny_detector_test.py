@@ -10,7 +10,7 @@ from export.tinyface_onnx import export_tinyface_onnx
 from facecore.align.detector_files import DetectorCorrupt
 from facecore.align.detectors import FaceDetector, TightCropRetry, load_detector
 from facecore.align.onnx_detector import OnnxMTCNN
-from facecore.align.pipeline import load_rgb
+from facecore.align.photos import load_rgb
 from facecore.align.tiny_detector import (
     ANCHORS,
     NETS,

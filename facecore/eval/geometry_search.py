@@ -20,7 +20,8 @@ from tqdm import tqdm
 
 from facecore.align.cache import STATUS_FALLBACK, STATUS_OK, AlignedFaceCache
 from facecore.align.geometry import ARCFACE_112, FaceGeometry, scaled_arcface
-from facecore.align.pipeline import AlignedSet, FaceAligner, default_cache, file_key, load_rgb
+from facecore.align.photos import load_rgb
+from facecore.align.pipeline import AlignedSet, FaceAligner, default_cache, file_key
 from facecore.errors import FaceCoreError
 from facecore.eval.lfw import evaluate, load_lfw_faces, refuse_test_folds
 from facecore.models.preprocess import embed_faces
