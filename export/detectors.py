@@ -8,6 +8,6 @@ from export.tinyface_onnx import export_tinyface_onnx
 
 
 def export_detectors(force: bool = False) -> dict[str, Path]:
-    """{detector name: the folder of its verified ONNX files}, for both detectors (the default one hands its
-    misses to MTCNN, so it needs both)."""
+    """{detector name: the folder of its verified ONNX files}, for both detectors (the default one places its
+    points with MTCNN's nets and hands its misses to MTCNN, so it needs both)."""
     return {"tinyface": export_tinyface_onnx(force=force), "mtcnn": export_mtcnn_onnx(force=force)}

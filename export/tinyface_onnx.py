@@ -1,15 +1,12 @@
-"""Build face-api.js's TinyFaceDetector and 68-landmark net as ONNX files, from the npm package's weights.
+"""Build face-api.js's TinyFaceDetector as an ONNX file, from the npm package's weights.
 
 Run by `fedface models fetch`, beside the recognition weights of the same package. The graphs are
-written op by op from face-api.js 1.7.15's source (`src/tinyYolov2`, `src/faceFeatureExtractor`):
+written op by op from face-api.js 1.7.15's source (`src/tinyYolov2`):
 
 - detector: conv 3x3 'valid' + leaky ReLU (0.1), then five depthwise-separable convs (padded by one,
   leaky), each followed by a 2x2 max pool ('same'; stride 2, the last stride 1), and a 1x1 conv to
   5 anchors x (x, y, w, h, score). Input (N, S, S, 3) uint8 RGB, S any multiple of 32; the graph
   feeds the nets (RGB - MEAN_RGB) / 255, as face-api.js does.
-- landmarks: four dense blocks (a stride-2 conv, then three separable convs whose inputs are the
-  ReLU of the running sum), a 7x7 average pool and a fully connected layer to 68 (x, y) pairs in
-  [0, 1] of the 112x112 input. Input (N, 112, 112, 3) uint8 RGB, fed as (RGB - LANDMARK_MEAN_RGB) / 255.
 
 TF's 'same' padding puts the odd pixel at the bottom and right: ONNX's SAME_UPPER. Nothing here
 needs torch; the folder is installed whole by `export.detector_folder`.
@@ -27,7 +24,6 @@ from export.detector_folder import install_folder
 from facecore.align.detector_files import DetectorCorrupt, DetectorMissing
 from facecore.align.tiny_detector import (
     FORMAT,
-    LANDMARK_MEAN_RGB,
     MEAN_RGB,
     NETS,
     SOURCE,
@@ -61,28 +57,17 @@ class _Graph:
         self.nodes.append(helper.make_node(kind, inputs, [out], **attributes))
         return out
 
-    def conv(self, x: str, filters_hwio: np.ndarray, bias: np.ndarray | None, stride: int = 1, padding: str = "valid",
-             pads: tuple[int, int, int, int] | None = None) -> str:
+    def conv(self, x: str, filters_hwio: np.ndarray, bias: np.ndarray) -> str:
+        """A 'valid' convolution, stride 1."""
         weight = self.constant("w", filters_hwio.transpose(3, 2, 0, 1))
-        inputs = [x, weight] + ([self.constant("b", bias)] if bias is not None else [])
-        attributes: dict[str, Any] = {"strides": [stride, stride]}
-        if pads is not None:
-            attributes["pads"] = list(pads)
-        elif padding == "same":
-            attributes["auto_pad"] = "SAME_UPPER"
-        return self.op("Conv", inputs, **attributes)
+        return self.op("Conv", [x, weight, self.constant("b", bias)], strides=[1, 1])
 
-    def separable(self, x: str, prefix: str, stride: int = 1, padding: str = "same",
-                  pads: tuple[int, int, int, int] | None = None) -> str:
+    def separable(self, x: str, prefix: str) -> str:
+        """A depthwise 3x3 convolution padded by one pixel, then a pointwise one with bias."""
         depthwise = self.tensors[f"{prefix}/depthwise_filter"]  # (3, 3, C, 1)
         channels = depthwise.shape[2]
         weight = self.constant("dw", depthwise.transpose(2, 3, 0, 1))  # (C, 1, 3, 3), one group per channel
-        attributes: dict[str, Any] = {"strides": [stride, stride], "group": channels}
-        if pads is not None:
-            attributes["pads"] = list(pads)
-        else:
-            attributes["auto_pad"] = "SAME_UPPER" if padding == "same" else "VALID"
-        out = self.op("Conv", [x, weight], **attributes)
+        out = self.op("Conv", [x, weight], strides=[1, 1], group=channels, pads=[1, 1, 1, 1])
         return self.conv(out, self.tensors[f"{prefix}/pointwise_filter"], self.tensors[f"{prefix}/bias"])
 
     def pixels(self, mean: np.ndarray) -> str:
@@ -104,7 +89,7 @@ def detector_graph(tensors: dict[str, np.ndarray]) -> onnx.ModelProto:
     out = g.op("LeakyRelu", [g.conv(g.pixels(MEAN_RGB), tensors["conv0/filters"], tensors["conv0/bias"])], alpha=LEAK)
     for index in range(1, 6):
         out = g.op("MaxPool", [out], kernel_shape=[2, 2], strides=[2, 2], auto_pad="SAME_UPPER")
-        out = g.op("LeakyRelu", [g.separable(out, f"conv{index}", pads=(1, 1, 1, 1))], alpha=LEAK)
+        out = g.op("LeakyRelu", [g.separable(out, f"conv{index}")], alpha=LEAK)
     out = g.op("MaxPool", [out], kernel_shape=[2, 2], strides=[1, 1], auto_pad="SAME_UPPER")
     last = g.conv(out, tensors["conv8/filters"], tensors["conv8/bias"])
     g.nodes.append(helper.make_node("Identity", [last], ["grid"]))
@@ -113,31 +98,8 @@ def detector_graph(tensors: dict[str, np.ndarray]) -> onnx.ModelProto:
     return g.model([image], [grid], "tinyface_detector")
 
 
-def landmark_graph(tensors: dict[str, np.ndarray]) -> onnx.ModelProto:
-    g = _Graph(tensors)
-    out = g.pixels(LANDMARK_MEAN_RGB)
-    for block in range(4):
-        prefix = f"dense{block}"
-        if block == 0:
-            first = g.conv(out, tensors[f"{prefix}/conv0/filters"], tensors[f"{prefix}/conv0/bias"], stride=2, padding="same")
-        else:
-            first = g.separable(out, f"{prefix}/conv0", stride=2)
-        running = g.op("Relu", [first])
-        for conv in range(1, 4):
-            step = g.separable(running if conv == 1 else g.op("Relu", [running]), f"{prefix}/conv{conv}")
-            running = g.op("Add", [running, step])
-        out = g.op("Relu", [running])
-    pooled = g.op("AveragePool", [out], kernel_shape=[7, 7], strides=[2, 2])
-    flat = g.op("Flatten", [pooled], axis=1)
-    fc = g.op("Gemm", [flat, g.constant("fc", tensors["fc/weights"]), g.constant("fc_bias", tensors["fc/bias"])])
-    g.nodes.append(helper.make_node("Identity", [fc], ["landmarks"]))
-    image = helper.make_tensor_value_info("image", TensorProto.UINT8, ["batch", 112, 112, 3])
-    landmarks = helper.make_tensor_value_info("landmarks", TensorProto.FLOAT, ["batch", 136])
-    return g.model([image], [landmarks], "face_landmark_68")
-
-
 def export_tinyface_onnx(folder: Path | None = None, force: bool = False) -> Path:
-    """The folder holding detector.onnx, landmarks.onnx and manifest.json; built only when missing,
+    """The folder holding detector.onnx and manifest.json; built only when missing,
     corrupt or `force`d."""
     folder = folder or tinyface_dir()
     if not force:
@@ -148,7 +110,6 @@ def export_tinyface_onnx(folder: Path | None = None, force: bool = False) -> Pat
             pass
     graphs = {
         "detector": detector_graph(read_face_api_tensors("tiny_face_detector_model")),
-        "landmarks": landmark_graph(read_face_api_tensors("face_landmark_68_model")),
     }
     assert set(graphs) == set(NETS)
 

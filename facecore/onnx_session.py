@@ -50,7 +50,7 @@ GRAPH = "model.onnx"
 WEIGHTS = "weights.bin"
 # Smaller initializers (biases, shapes) stay in the graph: mapping them would cost more than it saves.
 EXTERNAL_MIN_BYTES = 1024
-# A device holds its model, the one it replaces, and the detectors' five nets (two of tinyface, three of MTCNN);
+# A device holds its model, the one it replaces, and the detectors' four nets (tinyface's one and MTCNN's three);
 # at 8 an evaluation of a few models would push the detectors out and make them save their graphs again each run.
 KEEP = 16
 STALE_TEMP_S = 3600.0

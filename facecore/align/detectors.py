@@ -33,7 +33,7 @@ from facecore.errors import FaceCoreError
 DETECTOR_ENV = "FEDFACE_DETECTOR"
 DEFAULT_DETECTOR = "tinyface"
 DETECTORS = ("tinyface", "mtcnn")
-DETECTOR_HELP = (f"face detector: tinyface (face-api.js's TinyFaceDetector and 68-landmark net, MTCNN for what it "
+DETECTOR_HELP = (f"face detector: tinyface (face-api.js's TinyFaceDetector for the box, MTCNN's points; MTCNN for what it "
                  f"misses) or mtcnn (facenet-pytorch's); default ${DETECTOR_ENV} else {DEFAULT_DETECTOR}")
 
 

@@ -237,13 +237,17 @@ class OnnxMTCNN:
         passed = score > threshold
         boxes = np.concatenate([boxes[kept][passed, :4], score[passed, None]], axis=1)
         landmarks, offsets = landmarks[passed], offsets[passed]
-        width = (boxes[:, 2] - boxes[:, 0] + 1)[:, None]
-        height = (boxes[:, 3] - boxes[:, 1] + 1)[:, None]
-        points = np.stack([width * landmarks[:, :5] + boxes[:, :1] - 1,
-                           height * landmarks[:, 5:] + boxes[:, 1:2] - 1], axis=2)
+        points = onet_points(boxes, landmarks)
         boxes = regress(boxes, offsets)
         pick = nms_min(boxes[:, :4], boxes[:, 4], 0.7)
         return boxes[pick], points[pick]
+
+
+def onet_points(boxes: np.ndarray, landmarks: np.ndarray) -> np.ndarray:
+    """ONet's (K, 10) outputs (five x, then five y, as fractions of its +1 pixel box) -> (K, 5, 2) pixels."""
+    width = (boxes[:, 2] - boxes[:, 0] + 1)[:, None]
+    height = (boxes[:, 3] - boxes[:, 1] + 1)[:, None]
+    return np.stack([width * landmarks[:, :5] + boxes[:, :1] - 1, height * landmarks[:, 5:] + boxes[:, 1:2] - 1], axis=2)
 
 
 def _grid_boxes(offsets: np.ndarray, probability: np.ndarray, scale: float, threshold: float) -> np.ndarray:
@@ -260,5 +264,5 @@ def _grid_boxes(offsets: np.ndarray, probability: np.ndarray, scale: float, thre
 
 __all__ = [
     "MTCNN_VERSION", "DetectorCorrupt", "DetectorMissing", "IntegralImage", "OnnxMTCNN", "area_resize", "detector_dir", "detector_files",
-    "nms", "nms_min",
+    "nms", "nms_min", "onet_points",
 ]

@@ -1,16 +1,15 @@
-"""The default face detector: face-api.js's TinyFaceDetector for the box, its 68-landmark net for the points.
+"""The default face detector: face-api.js's TinyFaceDetector finds the box, MTCNN's RNet and ONet place the points.
 
 Invariants:
-- onnxruntime, numpy and PIL only, never torch. The two ONNX files are built once from the
-  `@vladmandic/face-api` package's weights by `fedface models fetch` (`export.tinyface_onnx`); each
-  is checked against the sha256 its folder's manifest records.
+- onnxruntime, numpy and PIL only, never torch. The detector's ONNX file is built once from the
+  `@vladmandic/face-api` package's weights by `fedface models fetch` (`export.tinyface_onnx`) and
+  checked against the sha256 its folder's manifest records; the point nets are MTCNN's files.
 - A photo is padded to a square at its bottom and right and resized to `input_size` (a multiple of
   32), as face-api.js does; the 5 x 5 boxes per grid cell are decoded as its `extractBoxes`, kept
   above `score_threshold`, and suppressed at IoU 0.4; the best face is `pick_face`'s.
-- The landmark net sees the box as a centred square of side max(w, h) (zeros outside the photo),
-  resized to 112 x 112. The five points are the two eye centres (means of iBUG points 36-41 and
-  42-47), the nose tip (30) and the mouth corners (48, 54): image-left first, as MTCNN's.
-- All photos of one `detect` call share one detector run and one landmark run (batched).
+- The five points are placed in that box by MTCNN's last two stages (`MtcnnPoints`): they fall where
+  MTCNN's would, so one crop geometry serves every detector of the chain, MTCNN itself included.
+- All photos of one `detect` call share one detector run and one run of each point net (batched).
 """
 from __future__ import annotations
 
@@ -23,16 +22,15 @@ from PIL import Image
 
 from facecore.align.detector import Detection, pick_face
 from facecore.align.detector_files import detector_sessions, verified_files
+from facecore.align.mtcnn_points import MTCNN_POINTS_VERSION, MtcnnPoints
 from facecore.paths import packages_root
 
-SOURCE = "@vladmandic/face-api 1.7.15: tiny_face_detector_model, face_landmark_68_model"
+SOURCE = "@vladmandic/face-api 1.7.15: tiny_face_detector_model"
 FORMAT = "fedface-tinyface-onnx/2"
-NETS = ("detector", "landmarks")
+NETS = ("detector",)
 WHAT = "the default face detector"
-# The pixel means each net was trained with; the ONNX graphs subtract them (export.tinyface_onnx).
+# The pixel means the net was trained with; the ONNX graph subtracts them (export.tinyface_onnx).
 MEAN_RGB = np.array([117.001, 114.697, 97.404], np.float32)
-LANDMARK_MEAN_RGB = np.array([122.782, 117.001, 104.298], np.float32)
-LANDMARK_SIZE = 112
 ANCHORS = np.array([[1.603231, 2.094468], [6.041143, 7.080126], [2.882459, 3.518061], [4.266906, 5.178857],
                     [9.041765, 10.66308]], np.float32)
 IOU_THRESHOLD = 0.4
@@ -60,7 +58,7 @@ class TinyFaceConfig:
 
 
 def tinyface_version(config: TinyFaceConfig) -> str:
-    return f"tinyface-faceapi1.7.15-{config.key}"
+    return f"tinyface-faceapi1.7.15-{config.key}-{MTCNN_POINTS_VERSION}"
 
 
 RETRY_INPUT_SIZE = 160
@@ -123,30 +121,6 @@ def square_input(image: np.ndarray, size: int) -> tuple[np.ndarray, float]:
     return canvas, scale
 
 
-def square_crop(image: np.ndarray, box: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray, float]:
-    """The box as a centred square of side max(w, h), zeros outside the photo, resized to `size`:
-    (size, size, 3) uint8, the square's top-left corner in photo pixels, and its side."""
-    x1, y1, x2, y2 = (float(v) for v in box)
-    side = max(x2 - x1, y2 - y1, 1.0)
-    left, top = (x1 + x2 - side) / 2, (y1 + y2 - side) / 2
-    corner = np.floor([left, top]).astype(int)
-    span = int(np.ceil(side))
-    height, width = image.shape[:2]
-    canvas = np.zeros((span, span, 3), np.uint8)
-    sx0, sy0 = max(corner[0], 0), max(corner[1], 0)
-    sx1, sy1 = min(corner[0] + span, width), min(corner[1] + span, height)
-    if sx1 > sx0 and sy1 > sy0:
-        canvas[sy0 - corner[1] : sy1 - corner[1], sx0 - corner[0] : sx1 - corner[0]] = image[sy0:sy1, sx0:sx1]
-    resized = np.asarray(Image.fromarray(canvas).resize((size, size), Image.Resampling.BILINEAR), np.uint8)
-    return resized, corner.astype(np.float64), float(span)
-
-
-def five_points(landmarks68: np.ndarray) -> np.ndarray:
-    """(68, 2) iBUG points -> (5, 2): image-left eye, other eye, nose tip, image-left mouth corner, other."""
-    return np.stack([landmarks68[36:42].mean(0), landmarks68[42:48].mean(0), landmarks68[30], landmarks68[48],
-                     landmarks68[54]])
-
-
 class TinyFaceDetector:
     """`detect(images) -> [Detection | None]` on onnxruntime (see the module's invariants)."""
 
@@ -156,9 +130,10 @@ class TinyFaceDetector:
         self.config = config
         self.version = tinyface_version(config)
         self._sessions = detector_sessions(folder or tinyface_dir(), FORMAT, NETS, WHAT, threads)
+        self._points = MtcnnPoints(threads=threads)
 
     def at_input_size(self, input_size: int) -> TinyFaceDetector:
-        """This detector seeing photos at another size, sharing its sessions (the detector net takes any size)."""
+        """This detector seeing photos at another size, sharing its sessions (the net takes any size)."""
         twin = copy.copy(self)
         twin.config = replace(self.config, input_size=input_size)
         twin.version = tinyface_version(twin.config)
@@ -184,20 +159,17 @@ class TinyFaceDetector:
         return self._with_landmarks(images, boxes)
 
     def _with_landmarks(self, images: list[np.ndarray], boxes: list[tuple[np.ndarray, float] | None]) -> list[Detection | None]:
-        found = [i for i, b in enumerate(boxes) if b is not None]
+        found = [(i, box) for i, box in enumerate(boxes) if box is not None]
         results: list[Detection | None] = [None] * len(images)
         if not found:
             return results
-        crops = [square_crop(np.asarray(images[i], np.uint8), boxes[i][0], LANDMARK_SIZE) for i in found]  # type: ignore[index]
-        (points,) = self._sessions["landmarks"].run(None, {"image": np.stack([c for c, _, _ in crops])})
-        relative = np.stack([five_points(p.reshape(68, 2).astype(np.float64)) for p in points])
-        for i, (_, corner, side), five in zip(found, crops, relative):
-            box, score = boxes[i]  # type: ignore[misc]
-            results[i] = Detection(np.asarray(box, np.float64), score, corner + five * side)
+        points = self._points.place([np.asarray(images[i], np.uint8) for i, _ in found], [box for _, (box, _) in found])
+        for (i, (box, score)), five in zip(found, points):
+            results[i] = Detection(np.asarray(box, np.float64), score, five)
         return results
 
 
 __all__ = [
     "RETRY_INPUT_SIZE", "RETRY_TINYFACE_VERSION", "TINYFACE_VERSION", "TinyFaceConfig", "TinyFaceDetector", "decode_grid",
-    "five_points", "square_crop", "square_input", "tinyface_dir", "tinyface_files",
+    "square_input", "tinyface_dir", "tinyface_files",
 ]

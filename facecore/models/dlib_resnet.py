@@ -34,10 +34,10 @@ DLIB_RGB_MEAN = (122.782, 117.001, 104.298)
 DLIB_PIXEL_DIVISOR = 255.0
 
 # The crop this backbone is evaluated and trained with: the ArcFace template mapped into 150x150,
-# scaled about the centre and moved up, the best of 14 crops on LFW people folds 1-5 by pairs
-# accuracy with the default detector's landmarks (`fedface eval geometry`; the grid, and the one
-# chosen with MTCNN's, are in facecore/weights/MODEL_CARD.md).
-DLIB_GEOMETRY: FaceGeometry = scaled_arcface(INPUT_SIZE, scale=1.2, shift_y=30.0)
+# scaled about the centre and moved up, the best of 16 crops on LFW people folds 1-5 by pairs
+# accuracy with the default detector's landmarks, which are MTCNN's points; MTCNN alone chose the
+# same crop (`fedface eval geometry`; both grids are in facecore/weights/MODEL_CARD.md).
+DLIB_GEOMETRY: FaceGeometry = scaled_arcface(INPUT_SIZE, scale=1.12, shift_y=24.0)
 
 # (name, in channels, out channels, down) in forward order, after the stem.
 BLOCKS: tuple[tuple[str, int, int, bool], ...] = (

@@ -1,8 +1,8 @@
 // A published face-api net run by the package's own JavaScript (tf.js, pure-JS CPU backend), for the
-// parity tests of its ports (the torch recognition model, the ONNX detector and landmark nets):
+// parity tests of its ports (the torch recognition model, the ONNX detector):
 //   node face_api_parity.mjs PACKAGE_DIR NET INPUT.f32 N OUTPUT.f32
-// NET: recognition (150x150 faces -> N x 128 descriptors), detector (224x224 photos -> N x 7 x 7 x 25
-// TinyFaceDetector grids) or landmarks (112x112 face boxes -> N x 136 FaceLandmark68Net outputs).
+// NET: recognition (150x150 faces -> N x 128 descriptors) or detector (224x224 photos -> N x 7 x 7 x 25
+// TinyFaceDetector grids).
 // INPUT holds N RGB images of float32 pixels in [0, 255] (NHWC); OUTPUT gets the float32 outputs, as
 // the net's forward computes them before any decoding. Nothing is downloaded.
 import fs from 'fs';
@@ -35,7 +35,6 @@ await tf.ready();
 const nets = {
   recognition: { file: 'face_recognition_model', size: 150, make: () => new faceapi.FaceRecognitionNet(), run: (net, input) => net.forwardInput(input) },
   detector: { file: 'tiny_face_detector_model', size: 224, make: () => new faceapi.TinyFaceDetector(), run: (net, input) => net.forwardInput(input, 224) },
-  landmarks: { file: 'face_landmark_68_model', size: 112, make: () => new faceapi.FaceLandmark68Net(), run: (net, input) => net.runNet(input) },
 };
 const chosen = nets[netName];
 if (!chosen) throw new Error(`unknown net ${netName}: one of ${Object.keys(nets).join(', ')}`);

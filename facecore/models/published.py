@@ -4,8 +4,8 @@ The dlib ResNet's weights are taken from the npm package `@vladmandic/face-api` 
 model itself is CC0): `model/face_recognition_model.bin` holds 117 tensors in the order of
 `face_recognition_model-weights_manifest.json`: 109 stored as uint8 with a per-tensor `min` and
 `scale` (value = q * scale + min), and the 8 filters of the 64-channel stage as little-endian float32.
-The same package's TinyFaceDetector and 68-landmark net (MIT, uint8 the same way) are the default
-face detector, built as ONNX by `export.tinyface_onnx`.
+The same package's TinyFaceDetector (MIT, uint8 the same way) finds the default
+face detector's boxes, built as ONNX by `export.tinyface_onnx`.
 
 `fetch` runs the ordinary client (`npm pack`), checks the tarball's sha256, and unpacks only the
 files used into `FEDFACE_PACKAGES` (default `FEDFACE_CACHE/packages/`), atomically. Loading checks each file's sha256 again,
@@ -66,11 +66,9 @@ FACE_API = NpmPackage(
     files=(
         ("model/face_recognition_model.bin", "b413e420d6840b2775fba32008db6f3cddb07d485967fb42cfcf379c16a8c589"),
         ("model/face_recognition_model-weights_manifest.json", "cbaffa501b0b9275a12b63357a6843e7e30c054e1c9151e1a5f879b26e32986b"),
-        # The face detector (TinyFaceDetector) and the 68-landmark net that `fedface models fetch` builds as ONNX.
+        # The face detector (TinyFaceDetector) that `fedface models fetch` builds as ONNX.
         ("model/tiny_face_detector_model.bin", "b7503ce7df31039b1c43316a9b865cab6a70dd748cc602d3fa28b551503c3871"),
         ("model/tiny_face_detector_model-weights_manifest.json", "5d1af4849ac48d5b985f4a9b16010c512353ddd6fcc63d50fd0bc9e9e64296e5"),
-        ("model/face_landmark_68_model.bin", "4611ef65c87d836d03d684b30eec4d195d8b219fa1dd58fc58945831c6b9299b"),
-        ("model/face_landmark_68_model-weights_manifest.json", "ca4886639f86e99b39fed0c155f81b63317225773bd9616716e887b0153389c9"),
         ("LICENSE", "9a3442b79acaf4fbc7c2e07b7e2d8f84af9bb3871bf08a69d80304ab00640e9a"),
         # The package's own browser bundle (tf.js with its pure-JS CPU backend): the parity test runs it under node.
         ("dist/face-api.esm.js", "14f0e9813f6d9f14a9cdafb6543a74835ebb13085090e2942310a7a737f55d9a"),
