@@ -23,9 +23,10 @@ def test_a_loose_box_gets_mtcnns_points(photos: list[np.ndarray]) -> None:
     loose = [f.box + (f.box[2] - f.box[0]) * (grown + moved) for f in found]  # type: ignore[union-attr]
     # Execute
     points = MtcnnPoints().place(photos, loose)
-    # Assert: RNet moves the box back, so the points land within a few pixels of MTCNN's
+    # Assert: RNet's two passes move the box back, so the points land within a pixel or two of MTCNN's
+    # (bounds that ONet alone, or a single RNet pass, does not meet)
     gaps = np.array([np.abs(p - f.landmarks).max() for p, f in zip(points, found)])  # type: ignore[union-attr]
-    assert np.median(gaps) < 2.5 and gaps.max() < 6.0, gaps
+    assert np.median(gaps) < 2.0 and gaps.max() < 4.0, gaps
 
 
 def test_only_the_region_around_the_box_matters(photos: list[np.ndarray]) -> None:
