@@ -23,7 +23,16 @@ import numpy as np
 from PIL import Image
 
 from facecore.align.detector_files import detector_sessions
-from facecore.align.onnx_detector import FORMAT, MTCNN_VERSION, WHAT, detector_dir, onet_points, regress, square
+from facecore.align.onnx_detector import (
+    FORMAT,
+    MTCNN_VERSION,
+    WHAT,
+    detector_dir,
+    net_input,
+    onet_points,
+    regress,
+    square,
+)
 
 RNET_PASSES = 2
 MTCNN_POINTS_VERSION = f"{MTCNN_VERSION}-points-r{RNET_PASSES}-box"
@@ -50,7 +59,7 @@ class MtcnnPoints:
 def _crops(images: list[np.ndarray], boxes: np.ndarray, size: int) -> np.ndarray:
     """(N, 3, size, size) float32 crops, normalised as MTCNN's nets expect."""
     batch = np.stack([_crop(image, box, size) for image, box in zip(images, boxes)])
-    return np.ascontiguousarray(((batch - np.float32(127.5)) * np.float32(0.0078125)).transpose(0, 3, 1, 2))
+    return np.ascontiguousarray(net_input(batch).transpose(0, 3, 1, 2))
 
 
 def _crop(image: np.ndarray, box: np.ndarray, size: int) -> np.ndarray:

@@ -146,10 +146,11 @@ def crops(integral: IntegralImage, boxes: np.ndarray, size: int) -> tuple[np.nda
     kept = np.flatnonzero((ey > y - 1) & (ex > x - 1))
     x, y, ex, ey = x[kept], y[kept], ex[kept], ey[kept]
     batch = integral.area_resize_boxes(y - 1, x - 1, ey - y + 1, ex - x + 1, size)
-    return np.ascontiguousarray(_normalise(batch).transpose(0, 3, 1, 2)), kept
+    return np.ascontiguousarray(net_input(batch).transpose(0, 3, 1, 2)), kept
 
 
-def _normalise(pixels: np.ndarray) -> np.ndarray:
+def net_input(pixels: np.ndarray) -> np.ndarray:
+    """Pixels in [0, 255] as MTCNN's nets take them: (pixels - 127.5) / 128, float32."""
     return (pixels - np.float32(127.5)) * np.float32(0.0078125)
 
 
@@ -201,7 +202,7 @@ class OnnxMTCNN:
         found = []
         while shortest >= 12:
             resized = integral.area_resize(0, 0, height, width, int(height * scale + 1), int(width * scale + 1))
-            batch = _normalise(resized).transpose(2, 0, 1)[None]
+            batch = net_input(resized).transpose(2, 0, 1)[None]
             offsets, probabilities = self._sessions["pnet"].run(None, {"image": batch})
             candidates = _grid_boxes(offsets[0], probabilities[0, 1], scale, threshold)
             found.append(candidates[nms(candidates[:, :4], candidates[:, 4], 0.5)])
@@ -264,5 +265,5 @@ def _grid_boxes(offsets: np.ndarray, probability: np.ndarray, scale: float, thre
 
 __all__ = [
     "MTCNN_VERSION", "DetectorCorrupt", "DetectorMissing", "IntegralImage", "OnnxMTCNN", "area_resize", "detector_dir", "detector_files",
-    "nms", "nms_min", "onet_points",
+    "net_input", "nms", "nms_min", "onet_points",
 ]
