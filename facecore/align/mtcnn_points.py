@@ -41,8 +41,6 @@ MTCNN_POINTS_VERSION = f"{MTCNN_VERSION}-points-r{RNET_PASSES}-box"
 class MtcnnPoints:
     """`place(images, boxes) -> landmarks`: MTCNN's five points for each given box."""
 
-    version = MTCNN_POINTS_VERSION
-
     def __init__(self, folder: Path | None = None, threads: int = 1) -> None:
         self._sessions = detector_sessions(folder or detector_dir(), FORMAT, ("rnet", "onet"), WHAT, threads)
 
@@ -53,7 +51,7 @@ class MtcnnPoints:
             offsets, _ = self._sessions["rnet"].run(None, {"image": _crops(images, current, 24)})
             current = square(regress(current, offsets))
         _, landmarks, _ = self._sessions["onet"].run(None, {"image": _crops(images, current, 48)})
-        return onet_points(current, landmarks).astype(np.float64)
+        return onet_points(current, landmarks)
 
 
 def _crops(images: list[np.ndarray], boxes: np.ndarray, size: int) -> np.ndarray:
