@@ -140,7 +140,9 @@ def issue_enrollment_tokens(
     ctx: ServerContext, session: Session, count: int, ttl_s: int | None,
 ) -> IssuedTokens:
     """``count`` new one-time tokens; only their hashes are kept, so this is the one time they are shown."""
-    tokens = [secrets.token_urlsafe(24) for _ in range(count)]
+    # Hex, not URL-safe base64: an operator passes a token as `--enrollment-token TOKEN`, and one that began
+    # with "-" (1 in 64 base64 tokens) would be read by the command line as an option.
+    tokens = [secrets.token_hex(24) for _ in range(count)]
     expires_at = utcnow() + timedelta(seconds=ttl_s or ctx.settings.enrollment_token_ttl_s)
     with transaction(session):
         device_crud.add_enrollment_tokens(session, [_token_hash(t) for t in tokens], expires_at)

@@ -2,6 +2,7 @@
 registrations, and pruning of devices that registered but never enrolled."""
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -33,6 +34,17 @@ def _register(client: TestClient, token: str | None, device: Device | None = Non
     if response.status_code in (200, 201):
         device.id = response.json()["device_id"]
     return device, response.status_code
+
+
+def test_issued_tokens_are_hex_so_a_command_line_never_reads_one_as_an_option(token_client: TestClient) -> None:
+    # Prepare
+    admin = {"Authorization": f"Bearer {token_client.app.state.ctx.admin_token}"}
+    # Execute
+    issued = token_client.post("/v1/admin/enrollment-tokens", json={"count": 100}, headers=admin)
+    # Assert: 192 random bits each, none beginning with "-"
+    tokens = issued.json()["tokens"]
+    assert issued.status_code == 201 and len(set(tokens)) == 100
+    assert all(re.fullmatch("[0-9a-f]{48}", token) for token in tokens), tokens
 
 
 def test_a_token_server_registers_each_token_once(token_client: TestClient) -> None:
