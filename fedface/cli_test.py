@@ -250,7 +250,8 @@ def test_the_demo_and_sim_http_pass_the_smaller_evaluation_on(
 def test_sim_capture_names_the_fleet_cameras_and_refuses_others(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     # Prepare: the names the parser offers are written out so that parsing stays light
     from facecore.capture import CAPTURES
-    from fedface.commands.sim import CAPTURE_NAMES
+    from fedface.commands.sim import CAPTURE_NAMES, CENTER_SOURCE_NAMES
+    from simulator.cross_device.config import CENTER_SOURCES
 
     # Execute
     parsed = cli.build_parser().parse_args(["sim", "cross-device", "--capture", "far"])
@@ -258,7 +259,7 @@ def test_sim_capture_names_the_fleet_cameras_and_refuses_others(capsys: pytest.C
         main(["sim", "cross-device", "--capture", "webcam", "--out", str(tmp_path)])
     err = capsys.readouterr().err
     # Assert
-    assert CAPTURE_NAMES == tuple(CAPTURES)
+    assert CAPTURE_NAMES == tuple(CAPTURES) and CENTER_SOURCE_NAMES == CENTER_SOURCES
     assert parsed.capture == "far" and cli.build_parser().parse_args(["sim", "cross-device"]).capture is None
     assert refused.value.code == 2 and "--capture: invalid choice: 'webcam'" in err and "'lowlight-ir', 'far'" in err
     assert list(tmp_path.iterdir()) == []

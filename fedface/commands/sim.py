@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 # facecore.capture.CAPTURES's names, written out: importing it at parse time brings numpy and PIL
 # (fedface/cli_test.py checks the two agree).
 CAPTURE_NAMES = ("lowlight-ir", "far")
+CENTER_SOURCE_NAMES = ("lfw", "celeba", "model")  # simulator.cross_device.config.CENTER_SOURCES, written out for the same reason
 CAPTURE_HELP = ("simulate the fleet's camera: every device photo and the evaluation's LFW photos as it takes them, "
                 "LFW also scored clean (lowlight-ir: grey near-infrared at night, one side light; far: a small, blurred, "
                 "noisy, JPEG face). See `fedface sim capture-examples`")
@@ -85,8 +86,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          "or from the same photos clean (the owner enrolled with a phone's own camera)")
     cd.add_argument("--center-features", type=on_off, default="off", metavar="{on,off}",
                     help="on: the devices' positive loss runs on features centred on the direction the starting templates share")
-    cd.add_argument("--center-source", choices=("lfw", "celeba"), default="lfw",
-                    help="with --center-features: whose public photos give the centre")
+    cd.add_argument("--center-source", choices=CENTER_SOURCE_NAMES, default="lfw",
+                    help="with --center-features: whose public photos give the centre, or the centre the model publishes (model), "
+                         "which a live round uses and no --split changes")
     cd.add_argument("--eval-every", type=int, default=5, metavar="N", help="rounds between LFW evaluations")
     cd.add_argument("--folds", default="6-10",
                     help="LFW folds to evaluate on (identity-disjoint from the devices): at least 2, all of 6-10 (test) or all of 1-5 (tuning)")

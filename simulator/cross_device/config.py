@@ -24,7 +24,7 @@ SELECTIONS = ("least_recent", "uniform")
 SEEDINGS = ("live", "per_device")
 WEIGHTINGS = get_args(Weighting)
 ENROLMENTS = ("captured", "clean")
-CENTER_SOURCES = ("lfw", "celeba")
+CENTER_SOURCES = ("lfw", "celeba", "model")  # model: the centre the starting model publishes, as a live round uses
 # What a checkpoint written before a field existed ran with, so it resumes with its own meaning.
 LEGACY_DEFAULTS: dict[str, Any] = {"selection": "uniform", "wire": "fp32", "seeding": "per_device", "public_negatives": 0, "public_rehearsal": False,
                                    "weighting": "samples", "eval_photos": None, "capture": None,
@@ -91,7 +91,7 @@ class CrossDeviceConfig:
     # The devices' positive loss centred on the direction the starting model's features of public faces
     # share (facecore.eval.feature_center, fixed at the start), as a live round's local.feature_center.
     center_features: bool = False
-    center_source: str = "lfw"  # whose public photos: LFW's, or CelebA's (then not an independent check of the CelebA people)
+    center_source: str = "lfw"  # whose public photos: LFW's, CelebA's (then not an independent check of the CelebA people), the model's own
 
     def __post_init__(self) -> None:
         problems = [
@@ -120,7 +120,7 @@ class CrossDeviceConfig:
                 (f"capture must be one of {', '.join(CAPTURES)} (or none)", self.capture is not None and self.capture not in CAPTURES),
                 ("server_momentum must be in [0, 1)", not 0 <= self.server_momentum < 1),
                 ("enrolment must be captured or clean", self.enrolment not in ENROLMENTS),
-                ("center_source must be lfw or celeba", self.center_source not in CENTER_SOURCES),
+                ("center_source must be lfw, celeba or model", self.center_source not in CENTER_SOURCES),
                 ("enrolment clean needs a capture", self.enrolment == "clean" and self.capture is None),
                 ("public negatives train in process: use workers 1 and backend process",
                  self.public_negatives > 0 and (self.workers > 1 or self.backend != "process")),

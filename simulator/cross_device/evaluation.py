@@ -7,6 +7,9 @@ Invariants:
 - Owners are verified on held-out photos no device trained on, at the published threshold (which a
   federated version inherits) and at one recalibrated for the model being scored, on LFW folds 1-5
   less the devices' people, as a publisher who recalibrates would set it. Never on folds 6-10.
+- Owners enroll as the run's devices enrolled: from their clean photos under `enrolment` clean (an
+  owner enrolled on a phone, verified by the fleet's camera). Then the figures of owners enrolled on
+  the camera's own photos come beside them (`owners_camera_enrolled`).
 - With a fleet camera (facecore.capture) LFW is scored on its photos as that camera takes them, drawn
   with a fixed seed of their own: every arm and run seed scores the same captured photos. The clean
   photos' figures come beside them (`clean`), so a gain on the camera is told from a loss on the web.
@@ -38,7 +41,8 @@ from facecore.paths import cache_root
 from simulator.cross_device.engine import Evaluator
 from simulator.cross_device.population import Population, SimDevice
 
-EVALUATED = ("accuracy", "accuracy_std", "auc", "tar_at_far", "tar_at_far_per_fold", "owners", "owners_recalibrated", "lfw_subset", "clean")
+EVALUATED = ("accuracy", "accuracy_std", "auc", "tar_at_far", "tar_at_far_per_fold", "owners", "owners_recalibrated", "owners_camera_enrolled",
+             "lfw_subset", "clean")
 # The captured LFW photos' draws: independent of the run's seed, and below the devices' streams
 # (simulator.cross_device.population.DEVICE_STREAM), which a run with seed 0 also draws from.
 LFW_CAPTURE_SEED, LFW_CAPTURE_STREAM = 0, 1
@@ -80,10 +84,15 @@ def lfw_evaluator(
     return score
 
 
-def owner_evaluator(root: Path, geometry: FaceGeometry, devices: Sequence[SimDevice], threshold: float | None, far: float) -> Evaluator:
+def owner_evaluator(
+    root: Path, geometry: FaceGeometry, devices: Sequence[SimDevice], threshold: float | None, far: float, enrolment: str = "captured",
+) -> Evaluator:
     """Each owner's held-out photos against every template (facecore.eval.owners), at `threshold`
-    and at the threshold recalibrated at `far` on LFW folds 1-5 less the devices' people."""
-    owners = [OwnerFaces(d.identity, d.faces, d.held_out) for d in devices if d.held_out is not None]
+    and at the threshold recalibrated at `far` on LFW folds 1-5 less the devices' people. The owners
+    enroll as the devices did (`enrolment`); enrolled clean, the camera-enrolled figures come beside."""
+    held = [(d, d.held_out) for d in devices if d.held_out is not None]
+    owners = [OwnerFaces(d.identity, d.clean if enrolment == "clean" and d.clean is not None else d.faces, photos) for d, photos in held]
+    camera_enrolled = [OwnerFaces(d.identity, d.faces, photos) for d, photos in held] if enrolment == "clean" else None
     calibration = load_lfw_faces(root / "lfw", CALIBRATION_FOLDS, aligner=FaceAligner(geometry=geometry)).without({d.identity for d in devices})
 
     def score(model: torch.nn.Module) -> dict[str, Any]:
@@ -91,9 +100,13 @@ def owner_evaluator(root: Path, geometry: FaceGeometry, devices: Sequence[SimDev
             return embed_faces(model, faces)
 
         _, impostor = all_pairs_scores(embed(calibration.faces), calibration.identities)
-        recalibrated = float(threshold_at_far(impostor, far))
-        reports = owner_verifications(embed, owners, [recalibrated] if threshold is None else [recalibrated, threshold])
-        return {"owners_recalibrated": reports[0].to_dict(), **({"owners": reports[1].to_dict()} if threshold is not None else {})}
+        thresholds = [float(threshold_at_far(impostor, far))] + ([] if threshold is None else [threshold])
+
+        def reports(faces: list[OwnerFaces]) -> dict[str, Any]:
+            found = owner_verifications(embed, faces, thresholds)
+            return {"owners_recalibrated": found[0].to_dict(), **({"owners": found[1].to_dict()} if threshold is not None else {})}
+
+        return reports(owners) | ({} if camera_enrolled is None else {"owners_camera_enrolled": reports(camera_enrolled)})
 
     return score
 
@@ -136,12 +149,13 @@ def remembered(evaluator: Evaluator, setting: dict[str, Any]) -> Evaluator:
 
 def evaluators(
     root: Path, folds: tuple[int, ...], model: torch.nn.Module, population: Population, trained_on: Collection[str] = (),
-    max_photos: int | None = None, capture: str | None = None,
+    max_photos: int | None = None, capture: str | None = None, enrolment: str = "captured",
 ) -> tuple[Evaluator, Evaluator | None]:
     """(LFW, owners) for a run starting from `model`; owners is None without held-out photos.
     `trained_on`: public people the devices train against, left out of tuning folds like the devices'.
     `max_photos`: LFW on a seeded subset of the folds' photos (the owners' figures are unchanged).
-    `capture`: LFW on the photos as that fleet camera takes them, beside the clean photos' figures."""
+    `capture`: LFW on the photos as that fleet camera takes them, beside the clean photos' figures.
+    `enrolment`: how the owners enroll, as the run's devices do."""
     geometry = geometry_of(model)
     shipped = shipped_verification(model)
     far = 1e-3 if shipped is None or shipped.far is None else shipped.far
@@ -159,6 +173,8 @@ def evaluators(
     lfw = remembered(lfw_evaluator(root, folds, geometry, population.devices, trained_on, max_photos, capture), lfw_setting)
     if not any(d.held_out is not None for d in population.devices):
         return lfw, None
-    owners = remembered(owner_evaluator(root, geometry, population.devices, threshold, far),
-                        {**setting, "kind": "owners", "threshold": threshold, "far": far})
+    owners_setting: dict[str, Any] = {**setting, "kind": "owners", "threshold": threshold, "far": far}
+    if enrolment != "captured":  # only then, like capture: results remembered before the option existed still count
+        owners_setting["enrolment"] = enrolment
+    owners = remembered(owner_evaluator(root, geometry, population.devices, threshold, far, enrolment), owners_setting)
     return lfw, owners

@@ -69,3 +69,32 @@ def test_lfw_through_a_fleet_camera_scores_the_captured_photos_and_the_clean_one
     np.testing.assert_array_equal(seen[1], photos)
     assert result["accuracy"] == 0.9 and result["clean"] == {"accuracy": 0.9, "tar_at_far": {"1e-3": 0.5}, "tar_at_far_per_fold": None}
     assert "clean" in evaluation.EVALUATED
+
+
+def test_owners_enroll_as_the_devices_did_and_the_camera_enrolled_figures_come_beside(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: two owners whose clean, captured and held-out photos embed to known directions
+    from types import SimpleNamespace
+
+    import simulator.cross_device.evaluation as evaluation
+
+    def photos(value: int, n: int) -> np.ndarray:
+        return np.full((n, 2, 2, 3), value, np.uint8)
+
+    directions = {1: [1.0, 0.0], 2: [0.0, 1.0], 3: [1.0, 1.0], 4: [1.0, 0.05], 5: [0.05, 1.0]}
+    devices = [
+        SimDevice(0, "a", faces=photos(3, 2), held_out=photos(4, 1), clean=photos(1, 2)),  # captured photos all look alike (3)
+        SimDevice(1, "b", faces=photos(3, 2), held_out=photos(5, 1), clean=photos(2, 2)),
+    ]
+    calibration = SimpleNamespace(faces=photos(1, 2), identities=np.array([0, 1]))
+    calibration = SimpleNamespace(**vars(calibration), without=lambda people: calibration)
+    monkeypatch.setattr(evaluation, "load_lfw_faces", lambda *args, **kwargs: calibration)
+    monkeypatch.setattr(evaluation, "embed_faces", lambda model, faces: np.array([directions[int(f[0, 0, 0])] for f in faces]))
+    monkeypatch.setattr(evaluation, "threshold_at_far", lambda impostor, far: 0.9)
+    # Execute
+    clean = evaluation.owner_evaluator(Path("unused"), None, devices, 0.99, 1e-3, enrolment="clean")(torch.nn.Linear(1, 1))  # type: ignore[arg-type]
+    captured = evaluation.owner_evaluator(Path("unused"), None, devices, 0.99, 1e-3)(torch.nn.Linear(1, 1))  # type: ignore[arg-type]
+    # Assert: clean templates tell the owners apart at 0.9; templates from the camera's look-alike photos do not
+    assert clean["owners_recalibrated"]["genuine_accept"] == 1.0 and clean["owners_recalibrated"]["impostor_accept"] == 0.0
+    assert clean["owners_camera_enrolled"]["owners_recalibrated"] == captured["owners_recalibrated"]
+    assert captured["owners_recalibrated"]["impostor_accept"] == 0.0 and captured["owners_recalibrated"]["genuine_accept"] == 0.0
+    assert clean["owners"]["threshold"] == 0.99 and "owners_camera_enrolled" not in captured

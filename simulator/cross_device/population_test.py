@@ -94,5 +94,5 @@ def test_a_clean_enrolment_needs_a_camera_and_a_centre_a_known_source() -> None:
     # Execute / Assert
     with pytest.raises(ValueError, match="enrolment clean needs a capture"):
         CrossDeviceConfig(enrolment="clean")
-    with pytest.raises(ValueError, match="center_source must be lfw or celeba"):
+    with pytest.raises(ValueError, match="center_source must be lfw, celeba or model"):
         CrossDeviceConfig(center_features=True, center_source="web")

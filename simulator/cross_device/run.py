@@ -11,9 +11,10 @@ import torch
 
 from facecore.align.geometry import geometry_of
 from facecore.data.split import SplitConfig, SplitManifest, build_split
+from facecore.errors import FaceCoreError
 from facecore.eval.feature_center import public_feature_center
 from facecore.eval.plots import save_line_plot
-from facecore.models.checkpoint import load_backbone, save_backbone, shipped_verification
+from facecore.models.checkpoint import feature_center_of, load_backbone, save_backbone, shipped_verification
 from facecore.models.preprocess import embed_faces
 from facecore.models.verification import shipping
 from simulator.cross_device.config import CrossDeviceConfig
@@ -34,13 +35,12 @@ def run_cross_device(config: CrossDeviceConfig, root: Path, out: Path, manifest:
         print(population.notice())
     negatives = load_public_negatives(manifest, root, config.public_negatives, geometry_of(model), config.seed) if config.public_negatives else None
     evaluator, owners = evaluators(root, config.eval_folds, model, population, negatives.identities if negatives else (), config.eval_photos,
-                                   config.capture)
+                                   config.capture, config.enrolment)
     started = time.perf_counter()
     if config.method == "central":
         history, trained = _central(config, population, model, evaluator, out)
     else:
-        center = (public_feature_center(manifest, root, model, geometry_of(model), config.seed, config.center_source)
-                  if config.center_features else None)
+        center = _feature_center(config, manifest, root, model) if config.center_features else None
         simulation = CrossDeviceSimulation(config, population, model, out, evaluator, negatives, center)
         history = simulation.run(resume=resume).history
         trained = simulation.model
@@ -53,6 +53,15 @@ def run_cross_device(config: CrossDeviceConfig, root: Path, out: Path, manifest:
     (out / "report.json").write_text(json.dumps(report, indent=1))
     write_markdown([report], out, write_plots([report], out))
     return report
+
+
+def _feature_center(config: CrossDeviceConfig, manifest: SplitManifest, root: Path, model: torch.nn.Module) -> np.ndarray:
+    if config.center_source != "model":
+        return public_feature_center(manifest, root, model, geometry_of(model), config.seed, config.center_source)
+    published = feature_center_of(model)
+    if published is None:
+        raise FaceCoreError(f"--center-source model: {config.model!r} publishes no feature centre (fedface admin model center sets one)")
+    return np.asarray(published, np.float32)
 
 
 def _central(config: CrossDeviceConfig, population, model, evaluator: Evaluator, out: Path) -> tuple[list[dict[str, Any]], torch.nn.Module]:  # type: ignore[no-untyped-def]
@@ -95,6 +104,7 @@ def summarize(config: CrossDeviceConfig, population, history: list[dict[str, Any
         "tar_at_far_per_fold": final.get("tar_at_far_per_fold"), "initial_tar_at_far_per_fold": evaluated[0].get("tar_at_far_per_fold"),
         "owners": final.get("owners"), "initial_owners": evaluated[0].get("owners"),
         "owners_recalibrated": final.get("owners_recalibrated"), "initial_owners_recalibrated": evaluated[0].get("owners_recalibrated"),
+        "owners_camera_enrolled": final.get("owners_camera_enrolled"), "initial_owners_camera_enrolled": evaluated[0].get("owners_camera_enrolled"),
         "rounds_to_target": reached, "target_accuracy": target, "lfw_subset": final.get("lfw_subset"),
         "seconds_per_round": sum(trained) / len(trained) if trained else 0.0, "wall_seconds": seconds,
         "device_images": int(sum(len(d.faces) for d in population.devices)), "split_sizes": manifest.sizes(),
