@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import hashlib
 import json
 import sys
 import time
@@ -44,22 +43,21 @@ from facecore.data.faces import load_labelled_faces
 from facecore.data.split import SplitConfig, build_split
 from facecore.eval.calibration import CALIBRATION_FOLDS
 from facecore.eval.lfw import load_lfw_faces
-from facecore.eval.metrics import all_pairs_scores, equal_error_rate, roc_auc, tar_at_far
 from facecore.eval.plots import save_line_plot
 from facecore.losses import spreadout_optimize
 from facecore.models.checkpoint import load_backbone
 from facecore.models.preprocess import faces_to_tensor
 from facecore.paths import cache_root, data_root
 from facecore.templates import mean_feature_embedding
-from simulator.cross_device.evaluation import LFW_CAPTURE_SEED, LFW_CAPTURE_STREAM
+from simulator.cross_device.evaluation import (
+    CELEBA_CAPTURE_STREAM,
+    LFW_CAPTURE_SEED,
+    LFW_CAPTURE_STREAM,
+    PEOPLE_GROUPS,
+    people_groups,
+    people_verification,
+)
 from simulator.cross_device.population import captured, load_population
-
-CELEBA_STREAM = 2  # the LFW evaluation draws from stream 1, devices from 1000 up
-GROUPS = 5
-
-
-def _groups(identities: np.ndarray) -> np.ndarray:
-    return np.array([int(hashlib.sha256(str(i).encode()).hexdigest(), 16) % GROUPS for i in identities])
 
 
 def _cached(path: Path, build: Callable[[], Any]) -> Any:
@@ -104,9 +102,9 @@ def prepare(model: nn.Module, capture: str, blocks: int, seed: int) -> dict[str,
             "eval": {
                 "lfw_captured": (_activations(prefix, lfw_captured[keep]), lfw.identities[keep], folds[keep]),
                 "lfw_clean": (_activations(prefix, lfw.faces[keep]), lfw.identities[keep], folds[keep]),
-                "celeba_captured": (_activations(prefix, camera.capture(celeba.faces, geometry, LFW_CAPTURE_SEED, CELEBA_STREAM)),
-                                    celeba_ids, _groups(celeba_ids)),
-                "celeba_clean": (_activations(prefix, celeba.faces), celeba_ids, _groups(celeba_ids)),
+                "celeba_captured": (_activations(prefix, camera.capture(celeba.faces, geometry, LFW_CAPTURE_SEED, CELEBA_CAPTURE_STREAM)),
+                                    celeba_ids, people_groups(celeba_ids)),
+                "celeba_clean": (_activations(prefix, celeba.faces), celeba_ids, people_groups(celeba_ids)),
             },
         }
 
@@ -123,7 +121,7 @@ def yale_b(model: nn.Module, blocks: int) -> tuple[Tensor, np.ndarray, np.ndarra
         people = np.array([p.parent.name for p in photos])[aligned.kept]
         azimuth = np.array([int(p.stem.split("A")[1][:4]) for p in photos])[aligned.kept]
         prefix, _ = split_backbone(model, blocks)
-        return _activations(prefix, aligned.faces), people, np.array([int(name[-2:]) % GROUPS for name in people]), azimuth
+        return _activations(prefix, aligned.faces), people, np.array([int(name[-2:]) % PEOPLE_GROUPS for name in people]), azimuth
 
     return _cached(cache_root() / "capture-lab" / f"yale-b-b{blocks}.pt", build)
 
@@ -134,15 +132,11 @@ def embed(suffix: nn.Module, x: Tensor) -> np.ndarray:
 
 
 def verification(embeddings: np.ndarray, identities: np.ndarray, groups: np.ndarray) -> dict[str, Any]:
-    genuine, impostor = all_pairs_scores(embeddings, identities)
-    scores, same = np.concatenate([genuine, impostor]), np.concatenate([np.ones(len(genuine)), np.zeros(len(impostor))])
-    per_group = []
-    for group in np.unique(groups):
-        g, i = all_pairs_scores(embeddings[groups == group], identities[groups == group])
-        per_group.append(round(100 * tar_at_far(g, i, (1e-3,))["1e-3"], 2))
-    tar = tar_at_far(genuine, impostor)
-    return {"tar3": round(100 * tar["1e-3"], 2), "tar4": round(100 * tar["1e-4"], 2), "auc": round(roc_auc(scores, same), 5),
-            "eer": round(100 * equal_error_rate(scores, same), 2), "tar3_per_group": per_group}
+    """people_verification's figures in the lab's percent keys."""
+    found = people_verification(embeddings, identities, groups)
+    return {"tar3": round(100 * found["tar_at_far"]["1e-3"], 2), "tar4": round(100 * found["tar_at_far"]["1e-4"], 2),
+            "auc": round(found["auc"], 5), "eer": round(100 * found["eer"], 2),
+            "tar3_per_group": [round(100 * t, 2) for t in found["tar_at_far_per_group"]["1e-3"]]}
 
 
 def score(suffix: nn.Module, sets: dict[str, Any]) -> dict[str, Any]:

@@ -13,6 +13,11 @@ Invariants:
 - With a fleet camera (facecore.capture) LFW is scored on its photos as that camera takes them, drawn
   with a fixed seed of their own: every arm and run seed scores the same captured photos. The clean
   photos' figures come beside them (`clean`), so a gain on the camera is told from a loss on the web.
+- With a fleet camera the CelebA people of the split's public role (whom the default model never
+  trained on and no device holds) are scored too, captured and clean (`celeba`), over all their pairs
+  and per five groups of people hashed by name. The centre a run may take from public CelebA photos
+  (`--center-source celeba` or `model`) makes this a check of the same people's mean, not an
+  independent one.
 - The same weights under the same setting score the same, so results are remembered in the cache.
 """
 from __future__ import annotations
@@ -31,9 +36,12 @@ from facecore.align.detectors import detector_version
 from facecore.align.geometry import FaceGeometry, geometry_of
 from facecore.align.pipeline import FaceAligner
 from facecore.capture import get_capture
+from facecore.data.faces import load_labelled_faces
+from facecore.data.split import SplitManifest
+from facecore.errors import FaceCoreError
 from facecore.eval.calibration import CALIBRATION_FOLDS
-from facecore.eval.lfw import SUBSET_SEED, TEST_FOLDS, evaluate, load_lfw_faces
-from facecore.eval.metrics import all_pairs_scores, threshold_at_far
+from facecore.eval.lfw import FARS, SUBSET_SEED, TEST_FOLDS, evaluate, load_lfw_faces
+from facecore.eval.metrics import all_pairs_scores, equal_error_rate, roc_auc, tar_at_far, threshold_at_far
 from facecore.eval.owners import OwnerFaces, owner_verifications
 from facecore.models.checkpoint import shipped_verification
 from facecore.models.preprocess import embed_faces
@@ -42,10 +50,12 @@ from simulator.cross_device.engine import Evaluator
 from simulator.cross_device.population import Population, SimDevice
 
 EVALUATED = ("accuracy", "accuracy_std", "auc", "tar_at_far", "tar_at_far_per_fold", "owners", "owners_recalibrated", "owners_camera_enrolled",
-             "lfw_subset", "clean")
+             "lfw_subset", "clean", "celeba")
 # The captured LFW photos' draws: independent of the run's seed, and below the devices' streams
 # (simulator.cross_device.population.DEVICE_STREAM), which a run with seed 0 also draws from.
 LFW_CAPTURE_SEED, LFW_CAPTURE_STREAM = 0, 1
+CELEBA_CAPTURE_STREAM = 2  # the CelebA public people's draws, with LFW_CAPTURE_SEED
+PEOPLE_GROUPS = 5
 # Bump when what an evaluation computes changes: a remembered result would be stale.
 EVALUATION_VERSION = 2
 
@@ -84,6 +94,36 @@ def lfw_evaluator(
     return score
 
 
+def people_groups(identities: np.ndarray) -> np.ndarray:
+    """Each identity's group of PEOPLE_GROUPS, by a hash of its name: the same on every machine and run."""
+    return np.array([int(hashlib.sha256(str(i).encode()).hexdigest(), 16) % PEOPLE_GROUPS for i in identities])
+
+
+def people_verification(embeddings: np.ndarray, identities: np.ndarray, groups: np.ndarray, fars: tuple[float, ...] = FARS) -> dict[str, Any]:
+    """TAR@FAR over all genuine and impostor pairs, AUC and EER, and TAR@FAR within each group of people."""
+    genuine, impostor = all_pairs_scores(embeddings, identities)
+    scores, same = np.concatenate([genuine, impostor]), np.concatenate([np.ones(len(genuine)), np.zeros(len(impostor))])
+    per_group = [tar_at_far(*all_pairs_scores(embeddings[groups == g], identities[groups == g]), fars) for g in np.unique(groups)]
+    return {"tar_at_far": tar_at_far(genuine, impostor, fars), "auc": roc_auc(scores, same), "eer": equal_error_rate(scores, same),
+            "tar_at_far_per_group": {key: [round(t[key], 6) for t in per_group] for key in per_group[0]}}
+
+
+def celeba_evaluator(root: Path, manifest: SplitManifest, geometry: FaceGeometry, capture: str) -> Evaluator:
+    """The split's public CelebA people, as the fleet camera takes them and clean (module docstring)."""
+    public = [image for image in manifest.images("public", root) if image.identity.startswith("celeba:")]
+    if not public:
+        raise FaceCoreError("the split has no public CelebA people to score under the camera")
+    people = load_labelled_faces(public, FaceAligner(geometry=geometry), desc="CelebA public people")
+    identities = np.array(people.classes)[people.labels]
+    groups = people_groups(identities)
+    views = {"captured": get_capture(capture).capture(people.faces, geometry, LFW_CAPTURE_SEED, CELEBA_CAPTURE_STREAM), "clean": people.faces}
+
+    def score(model: torch.nn.Module) -> dict[str, Any]:
+        return {"celeba": {name: people_verification(embed_faces(model, faces), identities, groups) for name, faces in views.items()}}
+
+    return score
+
+
 def owner_evaluator(
     root: Path, geometry: FaceGeometry, devices: Sequence[SimDevice], threshold: float | None, far: float, enrolment: str = "captured",
 ) -> Evaluator:
@@ -109,6 +149,10 @@ def owner_evaluator(
         return reports(owners) | ({} if camera_enrolled is None else {"owners_camera_enrolled": reports(camera_enrolled)})
 
     return score
+
+
+def _both(first: Evaluator, second: Evaluator) -> Evaluator:
+    return lambda model: first(model) | second(model)
 
 
 def devices_digest(devices: Sequence[SimDevice]) -> str:
@@ -149,13 +193,14 @@ def remembered(evaluator: Evaluator, setting: dict[str, Any]) -> Evaluator:
 
 def evaluators(
     root: Path, folds: tuple[int, ...], model: torch.nn.Module, population: Population, trained_on: Collection[str] = (),
-    max_photos: int | None = None, capture: str | None = None, enrolment: str = "captured",
+    max_photos: int | None = None, capture: str | None = None, enrolment: str = "captured", manifest: SplitManifest | None = None,
 ) -> tuple[Evaluator, Evaluator | None]:
     """(LFW, owners) for a run starting from `model`; owners is None without held-out photos.
     `trained_on`: public people the devices train against, left out of tuning folds like the devices'.
     `max_photos`: LFW on a seeded subset of the folds' photos (the owners' figures are unchanged).
     `capture`: LFW on the photos as that fleet camera takes them, beside the clean photos' figures.
-    `enrolment`: how the owners enroll, as the run's devices do."""
+    `enrolment`: how the owners enroll, as the run's devices do. With a capture and `manifest`, the
+    LFW evaluator also scores the split's public CelebA people (`celeba`)."""
     geometry = geometry_of(model)
     shipped = shipped_verification(model)
     far = 1e-3 if shipped is None or shipped.far is None else shipped.far
@@ -171,6 +216,11 @@ def evaluators(
         lfw_setting |= {"capture": capture, "capture_version": get_capture(capture).version, "capture_seed": LFW_CAPTURE_SEED,
                         "capture_stream": LFW_CAPTURE_STREAM}
     lfw = remembered(lfw_evaluator(root, folds, geometry, population.devices, trained_on, max_photos, capture), lfw_setting)
+    if capture is not None and manifest is not None:
+        people = hashlib.sha256("\n".join(i for i in manifest.identities("public") if i.startswith("celeba:")).encode()).hexdigest()
+        celeba = remembered(celeba_evaluator(root, manifest, geometry, capture),
+                            {**setting, "kind": "celeba", "capture": capture, "capture_version": get_capture(capture).version, "people": people})
+        lfw = _both(lfw, celeba)
     if not any(d.held_out is not None for d in population.devices):
         return lfw, None
     owners_setting: dict[str, Any] = {**setting, "kind": "owners", "threshold": threshold, "far": far}

@@ -98,3 +98,69 @@ def test_owners_enroll_as_the_devices_did_and_the_camera_enrolled_figures_come_b
     assert clean["owners_camera_enrolled"]["owners_recalibrated"] == captured["owners_recalibrated"]
     assert captured["owners_recalibrated"]["impostor_accept"] == 0.0 and captured["owners_recalibrated"]["genuine_accept"] == 0.0
     assert clean["owners"]["threshold"] == 0.99 and "owners_camera_enrolled" not in captured
+
+
+def test_people_verification_scores_all_pairs_and_each_group_of_people_apart() -> None:
+    # Prepare: 120 people with 3 photos each (about 2,500 impostor pairs a group), a person's photos close together
+    from simulator.cross_device.evaluation import people_groups, people_verification
+
+    rng = np.random.default_rng(0)
+    centres = rng.standard_normal((120, 64))
+    identities = np.repeat(np.array([f"celeba:{i}" for i in range(120)]), 3)
+    embeddings = np.repeat(centres, 3, axis=0) + 0.05 * rng.standard_normal((360, 64))
+    embeddings /= np.linalg.norm(embeddings, axis=1, keepdims=True)
+    groups = people_groups(identities)
+    # Execute
+    found = people_verification(embeddings, identities, groups)
+    # Assert: every genuine pair above every impostor; 1e-4 per group unmeasurable (NaN)
+    assert found["tar_at_far"]["1e-3"] == 1.0 and found["auc"] == 1.0 and found["eer"] == 0.0
+    assert len(found["tar_at_far_per_group"]["1e-3"]) == len(set(groups)) and all(t == 1.0 for t in found["tar_at_far_per_group"]["1e-3"])
+    assert all(np.isnan(t) for t in found["tar_at_far_per_group"]["1e-4"])
+
+
+def test_celeba_public_people_are_scored_as_the_camera_takes_them_and_clean(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: a split whose public role holds two CelebA people and one LFW person
+    from types import SimpleNamespace
+
+    import simulator.cross_device.evaluation as evaluation
+    from facecore.align.geometry import ARCFACE_112
+    from facecore.capture import get_capture
+
+    photos = np.random.default_rng(1).integers(0, 255, (4, *ARCFACE_112.row_shape), dtype=np.uint8)
+    images = [SimpleNamespace(identity=i) for i in ("celeba:1", "celeba:1", "celeba:2", "celeba:2", "lfw:x")]
+    manifest = SimpleNamespace(images=lambda role, root: images if role == "public" else [])
+    asked: list[list[str]] = []
+
+    def load(public: list[SimpleNamespace], aligner: Any, desc: str) -> Any:
+        asked.append([image.identity for image in public])
+        return SimpleNamespace(faces=photos, labels=np.array([0, 0, 1, 1]), classes=("celeba:1", "celeba:2"))
+
+    embedded: list[np.ndarray] = []
+
+    def embed(model: torch.nn.Module, faces: np.ndarray) -> np.ndarray:
+        embedded.append(faces)
+        return np.eye(4)[[0, 0, 1, 1]]
+
+    monkeypatch.setattr(evaluation, "load_labelled_faces", load)
+    monkeypatch.setattr(evaluation, "embed_faces", embed)
+    # Execute
+    found = evaluation.celeba_evaluator(Path("unused"), manifest, ARCFACE_112, "lowlight-ir")(torch.nn.Linear(1, 1))  # type: ignore[arg-type]
+    # Assert: only the CelebA people; the captured view from its own fixed stream, the clean view unchanged
+    assert asked == [["celeba:1", "celeba:1", "celeba:2", "celeba:2"]]
+    expected = get_capture("lowlight-ir").capture(photos, ARCFACE_112, evaluation.LFW_CAPTURE_SEED, evaluation.CELEBA_CAPTURE_STREAM)
+    np.testing.assert_array_equal(embedded[0], expected)
+    np.testing.assert_array_equal(embedded[1], photos)
+    assert set(found["celeba"]) == {"captured", "clean"} and found["celeba"]["clean"]["auc"] == 1.0
+    assert "celeba" in evaluation.EVALUATED
+
+
+def test_people_fall_into_the_same_group_every_time() -> None:
+    # Prepare
+    from simulator.cross_device.evaluation import PEOPLE_GROUPS, people_groups
+
+    names = np.array([f"celeba:{i}" for i in range(200)])
+    # Execute
+    first, again = people_groups(names), people_groups(names[::-1])[::-1]
+    # Assert: the group is a function of the name alone, and every group is used
+    np.testing.assert_array_equal(first, again)
+    assert set(first.tolist()) == set(range(PEOPLE_GROUPS))

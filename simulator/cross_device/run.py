@@ -35,7 +35,7 @@ def run_cross_device(config: CrossDeviceConfig, root: Path, out: Path, manifest:
         print(population.notice())
     negatives = load_public_negatives(manifest, root, config.public_negatives, geometry_of(model), config.seed) if config.public_negatives else None
     evaluator, owners = evaluators(root, config.eval_folds, model, population, negatives.identities if negatives else (), config.eval_photos,
-                                   config.capture, config.enrolment)
+                                   config.capture, config.enrolment, manifest)
     started = time.perf_counter()
     if config.method == "central":
         history, trained = _central(config, population, model, evaluator, out)
@@ -104,6 +104,7 @@ def summarize(config: CrossDeviceConfig, population, history: list[dict[str, Any
         "tar_at_far_per_fold": final.get("tar_at_far_per_fold"), "initial_tar_at_far_per_fold": evaluated[0].get("tar_at_far_per_fold"),
         "owners": final.get("owners"), "initial_owners": evaluated[0].get("owners"),
         "owners_recalibrated": final.get("owners_recalibrated"), "initial_owners_recalibrated": evaluated[0].get("owners_recalibrated"),
+        "celeba": final.get("celeba"), "initial_celeba": evaluated[0].get("celeba"),
         "owners_camera_enrolled": final.get("owners_camera_enrolled"), "initial_owners_camera_enrolled": evaluated[0].get("owners_camera_enrolled"),
         "rounds_to_target": reached, "target_accuracy": target, "lfw_subset": final.get("lfw_subset"),
         "seconds_per_round": sum(trained) / len(trained) if trained else 0.0, "wall_seconds": seconds,
