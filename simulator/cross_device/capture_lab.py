@@ -16,6 +16,8 @@ Invariants:
 - The features a loss sees are centred on a fixed mean (the pretrained model's mean feature of the
   clean public CelebA or LFW photos, or of the devices' templates: `--center-on`) when `--center` is
   given; what is scored is always the model's own feature.
+- Cached prefix activations are named by the capture model, the detector and the crop they were
+  computed with: a new detector or geometry computes them again.
 - FedFace's server step is FedAvg of every device once, with `--server-momentum` FedAvgM; devices
   start from the model as the wire sends it (`--wire`).
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import hashlib
 import json
 import sys
 import time
@@ -36,6 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from device_sdk.training import split_backbone
+from facecore.align.detectors import detector_version
 from facecore.align.geometry import geometry_of
 from facecore.align.pipeline import FaceAligner
 from facecore.capture import CAPTURES, get_capture
@@ -69,6 +73,11 @@ def _cached(path: Path, build: Callable[[], Any]) -> Any:
     torch.save(result, path.with_suffix(".tmp"))
     path.with_suffix(".tmp").replace(path)
     return result
+
+
+def _crop_key(model: nn.Module) -> str:
+    """The detector and crop the activations were computed on: a new detector or geometry is a new file."""
+    return hashlib.sha256(f"{detector_version()}|{geometry_of(model)!r}".encode()).hexdigest()[:12]
 
 
 @torch.no_grad()
@@ -108,7 +117,7 @@ def prepare(model: nn.Module, capture: str, blocks: int, seed: int) -> dict[str,
             },
         }
 
-    return _cached(cache_root() / "capture-lab" / f"{capture}-b{blocks}-s{seed}-{CAPTURES[capture].version}-v2.pt", build)
+    return _cached(cache_root() / "capture-lab" / f"{capture}-b{blocks}-s{seed}-{CAPTURES[capture].version}-{_crop_key(model)}-v2.pt", build)
 
 
 def yale_b(model: nn.Module, blocks: int) -> tuple[Tensor, np.ndarray, np.ndarray, np.ndarray]:
@@ -123,7 +132,7 @@ def yale_b(model: nn.Module, blocks: int) -> tuple[Tensor, np.ndarray, np.ndarra
         prefix, _ = split_backbone(model, blocks)
         return _activations(prefix, aligned.faces), people, np.array([int(name[-2:]) % PEOPLE_GROUPS for name in people]), azimuth
 
-    return _cached(cache_root() / "capture-lab" / f"yale-b-b{blocks}.pt", build)
+    return _cached(cache_root() / "capture-lab" / f"yale-b-b{blocks}-{_crop_key(model)}.pt", build)
 
 
 @torch.no_grad()
