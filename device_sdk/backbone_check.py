@@ -6,7 +6,7 @@ tensors of other shapes. Torch: only the training calls import this module (devi
 from __future__ import annotations
 
 from device_sdk.errors import BadServerResponse
-from device_sdk.state import check_embedding_dim
+from device_sdk.server_limits import check_embedding_dim
 
 # The floating dtypes a backbone file may carry where its registry model has floats: the wire's fp16 and fp32.
 BACKBONE_FLOAT_DTYPES = ("float16", "float32")

@@ -13,7 +13,7 @@ import torch
 
 from device_sdk.backbone_check import check_backbone_payload
 from device_sdk.errors import BadServerResponse
-from device_sdk.state import MAX_BACKBONE_TENSORS, MAX_EMBEDDING_DIM, MAX_MODEL_BYTES
+from device_sdk.server_limits import MAX_BACKBONE_TENSORS, MAX_EMBEDDING_DIM, MAX_MODEL_BYTES
 from facecore.models.registry import backbone_names, expected_state, get_backbone
 
 WHAT = "fp16.pt file of model abababababab"

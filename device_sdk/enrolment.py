@@ -22,7 +22,8 @@ import numpy as np
 from device_sdk.errors import DeviceError, NotEnoughPhotos, NotEnrolled, ServerRefused
 from device_sdk.link import ServerLink
 from device_sdk.model_cache import Embedders, current_model, model_geometry
-from device_sdk.state import MAX_DESCRIPTION_BYTES, DeviceState
+from device_sdk.server_limits import MAX_DESCRIPTION_BYTES
+from device_sdk.state import DeviceState
 from facecore.align.detectors import FaceDetector
 from facecore.align.geometry import FaceGeometry
 from facecore.align.photos import load_rgb

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 from device_sdk.errors import BadServerResponse, DeviceError, ServerRefused
 from device_sdk.inference import OnnxEmbedder
 from device_sdk.link import ServerLink, server_path
-from device_sdk.state import MAX_DESCRIPTION_BYTES, MAX_MODEL_BYTES, DeviceState, check_model_description, check_version
+from device_sdk.server_limits import MAX_DESCRIPTION_BYTES, MAX_MODEL_BYTES, check_model_description, check_version
+from device_sdk.state import DeviceState
 from facecore.align.geometry import FaceGeometry
 from facecore.federation.protocol import CONTENT_SHA256_HEADER
 

@@ -28,7 +28,7 @@ from device_sdk.errors import (
     StateError,
 )
 from device_sdk.link import ServerLink
-from device_sdk.state import check_device_id
+from device_sdk.server_limits import check_device_id
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from device_sdk.enrolment import enrolled_faces, shared_template
 from device_sdk.errors import NotEnrolled, RoundClosed, ServerRefused, ServerUnavailable
 from device_sdk.link import ServerLink, read_deadline, server_body, server_path
 from device_sdk.model_cache import current_model, load_backbone
-from device_sdk.state import check_version
+from device_sdk.server_limits import check_version
 from device_sdk.uploads import Accepted, post_update, resend_pending
 from facecore.align.geometry import geometry_of
 from facecore.federation.status import CHOSEN_STATUSES, ParticipationStatus

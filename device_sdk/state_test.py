@@ -15,9 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import device_sdk.state
+import device_sdk.server_limits
 from device_sdk.errors import BadServerResponse, NotRegistered, StateError
-from device_sdk.state import KEY_ENV, MAX_BACKBONE_PICKLE_BYTES, MAX_BACKBONE_TENSORS, DeviceState, check_torch_archive
+from device_sdk.server_limits import MAX_BACKBONE_PICKLE_BYTES, MAX_BACKBONE_TENSORS, check_torch_archive
+from device_sdk.state import KEY_ENV, DeviceState
 from facecore.align.geometry import ARCFACE_112
 
 VERSION = "ab" * 32
@@ -214,7 +215,7 @@ def test_a_model_description_out_of_range_is_refused_in_one_line_and_not_remembe
 def test_a_model_file_over_the_cap_is_refused_and_not_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Prepare: a 1 KiB cap stands for MAX_MODEL_BYTES
     state = registered(tmp_path / "device")
-    monkeypatch.setattr(device_sdk.state, "MAX_MODEL_BYTES", 1024)
+    monkeypatch.setattr(device_sdk.server_limits, "MAX_MODEL_BYTES", 1024)
     # Execute / Assert
     with pytest.raises(BadServerResponse, match="onnx file of model abababababab is refused: 1025 bytes is over MAX_MODEL_BYTES"):
         state.store_model(VERSION, "onnx", b"x" * 1025, None)
@@ -258,7 +259,7 @@ def test_a_backbone_archive_past_its_caps_is_refused_before_torch_reads_it(
 
 def test_a_compressed_backbone_archive_is_capped_at_its_unpacked_size(monkeypatch: pytest.MonkeyPatch) -> None:
     # Prepare: 64 KiB of zeros that deflate to a few hundred bytes, under a 16 KiB cap
-    monkeypatch.setattr(device_sdk.state, "MAX_MODEL_BYTES", 16 * 1024)
+    monkeypatch.setattr(device_sdk.server_limits, "MAX_MODEL_BYTES", 16 * 1024)
     data = _archive({**TORCH_ENTRIES, "archive/data/0": b"\0" * 65536}, zipfile.ZIP_DEFLATED)
     assert len(data) < 16 * 1024
     # Execute / Assert

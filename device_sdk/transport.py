@@ -23,7 +23,7 @@ import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from device_sdk.errors import AuthError, BadServerResponse, DeviceError, ServerUnavailable, refusal
-from device_sdk.state import MAX_MODEL_BYTES
+from device_sdk.server_limits import MAX_MODEL_BYTES
 from facecore.federation import protocol
 
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}

@@ -11,7 +11,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from device_sdk.errors import BadServerResponse, DeviceError, NotEnrolled, RoundClosed, ServerRefused
-from device_sdk.state import MAX_MODEL_BYTES
+from device_sdk.server_limits import MAX_MODEL_BYTES
 from device_sdk.transport import Transport
 from facecore.federation.protocol import ErrorCode
 

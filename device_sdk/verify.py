@@ -28,7 +28,8 @@ from device_sdk.inference import OnnxEmbedder
 from device_sdk.link import ServerLink
 from device_sdk.model_cache import Embedders, current_model, fetch_onnx, model_geometry
 from device_sdk.scoring import NOT_AN_IMAGE, PhotoVerifier, Threshold
-from device_sdk.state import DeviceState, check_version
+from device_sdk.server_limits import check_version
+from device_sdk.state import DeviceState
 from facecore.align.detectors import FaceDetector, load_detector
 from facecore.align.geometry import FaceGeometry
 from facecore.data.folders import list_photos

@@ -23,7 +23,8 @@ import torch
 
 from device_sdk.device import FaceDevice
 from device_sdk.errors import BadServerResponse, ServerRefused
-from device_sdk.state import KEY_ENV, MAX_MODEL_BYTES
+from device_sdk.server_limits import MAX_MODEL_BYTES
+from device_sdk.state import KEY_ENV
 from facecore.align.geometry import ARCFACE_112
 from facecore.models.registry import get_backbone
 

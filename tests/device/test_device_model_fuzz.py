@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 
 from device_sdk.errors import BadServerResponse
 from device_sdk.round_files import load_backbone_file
-from device_sdk.state import MAX_EMBEDDING_DIM, MIN_EMBEDDING_DIM, DeviceState, check_model_description
+from device_sdk.server_limits import MAX_EMBEDDING_DIM, MIN_EMBEDDING_DIM, check_model_description
+from device_sdk.state import DeviceState
 from facecore.align.geometry import ARCFACE_112, MAX_CROP_SIZE, FaceGeometry
 from facecore.models.registry import expected_state, get_backbone
 
