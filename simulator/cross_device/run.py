@@ -89,6 +89,10 @@ def _central(config: CrossDeviceConfig, population, model, evaluator: Evaluator,
     return history, trainer.model
 
 
+# What a report gives at the run's end and at its start (`initial_...`), as the evaluators return it.
+START_AND_END = ("owners", "owners_recalibrated", "owners_camera_enrolled", "celeba")
+
+
 def summarize(config: CrossDeviceConfig, population, history: list[dict[str, Any]], seconds: float, manifest: SplitManifest) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     evaluated = [h for h in history if "accuracy" in h]
     final = evaluated[-1]
@@ -102,10 +106,7 @@ def summarize(config: CrossDeviceConfig, population, history: list[dict[str, Any
         "accuracy": final["accuracy"], "accuracy_std": final.get("accuracy_std"),
         "tar_at_far": final["tar_at_far"], "initial_accuracy": evaluated[0]["accuracy"], "initial_tar_at_far": evaluated[0]["tar_at_far"],
         "tar_at_far_per_fold": final.get("tar_at_far_per_fold"), "initial_tar_at_far_per_fold": evaluated[0].get("tar_at_far_per_fold"),
-        "owners": final.get("owners"), "initial_owners": evaluated[0].get("owners"),
-        "owners_recalibrated": final.get("owners_recalibrated"), "initial_owners_recalibrated": evaluated[0].get("owners_recalibrated"),
-        "celeba": final.get("celeba"), "initial_celeba": evaluated[0].get("celeba"),
-        "owners_camera_enrolled": final.get("owners_camera_enrolled"), "initial_owners_camera_enrolled": evaluated[0].get("owners_camera_enrolled"),
+        **{key: final.get(key) for key in START_AND_END}, **{f"initial_{key}": evaluated[0].get(key) for key in START_AND_END},
         "rounds_to_target": reached, "target_accuracy": target, "lfw_subset": final.get("lfw_subset"),
         "seconds_per_round": sum(trained) / len(trained) if trained else 0.0, "wall_seconds": seconds,
         "device_images": int(sum(len(d.faces) for d in population.devices)), "split_sizes": manifest.sizes(),
