@@ -30,7 +30,7 @@ from facecore.align.photos import load_rgb
 from facecore.align.pipeline import FaceAligner
 from facecore.data.folders import list_photos
 from facecore.federation.template_noise import noisy_template
-from facecore.templates import mean_feature_embedding
+from facecore.templates import mean_feature_embedding, mean_feature_length
 
 # Faces a device trains on, enrolment and camera photos together: one local epoch stays a few seconds.
 MAX_FACES = 500
@@ -91,7 +91,8 @@ def enroll(link: ServerLink, aligner: PhotoAligner, embedders: Embedders, photos
     faces, rejected = aligner.align(photos, model_geometry(model))
     if len(faces) < min_photos:
         raise NotEnoughPhotos(len(faces), min_photos, rejected)
-    embedding = mean_feature_embedding(embedders.embedder(link, model).embed(faces))
+    features = embedders.embedder(link, model).embed(faces)
+    embedding = mean_feature_embedding(features)
     try:
         link.request("PUT", f"/v1/devices/{link.identity()[0]}/embedding",
                      body={"embedding": shared_template(embedding, noise_cos).tolist()}, expect=(200, 201))
@@ -104,7 +105,8 @@ def enroll(link: ServerLink, aligner: PhotoAligner, embedders: Embedders, photos
     state.remember_model(model)
     state.save_faces(faces)
     state.save_template(embedding)
-    state.update_info(enrolled=True, model_version=model["version"])
+    # Not the template itself, only how tightly the enrolment photos agree: a round's centred loss needs it.
+    state.update_info(enrolled=True, model_version=model["version"], template_length=mean_feature_length(features))
     return EnrollResult(len(faces), tuple(rejected), model["version"], tuple(rejected.values()))
 
 

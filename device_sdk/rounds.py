@@ -135,7 +135,9 @@ def _train(link: ServerLink, options: RoundOptions, accepted: Accepted, wait: fl
     config = LocalTrainingConfig.from_round(checkin.local)
     say(f"training locally for round {round_id}")
     with options.training_slot:
-        update = train_local(backbone, embedding, faces, config, seed=training_seed(round_id))
+        # A device enrolled before the length was kept trains towards its unit template, as it did then.
+        update = train_local(backbone, embedding, faces, config, seed=training_seed(round_id),
+                             template_length=float(state.info().get("template_length", 1.0)))
     precision: Precision = "fp16" if options.upload_fp16 else "fp32"
     template = shared_template(update.embedding.numpy(), options.template_noise_cos)
     body = update_file(backbone, update, checkin.base_version, template, precision, secure)

@@ -311,9 +311,15 @@ def _all_finite(tensors: list[Tensor]) -> bool:
 def train_local(
     backbone: nn.Module, embedding: np.ndarray | Tensor, faces: np.ndarray, config: LocalTrainingConfig, seed: int = 0,
     dtype: torch.dtype = torch.float32, cache: PrefixCache | None = None, workspace: Workspace | None = None,
-    public: PublicIdentities | None = None,
+    public: PublicIdentities | None = None, template_length: float = 1.0,
 ) -> LocalUpdate:
     """One round of local training on the owner's aligned faces. `backbone` is not modified.
+
+    `template_length`: the length of the enrolment photos' mean unit feature (facecore.templates.
+    mean_feature_length). With a `feature_center` the loss's target is the template at that length less
+    the centre, which points where the owner's centred features do on average. The unit template less
+    the centre leans towards the centre instead, and training towards it pulls every face towards the
+    centre and towards each other. The update's embedding is unit length either way.
 
     With `config.trainable_blocks`, only the last blocks and the head train; their input comes
     from `cache` (computed here when not given) instead of running the frozen prefix each step.
@@ -341,7 +347,10 @@ def train_local(
             cache = prefix_cache(workspace.model, faces, config.trainable_blocks, dtype)
         assert cache is not None
         plain, flipped = cache.plain.to(dtype), cache.flipped.to(dtype)
-    w = nn.Parameter(torch.tensor(np.asarray(embedding), dtype=dtype))  # a copy (Ray hands read-only arrays)
+    if not 0 < template_length <= 1:
+        raise ValueError(f"template_length must be in (0, 1], got {template_length}")
+    scale = template_length if config.feature_center is not None else 1.0
+    w = nn.Parameter(torch.tensor(np.asarray(embedding) * scale, dtype=dtype))  # a copy (Ray hands read-only arrays)
     loss_before, loss_after, steps = fit_positive(suffix, w, suffix_parameters, plain, flipped, config, seed, public=public)
     trained = [workspace.entries[k].detach().clone() for k in keys]  # the workspace trains on
     if not (math.isfinite(loss_after) and _all_finite(trained)):

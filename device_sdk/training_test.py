@@ -206,3 +206,23 @@ def test_centred_loss_sees_what_a_shared_direction_hides_and_a_centre_must_be_a_
     assert centred.item() == pytest.approx((0.9 - cosine) ** 2, abs=1e-6) and cosine == pytest.approx(0.0149, abs=1e-4)
     with pytest.raises(ValueError, match="feature_center must be a unit vector"):
         LocalTrainingConfig(feature_center=(2.0, 0.0))
+
+
+def test_the_template_length_sets_a_centred_rounds_target_and_nothing_else(owner) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: the owner's template and a centre, the normalised mean feature of the other people's photos
+    model, faces, embedding = owner
+    with torch.no_grad():
+        center = mean_feature_embedding(model(faces_to_tensor(faces[3:])).numpy())
+    paper = LocalTrainingConfig(epochs=1, batch=4, train_embedding=False)
+    centred = LocalTrainingConfig(epochs=1, batch=4, train_embedding=False, feature_center=tuple(center.tolist()))
+    # Execute
+    paper_full, paper_short = (train_local(model, embedding, faces, paper, seed=3, template_length=n) for n in (1.0, 0.8))
+    centred_full, centred_short = (train_local(model, embedding, faces, centred, seed=3, template_length=n) for n in (1.0, 0.8))
+    # Assert: the paper's loss ignores the length; the centred loss trains towards another target and
+    # reports its loss against it; the template the device sends back is the unit one either way
+    assert all(torch.equal(paper_full.state_dict[k], paper_short.state_dict[k]) for k in paper_full.state_dict)
+    assert any(not torch.equal(centred_full.state_dict[k], centred_short.state_dict[k]) for k in centred_full.state_dict)
+    assert centred_full.loss_before != pytest.approx(centred_short.loss_before)
+    np.testing.assert_allclose(centred_short.embedding.numpy(), embedding, atol=1e-6)
+    with pytest.raises(ValueError, match=r"template_length must be in \(0, 1\]"):
+        train_local(model, embedding, faces, centred, template_length=1.5)

@@ -191,7 +191,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="class embeddings: the pretrained model's mean feature of the owner's captured photos, "
                              "or of the same photos clean (an owner who enrolled with a phone's own camera)")
     parser.add_argument("--center-mean", action="store_true", help="with --center: subtract the mean unit feature itself, not its direction")
-    parser.add_argument("--raw-templates", action="store_true", help="templates as a device enrols them: the mean raw feature")
+    parser.add_argument("--templates", choices=("centred", "mean", "unit"), default="centred",
+                        help="with --center, the targets: the normalised mean of the centred features; the mean feature less "
+                             "the centre (what a device trains towards, device_sdk.training.train_local's template_length); "
+                             "the unit template less the centre (what devices trained towards before)")
     parser.add_argument("--rehearse-clean", action="store_true", help="devices also train on their clean enrolment photos")
     parser.add_argument("--loss", choices=("cosface", "positive"), default="cosface",
                         help="central: CosFace over every device's class, or the devices' own positive-only loss pooled")
@@ -224,9 +227,9 @@ def main(argv: list[str] | None = None) -> int:
         x, flipped, labels = torch.cat([x, sets["train_clean"]]), torch.cat([flipped, sets["train_clean"]]), torch.cat([labels, labels])
     with torch.no_grad():
         W = torch.stack([F.normalize(features(suffix, enrolled[sets["labels"] == d]).mean(0), dim=0) for d in range(devices)])
-        if args.raw_templates:  # the live template (the mean raw feature), moved by the centre as the devices' loss moves it
-            raw = torch.stack([F.normalize(F.normalize(suffix(enrolled[sets["labels"] == d]), dim=1).mean(0), dim=0) for d in range(devices)])
-            W = centred(raw)
+        if args.templates != "centred":  # a template the centre moves as the devices' loss moves it
+            mean = torch.stack([F.normalize(suffix(enrolled[sets["labels"] == d]), dim=1).mean(0) for d in range(devices)])
+            W = centred(mean if args.templates == "mean" else F.normalize(mean, dim=1))
     rng = np.random.default_rng(args.seed)
     history = [{"round": 0, **score(suffix, sets)}]
     print(json.dumps(history[-1]), flush=True)

@@ -37,7 +37,7 @@ from facecore.federation.wire import as_received, backbone_deltas, delta, update
 from facecore.models.checkpoint import atomic_torch_save
 from facecore.models.preprocess import embed_faces
 from facecore.models.registry import embedding_dim_of
-from facecore.templates import mean_feature_embedding
+from facecore.templates import mean_feature_embedding, mean_feature_length
 from simulator.cross_device.config import (
     EXECUTION_FIELDS,
     LEGACY_DEFAULTS,
@@ -74,6 +74,9 @@ class SimulationState:
     W: np.ndarray
     history: list[dict[str, Any]] = field(default_factory=list)
     last_selected: list[int | None] = field(default_factory=list)  # per device: the round that last selected it
+    # per device: its enrolment photos' mean unit feature length under the starting model (train_local's
+    # template_length); None: 1 for every device, as runs saved before it was kept
+    template_lengths: np.ndarray | None = None
 
 
 class CrossDeviceSimulation:
@@ -133,16 +136,24 @@ class CrossDeviceSimulation:
         return sorted(least_recently_selected(state.last_selected, self.config.per_round, rng.random))
 
     # ---- state ---------------------------------------------------------------------------
-    def initial_embeddings(self) -> np.ndarray:
+    def initial_templates(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each device's template as the server receives it at enrolment, and its length before
+        normalising (facecore.templates.mean_feature_length; 1 under a random init)."""
         if self.config.init == "random":
             rng = np.random.default_rng(self.config.seed)
             W = rng.standard_normal((len(self.population.devices), embedding_dim_of(self.model))).astype(np.float32)
-            return W / np.linalg.norm(W, axis=1, keepdims=True)
+            return W / np.linalg.norm(W, axis=1, keepdims=True), np.ones(len(W))
         # FedFace's init: each device enrolls with the mean feature of its own photos
         def enrolled(d: SimDevice) -> np.ndarray:
             return d.clean if self.config.enrolment == "clean" and d.clean is not None else d.faces
 
-        return np.stack([self._shared(mean_feature_embedding(embed_faces(self.model, enrolled(d))), 0, d.index) for d in self.population.devices])
+        features = [embed_faces(self.model, enrolled(d)) for d in self.population.devices]
+        W = np.stack([self._shared(mean_feature_embedding(f), 0, d.index) for f, d in zip(features, self.population.devices, strict=True)])
+        return W, np.array([mean_feature_length(f) for f in features])
+
+    @staticmethod
+    def _template_length(state: SimulationState, index: int) -> float:
+        return 1.0 if state.template_lengths is None else float(state.template_lengths[index])
 
     def _shared(self, embedding: np.ndarray, round_number: int, index: int) -> np.ndarray:
         """The template the server receives from a device (blurred under template noise)."""
@@ -170,7 +181,8 @@ class CrossDeviceSimulation:
         atomic_torch_save({"round": state.round, "model_state": state.model_state, "W": torch.from_numpy(state.W),
                            "history": state.history, "last_selected": state.last_selected, "config": self.config.to_dict(),
                            "server_step": {} if self.momentum is None else {k: torch.from_numpy(v) for k, v in self.momentum.previous.items()},
-                           "feature_center": self.local.feature_center},
+                           "feature_center": self.local.feature_center,
+                           **({} if state.template_lengths is None else {"template_lengths": torch.from_numpy(state.template_lengths)})},
                           self.checkpoint_path)
 
     def load(self) -> SimulationState | None:
@@ -193,7 +205,9 @@ class CrossDeviceSimulation:
             self.momentum.previous = {k: v.numpy() for k, v in saved.get("server_step", {}).items()}
         if saved.get("feature_center") != self.local.feature_center:  # the centre of the run's start, not of today's photos
             self.local = dataclasses.replace(self.local, feature_center=saved.get("feature_center"))
-        return SimulationState(saved["round"], saved["model_state"], saved["W"].numpy(), saved["history"], saved.get("last_selected", []))
+        lengths = saved.get("template_lengths")
+        return SimulationState(saved["round"], saved["model_state"], saved["W"].numpy(), saved["history"], saved.get("last_selected", []),
+                               None if lengths is None else lengths.numpy())
 
     # ---- one round -----------------------------------------------------------------------
     def _seed(self, round_number: int, index: int) -> int:
@@ -214,7 +228,7 @@ class CrossDeviceSimulation:
             if self.local.trainable_blocks is not None:
                 cache = self.caches.get(index) or self.caches.setdefault(index, prefix_cache(self.received, device.faces, self.local.trainable_blocks))
             update = train_local(self.received, state.W[index], device.faces, self.local, seed=self._seed(round_number, index), cache=cache,
-                                 workspace=self.workspace, public=public)
+                                 workspace=self.workspace, public=public, template_length=self._template_length(state, index))
             sent = wire_arrays(delta(update.state_dict, base), self.config.wire)
             yield self._received(round_number, index, sent, update.embedding.numpy(), update.n_samples, update.loss_before, update.loss_after, state, losses)
 
@@ -234,7 +248,8 @@ class CrossDeviceSimulation:
             device = self.population.devices[index]
             cache = (self.caches[index].plain.numpy(), self.caches[index].flipped.numpy()) if blocks is not None else None
             tasks.append(DeviceTask(index, state.W[index].copy(), self._seed(round_number, index), len(device.faces),
-                                    faces=device.faces if blocks is None else None, cache=cache))
+                                    faces=device.faces if blocks is None else None, cache=cache,
+                                    template_length=self._template_length(state, index)))
         received = self.received.state_dict()
         weights = {k: received[k].numpy() for k in self.trained_keys}
         for r in tqdm(self.pool.train(weights, tasks), total=len(tasks), desc=f"round {round_number}", unit="device", leave=False):
@@ -293,7 +308,8 @@ class CrossDeviceSimulation:
         self.out.mkdir(parents=True, exist_ok=True)
         state = self.load() if resume else None
         if state is None:
-            state = SimulationState(0, {k: v.clone() for k, v in self.model.state_dict().items()}, self.initial_embeddings())
+            W, lengths = self.initial_templates()
+            state = SimulationState(0, {k: v.clone() for k, v in self.model.state_dict().items()}, W, template_lengths=lengths)
 
             state.history.append(self._evaluated({"round": 0, "embedding_mean_cos": mean_pairwise_cosine(state.W)}))
             self._log(state, state.history[-1])

@@ -56,7 +56,7 @@ def test_a_simulated_round_is_sdk_updates_through_the_wire_aggregated_by_the_ser
         chosen = sorted(rng.choice(4, 2, replace=False).tolist())
     else:
         chosen = sorted(least_recently_selected([None] * 4, 2, rng.random))
-    W0 = CrossDeviceSimulation(config, population, model, tmp_path / "x").initial_embeddings()
+    W0 = CrossDeviceSimulation(config, population, model, tmp_path / "x").initial_templates()[0]
     base = {k: v.numpy() for k, v in model.state_dict().items()}
     received = copy.deepcopy(model)
     received.load_state_dict({k: torch.from_numpy(v) for k, v in as_received(base, wire).items()})
@@ -88,7 +88,8 @@ def test_least_recent_selection_takes_every_device_before_any_twice(model: torch
 @pytest.mark.parametrize(("momentum", "center"), [(0.0, False), (0.9, False), (0.0, True)])
 def test_resuming_after_round_1_equals_a_straight_run(model: torch.nn.Module, tmp_path: Path, momentum: float, center: bool) -> None:
     # Prepare: with server momentum, round 2 steps on from round 1's step, and with centred features the
-    # centre is the one the run started with, whatever the resuming process computes: the checkpoint carries both
+    # centre is the one the run started with, whatever the resuming process computes: the checkpoint carries both,
+    # and the templates' lengths, which the starting model gave
     settings = {"method": "fedface", "server_momentum": momentum, "center_features": center}
     start_center, other_center = (np.eye(embedding_dim_of(model))[i] if center else None for i in (0, 1))
     straight = CrossDeviceSimulation(_config(**settings), _population(), model, tmp_path / "straight", feature_center=start_center).run(resume=False)
@@ -98,6 +99,8 @@ def test_resuming_after_round_1_equals_a_straight_run(model: torch.nn.Module, tm
     # Assert
     assert resumed.round == straight.round == 2
     np.testing.assert_allclose(resumed.W, straight.W, rtol=1e-6)
+    assert straight.template_lengths is not None and resumed.template_lengths is not None
+    assert np.all(straight.template_lengths < 1) and np.array_equal(resumed.template_lengths, straight.template_lengths)
     for key, value in straight.model_state.items():
         torch.testing.assert_close(resumed.model_state[key], value)
 
@@ -138,9 +141,9 @@ def test_a_dp_run_uses_the_server_dp_fedavg_spends_its_epsilon_and_resumes_exact
 def test_template_noise_blurs_what_the_server_sees_to_the_calibrated_cosine(model: torch.nn.Module, tmp_path: Path) -> None:
     # Prepare
     population = _population(8)
-    clean = CrossDeviceSimulation(_config(devices=8), population, model, tmp_path / "a").initial_embeddings()
+    clean = CrossDeviceSimulation(_config(devices=8), population, model, tmp_path / "a").initial_templates()[0]
     # Execute
-    blurred = CrossDeviceSimulation(_config(devices=8, template_noise_cos=0.8), population, model, tmp_path / "b").initial_embeddings()
+    blurred = CrossDeviceSimulation(_config(devices=8, template_noise_cos=0.8), population, model, tmp_path / "b").initial_templates()[0]
     # Assert: unit rows whose cosine with the clean template is about 0.8 (8 draws: loose bound)
     np.testing.assert_allclose(np.linalg.norm(blurred, axis=1), 1.0, rtol=1e-5)
     assert np.mean(np.sum(blurred * clean, axis=1)) == pytest.approx(0.8, abs=0.05)

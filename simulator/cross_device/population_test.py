@@ -79,7 +79,7 @@ def test_a_clean_enrolment_starts_each_template_from_the_photos_before_the_camer
                                local=LocalTrainingConfig(epochs=2, batch=2, lr=0.05, train_embedding=False))
     simulation = CrossDeviceSimulation(config, fleet, model, Path("unused"))
     # Execute
-    start = simulation.initial_embeddings()
+    start = simulation.initial_templates()[0]
     update = train_local(model, start[0], fleet.devices[0].faces, config.local)
     # Assert: the clean photos kept beside the captured ones are the templates' source; training leaves the template be
     for device, plain in zip(fleet.devices, clean.devices, strict=True):

@@ -40,6 +40,7 @@ class DeviceTask:
     n_faces: int
     faces: np.ndarray | None = None  # only the first time this worker trains the device (full backbone)
     cache: tuple[np.ndarray, np.ndarray] | None = None  # likewise, prefix activations (plain, mirrored)
+    template_length: float = 1.0  # train_local's
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,8 @@ class DeviceWorker:
                 self.caches[task.index] = PrefixCache(plain, flipped, self.config.trainable_blocks or 0)
             # with cached activations train_local only counts the photos
             photos = self.faces.get(task.index, np.empty((task.n_faces, 0), np.uint8))
-            update = train_local(self.model, task.embedding, photos, self.config, seed=task.seed, cache=self.caches.get(task.index), workspace=self.workspace)
+            update = train_local(self.model, task.embedding, photos, self.config, seed=task.seed, cache=self.caches.get(task.index), workspace=self.workspace,
+                                 template_length=task.template_length)
             # Against the live entries, which hold this round's `weights` exactly (copied in above).
             moved = {k: v.numpy() for k, v in delta(update.state_dict, entries).items()}
             yield DeviceResult(task.index, moved, update.embedding.numpy(), update.n_samples, update.loss_before, update.loss_after)

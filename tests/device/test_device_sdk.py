@@ -38,6 +38,13 @@ def fleet(server, owners: list[list[Path]], tmp_path_factory: pytest.TempPathFac
     return devices
 
 
+def test_enrolment_keeps_how_tightly_the_owners_photos_agree(fleet: list[FaceDevice]) -> None:
+    # Execute
+    lengths = [device.state.info()["template_length"] for device in fleet]
+    # Assert: the mean of several photos' unit features is shorter than one, and a strong model's photos of one person agree
+    assert all(0.8 < length < 1 for length in lengths)
+
+
 def test_register_enroll_and_two_rounds(server, fleet: list[FaceDevice]) -> None:  # type: ignore[no-untyped-def]
     for _ in range(2):
         # Prepare: the dlib ResNet's owner faces sit at cosine 0.96-0.99 to their template, so the
