@@ -14,8 +14,8 @@ never on LFW folds 6-10):
   above the margin and the loss is zero;
 - the target is the enrolment photos' mean feature less the centre: the template at the length the device
   kept at enrolment (`train_local`'s `template_length`). The unit template less the centre leans towards
-  the centre, and a loss towards it pulls every face that way: on the tuning people it gains a third less
-  (simulator/REPORT.md, section 10);
+  the centre, and a loss towards it pulls every face that way: on the tuning people it gains less than
+  half as much (simulator/REPORT.md, section 10);
 - one small step a round, every device counted once, and server momentum: the loss is sharp, and a
   larger device step raises it.
 - Those steps are small (a device's delta is about 1e-3 long in L2): secure aggregation's fixed point
