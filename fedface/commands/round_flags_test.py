@@ -17,7 +17,7 @@ from facecore.federation.fleet_camera import fleet_camera_settings
 from fedface import cli
 from fedface.commands import admin, round_flags, sim
 from fedface.commands.round_flags import NOT_FLAGS, ROUND_FLAGS, leaf_paths
-from simulator.cross_device.config import CrossDeviceConfig
+from simulator.cross_device.config import LEGACY_DEFAULTS, CrossDeviceConfig
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = ("README.md", "simulator/REPORT.md", "server_api/README.md", "Makefile")
@@ -251,7 +251,7 @@ ISSUE35_CONFIG = {
     "server_spreadout": {"nu": 0.3, "steps": 10, "lr": 0.01, "momentum": 0.9, "center": False},
     "dp_epsilon": None, "dp_clip": 1.0, "dp_delta": 1e-05, "template_noise_cos": None, "public_negatives": 0, "public_rehearsal": False,
     "selection": "least_recent", "wire": "fp16", "seeding": "live", "weighting": "devices", "server_momentum": 0.9,
-    "capture": "lowlight-ir", "enrolment": "clean", "center_features": True, "center_source": "celeba",
+    "capture": "lowlight-ir", "enrolment": "clean", "train_enrolment": False, "center_features": True, "center_source": "celeba",
 }
 RESUMABLE = ("rounds", "eval_every", "target_accuracy", "workers", "backend", "ray_address")
 
@@ -267,7 +267,8 @@ def test_the_documented_issue35_command_still_means_its_checkpoints_config() -> 
     meaning = {k: v for k, v in config.items() if k not in RESUMABLE}
     assert meaning == ISSUE35_CONFIG
     if saved.is_file():  # the run itself, where this checkout has it (runs/ is not in git)
-        assert meaning == {k: v for k, v in json.loads(saved.read_text())["config"].items() if k not in RESUMABLE}
+        # a field added since reads as what the checkpoint resumes with (LEGACY_DEFAULTS)
+        assert meaning == {k: v for k, v in {**LEGACY_DEFAULTS, **json.loads(saved.read_text())["config"]}.items() if k not in RESUMABLE}
 
 
 def test_sim_cross_device_without_flags_is_the_simulators_default_run() -> None:

@@ -84,6 +84,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cd.add_argument("--enrolment", choices=("captured", "clean"), default="captured",
                     help="with --capture: each device's template starts from its photos as the fleet camera takes them, "
                          "or from the same photos clean (the owner enrolled with a phone's own camera)")
+    cd.add_argument("--train-enrolment", type=on_off, default="off", metavar="{on,off}",
+                    help="with --enrolment clean, on: each device also trains on its clean enrolment photos, as a device that "
+                         "enrolled on them and added its camera's photos does; off: on the camera's photos only")
     cd.add_argument("--center-features", type=on_off, default="off", metavar="{on,off}",
                     help="on: the devices' positive loss runs on features centred on the direction the starting templates share")
     cd.add_argument("--center-source", choices=CENTER_SOURCE_NAMES, default="lfw",
@@ -248,7 +251,7 @@ def cross_device_config(args: argparse.Namespace) -> CrossDeviceConfig:
             template_noise_cos=args.template_noise_cos, workers=args.workers,
             selection=args.selection, wire=args.wire, seeding=args.seeding,
             backend=args.backend, ray_address=args.ray_address, owner_holdout=args.owner_holdout, public_negatives=args.public_negatives,
-            public_rehearsal=args.public_rehearsal, capture=args.capture, enrolment=args.enrolment,
+            public_rehearsal=args.public_rehearsal, capture=args.capture, enrolment=args.enrolment, train_enrolment=args.train_enrolment,
             center_features=args.center_features, center_source=args.center_source,
         )
     except ValueError as error:  # the configs' own checks: one line, not a traceback

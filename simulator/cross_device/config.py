@@ -28,7 +28,7 @@ CENTER_SOURCES = ("lfw", "celeba", "model")  # model: the centre the starting mo
 # What a checkpoint written before a field existed ran with, so it resumes with its own meaning.
 LEGACY_DEFAULTS: dict[str, Any] = {"selection": "uniform", "wire": "fp32", "seeding": "per_device", "public_negatives": 0, "public_rehearsal": False,
                                    "weighting": "samples", "eval_photos": None, "capture": None,
-                                   "enrolment": "captured", "server_momentum": 0.0,
+                                   "enrolment": "captured", "train_enrolment": False, "server_momentum": 0.0,
                                    "center_features": False, "center_source": "lfw"}
 LEGACY_LOCAL_DEFAULTS: dict[str, Any] = {"negative_scale": 64.0, "negative_margin": 0.35, "train_embedding": True}
 LEGACY_SPREADOUT_DEFAULTS: dict[str, Any] = {"center": False}
@@ -88,6 +88,9 @@ class CrossDeviceConfig:
     # Under a capture: the photos each device's template starts from, the fleet camera's ("captured") or
     # the same photos before it took them ("clean": the owner enrolled with a phone's own camera).
     enrolment: str = "captured"
+    # With a clean enrolment: each device also trains on the clean photos it enrolled from, as an SDK device
+    # does (it trains on every face it holds, the enrolment's and the camera's it added); False: the camera's only.
+    train_enrolment: bool = False
     # The devices' positive loss centred on the direction the starting model's features of public faces
     # share (facecore.eval.feature_center, fixed at the start), as a live round's local.feature_center.
     center_features: bool = False
@@ -122,6 +125,7 @@ class CrossDeviceConfig:
                 ("enrolment must be captured or clean", self.enrolment not in ENROLMENTS),
                 ("center_source must be lfw, celeba or model", self.center_source not in CENTER_SOURCES),
                 ("enrolment clean needs a capture", self.enrolment == "clean" and self.capture is None),
+                ("train_enrolment needs enrolment clean", self.train_enrolment and self.enrolment != "clean"),
                 ("public negatives train in process: use workers 1 and backend process",
                  self.public_negatives > 0 and (self.workers > 1 or self.backend != "process")),
             ) if bad

@@ -102,6 +102,7 @@ class CrossDeviceSimulation:
         self.received = self.model if config.wire == "fp32" else copy.deepcopy(self.model)
         self._receive()
         self.caches: dict[int, PrefixCache] = {}  # frozen-prefix activations per device, valid for the whole run
+        self._with_enrolment: dict[int, np.ndarray] = {}  # _training_faces' arrays, one per device for the run
         self.workspace = Workspace(copy.deepcopy(self.model))  # every device trains in this one copy: no per-device deep copy
         # Only what local training can change crosses to the strategy (the suffix, with a frozen prefix).
         self.trained_keys = trainable_keys(self.model, config.local.trainable_blocks)
@@ -151,6 +152,14 @@ class CrossDeviceSimulation:
         W = np.stack([self._shared(mean_feature_embedding(f), 0, d.index) for f, d in zip(features, self.population.devices, strict=True)])
         return W, np.array([mean_feature_length(f) for f in features])
 
+    def _training_faces(self, device: SimDevice) -> np.ndarray:
+        """The faces a device trains on: its camera's, and with `train_enrolment` its clean enrolment photos first."""
+        if not self.config.train_enrolment or device.clean is None:
+            return device.faces
+        if device.index not in self._with_enrolment:
+            self._with_enrolment[device.index] = np.concatenate([device.clean, device.faces])
+        return self._with_enrolment[device.index]
+
     @staticmethod
     def _template_length(state: SimulationState, index: int) -> float:
         return 1.0 if state.template_lengths is None else float(state.template_lengths[index])
@@ -169,9 +178,10 @@ class CrossDeviceSimulation:
         by_faces: dict[int, PrefixCache] = {}  # a benchmark's tiled devices share one photo array per identity
         for device in tqdm(self.population.devices, desc="prefix caches", unit="device", leave=False):
             if device.index not in self.caches:
-                if id(device.faces) not in by_faces:
-                    by_faces[id(device.faces)] = prefix_cache(self.received, device.faces, blocks)
-                self.caches[device.index] = by_faces[id(device.faces)]
+                faces = self._training_faces(device)
+                if id(faces) not in by_faces:
+                    by_faces[id(faces)] = prefix_cache(self.received, faces, blocks)
+                self.caches[device.index] = by_faces[id(faces)]
 
     @property
     def checkpoint_path(self) -> Path:
@@ -223,11 +233,11 @@ class CrossDeviceSimulation:
         public = None if self.negatives is None else self.negatives.for_round(
             self.received, self.local.trainable_blocks, self.config.wire, self.config.public_rehearsal)
         for index in tqdm(chosen, desc=f"round {round_number}", unit="device", leave=False):
-            device = self.population.devices[index]
+            faces = self._training_faces(self.population.devices[index])
             cache = None
             if self.local.trainable_blocks is not None:
-                cache = self.caches.get(index) or self.caches.setdefault(index, prefix_cache(self.received, device.faces, self.local.trainable_blocks))
-            update = train_local(self.received, state.W[index], device.faces, self.local, seed=self._seed(round_number, index), cache=cache,
+                cache = self.caches.get(index) or self.caches.setdefault(index, prefix_cache(self.received, faces, self.local.trainable_blocks))
+            update = train_local(self.received, state.W[index], faces, self.local, seed=self._seed(round_number, index), cache=cache,
                                  workspace=self.workspace, public=public, template_length=self._template_length(state, index))
             sent = wire_arrays(delta(update.state_dict, base), self.config.wire)
             yield self._received(round_number, index, sent, update.embedding.numpy(), update.n_samples, update.loss_before, update.loss_after, state, losses)
@@ -245,10 +255,10 @@ class CrossDeviceSimulation:
             self.prepare_caches()
         tasks = []
         for index in chosen:
-            device = self.population.devices[index]
+            faces = self._training_faces(self.population.devices[index])
             cache = (self.caches[index].plain.numpy(), self.caches[index].flipped.numpy()) if blocks is not None else None
-            tasks.append(DeviceTask(index, state.W[index].copy(), self._seed(round_number, index), len(device.faces),
-                                    faces=device.faces if blocks is None else None, cache=cache,
+            tasks.append(DeviceTask(index, state.W[index].copy(), self._seed(round_number, index), len(faces),
+                                    faces=faces if blocks is None else None, cache=cache,
                                     template_length=self._template_length(state, index)))
         received = self.received.state_dict()
         weights = {k: received[k].numpy() for k in self.trained_keys}

@@ -31,6 +31,7 @@ def _method_label(report: dict[str, Any]) -> str:
     details += "" if local.get("margin", 0.9) == 0.9 else f", m={local['margin']:g}"
     details += "" if local.get("trainable_blocks") is None else f", last {local['trainable_blocks']} blocks"
     details += "" if config.get("enrolment", "captured") == "captured" else f", {config['enrolment']} enrolment"
+    details += ", trained on" if config.get("train_enrolment") else ""
     details += "" if local.get("train_embedding", True) else ", templates fixed"
     return f"{report['method']} ({report['init']} init{details})"
 

@@ -89,3 +89,5 @@ def test_a_clean_enrolment_with_fixed_templates_is_named_in_the_label() -> None:
     # Execute / Assert: an older report without the fields reads as the paper's setting
     assert label(report) == "fedface (mean init, clean enrolment, templates fixed) [camera: lowlight-ir]"
     assert label(_report()) == "fedface (mean init)"
+    report["config"]["train_enrolment"] = True
+    assert label(report) == "fedface (mean init, clean enrolment, trained on, templates fixed) [camera: lowlight-ir]"

@@ -2,6 +2,7 @@
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -96,3 +97,30 @@ def test_a_clean_enrolment_needs_a_camera_and_a_centre_a_known_source() -> None:
         CrossDeviceConfig(enrolment="clean")
     with pytest.raises(ValueError, match="center_source must be lfw, celeba or model"):
         CrossDeviceConfig(center_features=True, center_source="web")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_devices_that_train_their_enrolment_train_its_clean_photos_and_the_cameras(
+        calibrated_backbone: Callable[..., torch.nn.Module], tmp_path: Path, workers: int) -> None:
+    # Prepare: a captured fleet enrolled clean, run once on the camera's photos only and once also on the enrolment's
+    model = calibrated_backbone("mobilefacenet_s", seed=0)
+    fleet = captured(_population(), "lowlight-ir", ARCFACE_112, seed=0)
+    settings: dict[str, Any] = {"devices": 3, "rounds": 1, "per_round": 3, "eval_every": 1, "spreadout": False, "capture": "lowlight-ir",
+                "enrolment": "clean", "workers": workers, "local": LocalTrainingConfig(batch=2, trainable_blocks=1, train_embedding=False)}
+    runs = {}
+    for trained in (False, True):
+        # Execute
+        runs[trained] = CrossDeviceSimulation(CrossDeviceConfig(**settings, train_enrolment=trained), fleet, model, tmp_path / str(trained))
+        try:
+            runs[trained].run(resume=False)
+        finally:
+            runs[trained].close()
+    # Assert: each device's prefix activations cover its clean photos too, and the round trains on them
+    for device in fleet.devices:
+        assert device.clean is not None
+        assert len(runs[False].caches[device.index].plain) == len(device.faces)
+        assert len(runs[True].caches[device.index].plain) == len(device.faces) + len(device.clean)
+    alone, both = runs[False].model.state_dict(), runs[True].model.state_dict()
+    assert any(not torch.equal(alone[k], both[k]) for k in alone)
+    with pytest.raises(ValueError, match="train_enrolment needs enrolment clean"):
+        CrossDeviceConfig(capture="lowlight-ir", train_enrolment=True)
