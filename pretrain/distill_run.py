@@ -30,7 +30,7 @@ from facecore.models.dlib_resnet import DlibResNet
 from facecore.models.preprocess import embed_faces
 from facecore.models.registry import backbone_geometry, get_backbone
 from facecore.paths import cache_root, data_root
-from pretrain.distill import MONITOR_KEY, DistillData, Distiller, init_targets, lfw_folds_monitor
+from pretrain.distill import MONITOR_KEY, UNSEEN_KEY, DistillData, Distiller, init_targets, lfw_folds_monitor
 from pretrain.distill_config import DistillConfig
 from pretrain.distill_views import Photo, build_view_cache, weights_digest
 from pretrain.evaluation import check_disjoint_from_evaluation
@@ -111,7 +111,7 @@ def run_distill(args: argparse.Namespace) -> int:
         print(f"student: {config.backbone}, {sum(p.numel() for p in student.parameters()):,} parameters cut from {config.teacher} "
               f"by {config.cut_by}", flush=True)
     del teacher
-    monitor = lfw_folds_monitor(root, geometry=geometry_of(student))
+    monitor = lfw_folds_monitor(root, geometry=geometry_of(student), trained_on=manifest.sets["public"])
     # A student file (a cut trained before, continued) brings its own architecture
     config = DistillConfig(**{**config.to_dict(), "backbone": student.name, "embedding_dim": student.embedding_dim})
     if args.resume:
@@ -179,8 +179,9 @@ def _plots(out: Path, records: list[dict[str, float]]) -> None:
     monitored = [r for r in records if MONITOR_KEY in r]
     if monitored:
         epochs = [r["epoch"] for r in monitored]
-        save_line_plot(
-            out / "learning_curve.png",
-            {"pairs accuracy": (epochs, [r[MONITOR_KEY] for r in monitored]), "TAR@FAR1e-3 (all pairs)": (epochs, [r["lfw_1_5_tar_1e-3"] for r in monitored])},
-            "epoch", "LFW folds 1-5", "distillation: LFW folds 1-5 (choosing folds)",
-        )
+        curves = {"pairs accuracy": (epochs, [r[MONITOR_KEY] for r in monitored]),
+                  "TAR@FAR1e-3 (all pairs)": (epochs, [r["lfw_1_5_tar_1e-3"] for r in monitored])}
+        unseen = [r for r in monitored if UNSEEN_KEY in r]
+        if unseen:
+            curves["TAR@FAR1e-3, people it never trained on (per person)"] = ([r["epoch"] for r in unseen], [r[UNSEEN_KEY] for r in unseen])
+        save_line_plot(out / "learning_curve.png", curves, "epoch", "LFW folds 1-5", "distillation: LFW folds 1-5 (choosing folds)")

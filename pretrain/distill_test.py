@@ -15,7 +15,7 @@ from facecore.align.geometry import ARCFACE_112, scaled_arcface
 from facecore.align.template import ARCFACE_TEMPLATE, apply_transform, similarity_transform
 from facecore.data.synthetic import synthetic_faces
 from facecore.errors import CheckpointError
-from pretrain.distill import DistillData, Distiller, init_targets
+from pretrain.distill import DistillData, Distiller, init_targets, unseen_people_tar
 from pretrain.distill_config import DistillConfig
 from pretrain.distill_loss import centered_cosine_distance, cosine_distance, procrustes_rotation, relational_loss
 from pretrain.distill_views import Photo, ViewJitter, build_view_cache, draw_view, view_crops
@@ -189,3 +189,15 @@ def test_distillation_lowers_the_loss_and_keeps_the_best_epoch(tmp_path: Path) -
     assert result.history[-1]["loss"] < result.history[0]["loss"]
     best = torch.load(tmp_path / "run" / "best.pt", weights_only=True)
     assert best["meta"]["epoch"] == 2 and (tmp_path / "run" / "backbone.pt").is_file()
+
+
+def test_unseen_people_tar_counts_each_person_once() -> None:
+    # Prepare: random faces, so impostor pairs and "big"'s 780 genuine pairs score alike (rejected at
+    # FAR 1e-3), and "small", whose two photos are the same face (its one pair accepted)
+    rng = np.random.default_rng(0)
+    embeddings = np.concatenate([rng.normal(size=(2040, 64)), np.tile(rng.normal(size=(1, 64)), (2, 1))])
+    identities = np.array([f"s{i}" for i in range(2000)] + ["big"] * 40 + ["small"] * 2)
+    # Execute
+    tar = unseen_people_tar(embeddings, identities)
+    # Assert: each person weighs one half; pooled over pairs, "small" would be 1 pair in 781
+    assert 0.49 <= tar <= 0.51
