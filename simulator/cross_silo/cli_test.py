@@ -39,3 +39,14 @@ def test_paper_defaults_and_invalid_settings() -> None:
     assert (args.trainers, args.validators, args.K, args.backbone, args.loss, args.method) == (3, 2, 100, "iresnet18", "arcface", "pfm+fv")
     with pytest.raises(ValueError, match="parties"):
         cross_silo.run(parse("--synthetic", "--parties", "5"))
+
+
+def test_two_sources_of_faces_are_refused_in_one_line(tmp_path: Path) -> None:
+    from facecore.errors import FaceCoreError
+
+    with pytest.raises(FaceCoreError, match="two sources"):
+        cross_silo.run(parse("--synthetic", "--faces", str(tmp_path / "faces.npz")))
+    with pytest.raises(FaceCoreError, match="packs the data root"):
+        cross_silo.run(parse("--synthetic", "--backbone", "tiny", "--pack-faces", str(tmp_path / "faces.npz")))
+    with pytest.raises(FaceCoreError, match="not a face pack"):
+        cross_silo.run(parse("--faces", str(tmp_path / "missing.npz"), "--backbone", "tiny"))

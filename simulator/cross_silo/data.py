@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -91,6 +92,14 @@ class RealData:
     def plan(self) -> SiloPlan:
         return plan_silos(self.manifest, LFW(Path(self.root) / "lfw").pairs(), self.trainers, self.parties, self.validators, self.seed)
 
+    def settings(self) -> dict[str, Any]:
+        """What decides who holds what; a face pack records it (see :mod:`simulator.cross_silo.packed`)."""
+        return {"trainers": self.trainers, "parties": self.parties, "validators": self.validators, "seed": self.seed,
+                "size": self.size, "eval_folds": list(self.eval_folds), "split": Path(self.split).name if self.split else None}
+
+    def describe_plan(self) -> list[dict[str, object]]:
+        return self.plan.describe()
+
     def trainer_name(self, index: int) -> str:
         return self.plan.trainers[index].name
 
@@ -133,4 +142,13 @@ class SyntheticData:
         return self._pairs("eval", 20) if self.with_evaluation else None
 
 
-DataSpec = RealData | SyntheticData
+class DataSpec(Protocol):
+    """Where a run's parties get their faces: :class:`RealData`, :class:`SyntheticData` or a face pack."""
+
+    def trainer_name(self, index: int) -> str: ...
+
+    def trainer(self, index: int) -> SiloData: ...
+
+    def validator(self, index: int) -> PairSet: ...
+
+    def evaluation(self) -> PairSet | None: ...

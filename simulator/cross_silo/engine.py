@@ -195,7 +195,15 @@ class CrossSiloSimulation:
         started = time.perf_counter()
         method = self.config.method
         body = self._central() if method == "central" else self._solo() if method == "solo" else self._federated()
+        if self.final_weights is not None and self.validators:
+            body["validation"] = self._validate(self.final_weights)
         return {"method": method, "config": self.config.to_dict(), "wall_seconds": time.perf_counter() - started, **body}
+
+    def _validate(self, weights: Weights) -> dict[str, float]:
+        """The validators' pair accuracy: what chooses a setting (the lr, say), since ``eval`` is the test folds."""
+        model = place(copy.deepcopy(self.template), self.config.device)
+        model.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in weights.items()})
+        return {pairs.name: verify(model, pairs, self.config.device)["accuracy"] for pairs in self.validators}
 
     def _federated(self) -> dict[str, Any]:
         c = self.config

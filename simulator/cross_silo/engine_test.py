@@ -43,6 +43,17 @@ def test_central_and_solo_baselines_run() -> None:
         assert set(report["loss_ema"]) == {"a", "b", "c"} and all(len(v) == 4 for v in report["losses"].values())
 
 
+def test_central_scores_the_validators_so_a_setting_is_chosen_off_the_test_folds() -> None:
+    # Prepare
+    config = dataclasses.replace(BASE, method="central")
+    # Execute
+    with_validators = CrossSiloSimulation(config, SILOS, VALIDATORS).run()
+    without = CrossSiloSimulation(config, SILOS).run()
+    # Assert
+    assert set(with_validators["validation"]) == {"v1", "v2"} and all(0.0 <= a <= 1.0 for a in with_validators["validation"].values())
+    assert "validation" not in without
+
+
 def test_mismatched_inputs_are_refused() -> None:
     with pytest.raises(ValueError, match="trainers"):
         CrossSiloSimulation(BASE, SILOS[:2], VALIDATORS)
