@@ -7,10 +7,11 @@ Invariants:
   register, enroll, verify, status and unenroll run on numpy and onnxruntime alone.
 - A backbone file is read with `weights_only=True` (no pickled code runs) and loaded into the architecture
   it names (`facecore.models.registry`), fp16 entries widened to fp32: training always runs in fp32.
-- An update file carries, for every entry of the base model's state_dict, the trained value minus the base
-  one (zero for an entry training left out: `facecore.federation.wire.delta`, which the simulator uses too),
-  at the wire's precision or masked for secure aggregation, plus the template as the server may see it; its
-  layout is server_api/README.md's.
+- A plain update file carries, for each entry local training changed (the round's trained entries,
+  `facecore.federation.wire.trained_entries`), the trained value minus the base one (`wire.delta`, which the
+  simulator uses too) at the wire's precision, and nothing for the frozen prefix; a secure-aggregation one
+  masks every float entry (zero for the frozen ones: the masked vector's layout is the whole model's). Both
+  add the template as the server may see it; the layout is server_api/README.md's.
 """
 from __future__ import annotations
 
@@ -54,12 +55,12 @@ def update_file(
 ) -> bytes:
     """The bytes to upload for `update`, trained from `backbone` (the round's base model). `template`:
     the trained class embedding as the server may see it (blurred when the owner asked for noise)."""
-    deltas = delta(update.state_dict, backbone.state_dict(), every_entry=True)
     if secure is not None:
+        deltas = delta(update.state_dict, backbone.state_dict(), every_entry=True)
         masked = secure.masked(wire_arrays(deltas, "fp32"), update.n_samples).view(np.int32)
         tensors = {MASKED_KEY: masked, EMBEDDING_KEY: template}
     else:
-        tensors = update_tensors(wire_arrays(deltas, precision), template, precision)
+        tensors = update_tensors(wire_arrays(delta(update.state_dict, backbone.state_dict()), precision), template, precision)
     meta = UpdateMeta(base_version=base_version, n_samples=update.n_samples,
                       metrics={"loss": update.loss_after, "loss_before": update.loss_before})
     buffer = io.BytesIO()

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 # Re-exported: the simulator and the personal verifier take the template's start from here, with the training.
 from facecore.errors import FaceCoreError
 from facecore.federation.config import is_unit_vector
+from facecore.federation.wire import trained_entries
 from facecore.losses import cosface_loss, impostor_loss, positive_loss, public_negatives_loss
 from facecore.models.preprocess import faces_to_tensor
 
@@ -122,17 +123,15 @@ def _part(model: nn.Module, name: str) -> nn.Module:
 
 def trainable_keys(model: nn.Module, trainable_blocks: int | None, names: list[str] | None = None) -> list[str]:
     """The state_dict entries local training can change, in the model's order: every entry, or
-    the trainable suffix's (the last blocks and the head, as split_backbone cuts them). Updates
+    the trainable suffix's (the last blocks and the head, as split_backbone cuts them), by
+    `facecore.federation.wire.trained_entries`, which the server reads updates with. Updates
     carry only these, so a frozen-prefix round moves 30% of mobilefacenet instead of all of it
     (59 of 333 tensors at 2 blocks). `names`: the model's state_dict keys when already at hand
     (listing them walks every module, which costs more than a small suffix's training step)."""
     names = list(model.state_dict(keep_vars=True)) if names is None else names
-    if trainable_blocks is None:
-        return names
-    count = len(list(_part(model, "blocks").children()))
-    cut = count - min(trainable_blocks, count)
-    prefixes = ("head.", *(f"blocks.{i}." for i in range(cut, count)))
-    return [k for k in names if k.startswith(prefixes)]
+    if trainable_blocks is not None:
+        _part(model, "blocks")  # a model without the backbone contract is refused here, not trained whole
+    return trained_entries(names, trainable_blocks)
 
 
 @dataclass(frozen=True)

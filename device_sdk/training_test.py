@@ -16,6 +16,7 @@ from device_sdk.training import (
     trainable_keys,
 )
 from facecore.data.synthetic import synthetic_faces
+from facecore.federation.wire import trained_entries
 from facecore.models.preprocess import faces_to_tensor
 from facecore.templates import mean_feature_embedding
 
@@ -188,6 +189,22 @@ def test_a_frozen_prefix_update_carries_only_the_trainable_suffix(owner) -> None
     base = model.state_dict()
     assert any(not torch.equal(update.state_dict[k], base[k]) for k in keys)
     assert trainable_keys(model, None) == list(base)
+
+
+@pytest.mark.parametrize("name", ["dlib-resnet", "mobilefacenet", "iresnet18"])
+def test_the_servers_reading_of_the_trained_entries_is_the_suffix_the_device_trains(name: str) -> None:
+    # Prepare: the registry backbone on the meta device (no weights), as the server knows it: by its entry names
+    from facecore.models.registry import get_backbone
+
+    with torch.device("meta"):
+        model = get_backbone(name)
+    names = list(model.state_dict())
+    # Execute / Assert: the names alone give the split's suffix, at every cut
+    for blocks in (0, 1, 4, 100):
+        _, suffix = split_backbone(model, blocks)
+        suffix_ids = {id(t) for t in suffix.state_dict(keep_vars=True).values()}
+        expected = [k for k, t in model.state_dict(keep_vars=True).items() if id(t) in suffix_ids]
+        assert trainable_keys(model, blocks) == trained_entries(names, blocks) == expected
 
 
 def test_centred_loss_sees_what_a_shared_direction_hides_and_a_centre_must_be_a_unit_vector() -> None:

@@ -37,7 +37,7 @@ class LocalSettings(StrictModel):
     batch_size: int = Field(default=32, ge=1, le=1024, description="photos in each of a device's optimiser steps")
     trainable_blocks: int | None = Field(
         default=None, ge=0, le=64,
-        description="frozen prefix: devices train only the backbone's last K blocks and its head (the other deltas are zero); unset: all of it",
+        description="frozen prefix: devices train, and send, only the backbone's last K blocks and its head (the frozen prefix sends nothing); unset: all of it",
     )
     train_embedding: bool = Field(
         default=True,

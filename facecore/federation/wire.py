@@ -9,9 +9,9 @@ Invariants:
   methods, and `delta` imports torch when called.
 - Only floating arrays change precision; integer entries (batch-norm counters) cross as they are.
 - A delta is the trained value minus the base one, where the base is the model as the device received
-  it, so a delta never carries the download's rounding error back to the server. An update file holds
-  one for every entry of the base model (zero for an entry training left out); the simulator streams
-  only the trained entries.
+  it, so a delta never carries the download's rounding error back to the server. An update carries one
+  for each of the round's trained entries (`trained_entries`) and nothing for the frozen rest, in an
+  update file as in the simulator; the server reads only those entries.
 - The class embedding always crosses in float32.
 
 Speed: numpy converts the tiny values a delta holds (fp16 subnormals) about 100x slower than normal
@@ -21,7 +21,7 @@ wire's precision, so `as_sent` leaves them alone), and every half-precision arra
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
@@ -56,6 +56,18 @@ def widened(values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         return np.asarray(values, dtype=np.float32)
     out[...] = values
     return out
+
+
+def trained_entries(names: Sequence[str], trainable_blocks: int | None) -> list[str]:
+    """The state_dict entries a round's local training changes, in `names`' order: every entry, or with
+    `trainable_blocks` k those of the last k `blocks.<i>` and of the `head` (the backbone contract,
+    facecore.models.registry). The device trains, and sends, exactly these; the server reads exactly these."""
+    if trainable_blocks is None:
+        return list(names)
+    count = 1 + max((int(n.split(".")[1]) for n in names if n.startswith("blocks.")), default=-1)
+    cut = count - min(trainable_blocks, count)
+    prefixes = ("head.", *(f"blocks.{i}." for i in range(cut, count)))
+    return [n for n in names if n.startswith(prefixes)]
 
 
 def delta(trained: Mapping[str, Tensor], base: Mapping[str, Tensor], every_entry: bool = False) -> dict[str, Tensor]:

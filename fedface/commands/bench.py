@@ -62,6 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     device.add_argument("--commands-repeats", type=int, default=3, metavar="N",
                         help="fresh-process runs of `fedface device register`, `enroll` (10 new photos) and `verify` "
                              "(1 photo), each with a new device and person, after one unmeasured run")
+    device.add_argument("--settings", choices=("fleet-camera", "paper"), default="fleet-camera",
+                        help="the timed rounds' settings, as `fedface admin round open --settings`: fleet-camera trains (and sends) the "
+                             "last blocks only, with the model's published feature centre; paper trains the whole backbone")
     device.add_argument("--commands-only", action="store_true",
                         help="only the cold commands section: register, enroll, verify, against their goals")
     device.add_argument("--json", action="store_true", help=JSON_HELP)
@@ -216,6 +219,15 @@ def _device(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as scratch, LocalServer(
         Path(scratch) / "server", model=args.model, env=MANY_DEVICES_ON_LOOPBACK, log=Path(scratch) / "server.log",
     ) as server:
+        body: dict[str, Any] = {"target_participants": 1, "min_participants": 1, "deadline_s": 300, "selection_window_s": 0}
+        if args.settings == "fleet-camera":
+            from facecore.federation.fleet_camera import fleet_camera_settings
+
+            center = server.admin("GET", "/v1/admin/models?limit=1")[0].get("feature_center")
+            if center is None:
+                raise _usage(f"model {args.model} publishes no feature centre, which --settings fleet-camera needs: use --settings paper")
+            body |= fleet_camera_settings(center)
+
         def open_round() -> None:
             import time
 
@@ -223,7 +235,7 @@ def _device(args: argparse.Namespace) -> int:
 
             for _ in range(240):  # the previous round may still be aggregating: one active round at a time
                 try:
-                    server.admin("POST", "/v1/admin/rounds", json={"target_participants": 1, "min_participants": 1, "deadline_s": 300, "selection_window_s": 0})
+                    server.admin("POST", "/v1/admin/rounds", json=body)
                     return
                 except httpx.HTTPStatusError as error:
                     if error.response.status_code != 409:
@@ -240,6 +252,7 @@ def _device(args: argparse.Namespace) -> int:
         result = {} if only else bench_device(
             server.url, Path(scratch) / "device", photos[:20], photos[20], open_round, args.repeats, progress=progress)
         if result:
+            result["settings"] = args.settings
             goals |= device_goals(result)
         if not args.commands_only:
             result["verify"] = bench_verify(

@@ -28,6 +28,7 @@ from facecore.federation.status import RoundStatus
 from facecore.federation.strategies import Strategy, last_step, strategy_for
 from facecore.federation.strategies.base import Weights
 from facecore.federation.strategies.secure_fedavg import UnmaskMaterial
+from facecore.federation.wire import trained_entries
 from facecore.models.verification import Verification
 from server_api.core.db import session_scope, transaction
 from server_api.core.logging import get_logger
@@ -109,16 +110,18 @@ def _compute_and_finalize(ctx: ServerContext, round_id: int) -> bool:
     _, base_weights = load_weights(ctx.store, base_hash)
     previous = None if parent is None else last_step(base_weights, load_weights(ctx.store, parent)[1])
     if secure is None:
+        # The frozen prefix takes no part: the strategy sees the trained entries, as in the simulator.
+        trained = {k: base_weights[k] for k in trained_entries(list(base_weights), config.local.trainable_blocks)}
         strategy = strategy_for(config, previous_step=previous)
-        stream = stream_updates(ctx, updates)
+        result = strategy.aggregate_train(round_id, trained, stream_updates(ctx, updates, list(trained)))
     else:
         strategy = _secure_strategy(config, secure, previous)
-        stream = stream_masked(ctx, updates, secure.index_of)
+        result = strategy.aggregate_train(round_id, base_weights, stream_masked(ctx, updates, secure.index_of))
     del previous
-    result = strategy.aggregate_train(round_id, base_weights, stream)
-    change_norm = published_change_norm(base_weights, result.weights)
+    published = {**base_weights, **result.weights}
+    change_norm = published_change_norm(base_weights, published)
     del base_weights
-    model = build_model(backbone, dim, result.weights)
+    model = build_model(backbone, dim, published)
     meta = {"source": f"round {round_id}", "round_id": round_id, "parent": base_hash, "feature_center": base_center}
     blobs = store_model(ctx.store, model, ctx.settings.export_onnx, meta=meta, verification=_inherited(base_verification, base_hash))
 

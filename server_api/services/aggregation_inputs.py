@@ -45,12 +45,14 @@ def parent_hash(session: Session, producing_round_id: int | None) -> str | None:
     return None if parent is None else parent.version_hash
 
 
-def stream_updates(ctx: ServerContext, updates: list[UpdateRef]) -> Iterator[ClientUpdate]:
-    """One update in memory at a time, read back from the blob store."""
+def stream_updates(ctx: ServerContext, updates: list[UpdateRef], trained: list[str]) -> Iterator[ClientUpdate]:
+    """One update in memory at a time, read back from the blob store: the round's `trained` entries
+    only (wire.trained_entries), whether a file left the frozen prefix out or sent it."""
     for update in updates:
         with ctx.store.open(update.blob_sha256) as handle:
             header = read_header(handle, ctx.store.size(update.blob_sha256))
-            weights = dict(iter_tensors(handle, header, prefix=BACKBONE_PREFIX))
+            sent = dict(iter_tensors(handle, header, prefix=BACKBONE_PREFIX))
+        weights = {name: sent[name] for name in trained}
         yield ClientUpdate(weights=weights, n_samples=update.n_samples, metrics=update.metrics, client_id=update.device_id)
 
 

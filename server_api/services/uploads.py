@@ -159,7 +159,7 @@ def _early_checks(
     problem = _participation_problem(session, round_.id, device.id)
     if problem is not None:
         raise problem
-    expected = UpdateSpec(spec, dim, base_hash, ctx.settings.max_delta_norm if target is None else None)
+    expected = UpdateSpec(spec, dim, base_hash, ctx.settings.max_delta_norm if target is None else None, round_.settings.local.trainable_blocks)
     return UploadTicket(device.id, round_id, body_sha256, idempotency_key, expected, target, now)
 
 

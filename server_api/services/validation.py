@@ -1,7 +1,9 @@
 """Checks on untrusted payloads: uploaded update files and enrolled embeddings.
 
-An update file (tensor file, see facecore.tensorfile) holds ``backbone.<name>`` for
-every entry of the model's state_dict, as the delta trained - base, plus
+An update file (tensor file, see facecore.tensorfile) holds ``backbone.<name>``, the delta
+trained - base, for each of the round's trained entries (facecore.federation.wire.trained_entries:
+every entry of the model's state_dict, or with a frozen prefix only the suffix's; a file with every
+entry is accepted too, and aggregation reads only the trained ones), plus
 ``class_embedding`` (D,), and ``__metadata__["fedface"]``: a JSON
 :class:`~facecore.federation.messages.UpdateMeta` (the key names: facecore.federation.protocol).
 Tensors are read one at a time.
@@ -20,7 +22,7 @@ from pydantic import ValidationError
 
 from facecore.federation.messages import UpdateMeta
 from facecore.federation.protocol import BACKBONE_PREFIX, EMBEDDING_KEY, MASKED_KEY, METADATA_KEY
-from facecore.federation.wire import widened
+from facecore.federation.wire import trained_entries, widened
 from facecore.tensorfile import DTYPES, TensorFileError, TensorFileHeader, read_header, read_tensor
 from server_api.errors import Conflict, InvalidInput
 
@@ -62,9 +64,11 @@ def _header_and_meta(handle: BinaryIO, size: int, base_version: str) -> tuple[Te
     return header, meta
 
 
-def parse_update(handle: BinaryIO, size: int, spec: dict[str, Any], embedding_dim: int, base_version: str, max_delta_norm: float) -> ParsedUpdate:
+def parse_update(
+    handle: BinaryIO, size: int, spec: dict[str, Any], embedding_dim: int, base_version: str, max_delta_norm: float, trainable_blocks: int | None = None,
+) -> ParsedUpdate:
     header, meta = _header_and_meta(handle, size, base_version)
-    _check_names_and_shapes(header, spec, embedding_dim)
+    _check_names_and_shapes(header, spec, embedding_dim, trainable_blocks)
     delta_norm = math.sqrt(_backbone_squared_norm(handle, header))
     if delta_norm > max_delta_norm:
         raise InvalidInput(f"backbone delta L2 norm {delta_norm:.3g} exceeds the bound {max_delta_norm:.3g}")
@@ -213,13 +217,16 @@ def _parse_meta(header: TensorFileHeader) -> UpdateMeta:
         raise InvalidInput(f"update metadata invalid at {where}: {first['msg'][:200]}") from None
 
 
-def _check_names_and_shapes(header: TensorFileHeader, spec: dict[str, Any], embedding_dim: int) -> None:
-    expected = {BACKBONE_PREFIX + k for k in spec} | {EMBEDDING_KEY}
+def _check_names_and_shapes(header: TensorFileHeader, spec: dict[str, Any], embedding_dim: int, trainable_blocks: int | None) -> None:
     names = set(header.tensors)
-    if names != expected:
-        missing, extra = sorted(expected - names), sorted(names - expected)
-        raise InvalidInput(f"update tensors do not match the model: missing {missing[:3]}, unexpected {extra[:3]}")
+    every = {BACKBONE_PREFIX + k for k in spec} | {EMBEDDING_KEY}
+    trained = {BACKBONE_PREFIX + k for k in trained_entries(list(spec), trainable_blocks)} | {EMBEDDING_KEY}
+    if names not in (trained, every):
+        missing, extra = sorted(trained - names), sorted(names - every)
+        raise InvalidInput(f"update tensors do not match the round's trained entries: missing {missing[:3]}, unexpected {extra[:3]}")
     for key, (dtype, shape) in spec.items():
+        if BACKBONE_PREFIX + key not in names:
+            continue
         info = header.tensors[BACKBONE_PREFIX + key]
         if list(info.shape) != list(shape):
             raise InvalidInput(f"backbone.{key} has shape {list(info.shape)}, expected {shape}")

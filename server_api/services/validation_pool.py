@@ -41,6 +41,12 @@ class UpdateSpec:
     embedding_dim: int
     base_version: str
     max_delta_norm: float | None
+    trainable_blocks: int | None = None  # the round's frozen prefix: its entries may be left out
+
+    @property
+    def key(self) -> tuple[str, float | None, int | None]:
+        """What a worker caches this spec under."""
+        return self.base_version, self.max_delta_norm, self.trainable_blocks
 
 
 def check_update_file(path: str, size: int, expected: UpdateSpec) -> ParsedUpdate:
@@ -48,13 +54,13 @@ def check_update_file(path: str, size: int, expected: UpdateSpec) -> ParsedUpdat
     with open(path, "rb") as handle:
         if expected.max_delta_norm is None:
             return parse_masked_update(handle, size, expected.spec, expected.embedding_dim, expected.base_version)
-        return parse_update(handle, size, expected.spec, expected.embedding_dim, expected.base_version, expected.max_delta_norm)
+        return parse_update(handle, size, expected.spec, expected.embedding_dim, expected.base_version, expected.max_delta_norm, expected.trainable_blocks)
 
 
 def _serve(connection: Connection) -> None:
     """A worker: answer (path, size, key, spec or None) with (ok, ParsedUpdate or error) until
     the server closes its end. Specs are sent once per worker and model version, then named."""
-    specs: dict[tuple[str, float | None], UpdateSpec] = {}
+    specs: dict[tuple[str, float | None, int | None], UpdateSpec] = {}
     while True:
         try:
             path, size, key, expected = connection.recv()
@@ -74,7 +80,7 @@ def _serve(connection: Connection) -> None:
 class _Worker:
     process: BaseProcess
     connection: Connection
-    known: set[tuple[str, float | None]] = field(default_factory=set)
+    known: set[tuple[str, float | None, int | None]] = field(default_factory=set)
 
 
 class ValidationPool:
@@ -106,7 +112,7 @@ class ValidationPool:
         worker = self._idle.get()
         if not worker.process.is_alive():
             worker = self._replace(worker)
-        key = (expected.base_version, expected.max_delta_norm)
+        key = expected.key
         try:
             worker.connection.send((str(path), size, key, None if key in worker.known else expected))
             worker.known.add(key)

@@ -76,3 +76,25 @@ def test_hostile_metadata_is_one_short_invalid_input(fedface_meta: str) -> None:
         _parse(body)
     # Assert
     assert "metadata" in str(caught.value) and len(str(caught.value)) < 400
+
+
+def test_a_frozen_prefix_round_takes_its_trained_entries_alone_or_every_entry_and_nothing_between() -> None:
+    # Prepare: a backbone of two blocks and a head; with one trainable block the trained entries are blocks.1 and the head
+    spec = {"stem.weight": ("float32", [8]), "blocks.0.weight": ("float32", [8]), "blocks.0.bn.num_batches_tracked": ("int64", []),
+            "blocks.1.weight": ("float32", [8]), "head.weight": ("float32", [4])}
+    every = {k: np.full(shape, 0.1, "<f4") if dtype.startswith("float") else np.zeros(shape, "<i8") for k, (dtype, shape) in spec.items()}
+    trained = {k: every[k] for k in ("blocks.1.weight", "head.weight")}
+
+    def parse(tensors: dict[str, np.ndarray], blocks: int | None) -> float:
+        body = _update(tensors)
+        return parse_update(io.BytesIO(body), len(body), spec, 4, BASE, 1e30, blocks).delta_norm
+
+    # Execute / Assert
+    assert parse(trained, 1) == pytest.approx(np.sqrt(12 * 0.01), rel=1e-6)  # the frozen prefix sends nothing
+    assert parse(every, 1) == pytest.approx(np.sqrt(28 * 0.01), rel=1e-6)  # an older device's whole file still parses
+    with pytest.raises(InvalidInput, match=r"missing \['backbone.blocks.1.weight'\]"):
+        parse({"head.weight": trained["head.weight"]}, 1)
+    with pytest.raises(InvalidInput, match="missing"):
+        parse(trained, None)  # a round that trains everything wants every entry
+    with pytest.raises(InvalidInput, match="unexpected"):
+        parse({**trained, "blocks.1.extra": np.zeros(2, "<f4")}, 1)

@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 from device_sdk.device import FaceDevice
 from device_sdk.errors import NotEnrolled, RoundClosed
 from facecore.federation.protocol import ErrorCode
+from facecore.federation.wire import trained_entries
 from facecore.losses import spreadout_optimize
 from server_helpers import enrolled_devices, open_round, shift_round, tick
 from server_testkit import load_backbone_bytes, make_delta, unit_vector, update_file
@@ -51,6 +52,33 @@ def test_round_aggregates_fedavg_and_spreadout_without_unenrolled(client: TestCl
         np.testing.assert_allclose(got["embedding"], W_new[index], atol=1e-6)
     assert d.embedding().status_code == 404
     assert status["summary"]["n_embeddings"] == 3
+
+
+def test_a_frozen_prefix_round_reads_the_trained_entries_whether_a_device_sent_them_alone_or_every_entry(
+    client: TestClient, admin: dict, rng: np.random.Generator,
+) -> None:
+    # Prepare: 2 trainable blocks; a sends the trained entries only, b (an older device) every entry, its frozen ones non-zero
+    a, b = enrolled_devices(client, 2, rng)
+    round_ = open_round(client, admin, target_participants=2, min_participants=2, local={"trainable_blocks": 2})
+    assert a.checkin().json()["status"] == "selected" and b.checkin().json()["status"] == "selected"
+    base = load_backbone_bytes(a.backbone(round_["base_version"]).content)
+    trained = trained_entries(list(base), 2)
+    every = {a.id: make_delta(base, rng), b.id: make_delta(base, rng)}
+    sent = {a.id: {k: every[a.id][k] for k in trained}, b.id: every[b.id]}
+    bodies = {d: update_file(sent[d], unit_vector(rng), round_["base_version"], 10) for d in sent}
+    # Execute
+    for device in (a, b):
+        assert device.upload(round_["id"], bodies[device.id]).status_code == 201
+    status = client.get("/v1/admin/rounds/current", headers=admin).json()
+    # Assert: the trained entries moved by the mean delta, the frozen prefix is the base's to the bit, and a's file is the smaller
+    assert status["status"] == "completed" and status["summary"]["n_updates"] == 2
+    new = load_backbone_bytes(a.backbone(status["result_version"]).content)
+    assert 0 < len(trained) < len(base) and len(bodies[a.id]) < 0.8 * len(bodies[b.id])
+    for key, value in base.items():
+        if key in trained and value.dtype.kind == "f":
+            np.testing.assert_allclose(new[key], value + (every[a.id][key] + every[b.id][key]) / 2, rtol=0, atol=1e-6, err_msg=key)
+        else:
+            np.testing.assert_array_equal(new[key], value, err_msg=key)
 
 
 def test_stale_round_upload_is_409_naming_current_round(client: TestClient, admin: dict, rng: np.random.Generator) -> None:
