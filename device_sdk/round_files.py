@@ -29,6 +29,7 @@ from device_sdk.training import LocalUpdate
 from facecore import tensorfile
 from facecore.federation.messages import UpdateMeta
 from facecore.federation.protocol import EMBEDDING_KEY, MASKED_KEY, METADATA_KEY
+from facecore.federation.quantize import quantized_update
 from facecore.federation.wire import Precision, delta, update_tensors, wire_arrays
 from facecore.models.registry import get_backbone
 
@@ -51,21 +52,26 @@ def load_backbone_file(path: Path, what: str) -> nn.Module:
 
 def update_file(
     backbone: nn.Module, update: LocalUpdate, base_version: str, template: np.ndarray, precision: Precision,
-    secure: SecureRound | None = None,
-) -> bytes:
-    """The bytes to upload for `update`, trained from `backbone` (the round's base model). `template`:
-    the trained class embedding as the server may see it (blurred when the owner asked for noise)."""
+    secure: SecureRound | None = None, bits: int | None = None, residual: dict[str, np.ndarray] | None = None,
+) -> tuple[bytes, dict[str, np.ndarray] | None]:
+    """The bytes to upload for `update`, trained from `backbone` (the round's base model), and with `bits`
+    (the round's `local.upload_bits`) the residual to keep for the next update, `residual` being the last
+    one. `template`: the trained class embedding as the server may see it (blurred when the owner asked for noise)."""
+    kept = None
     if secure is not None:
         deltas = delta(update.state_dict, backbone.state_dict(), every_entry=True)
         masked = secure.masked(wire_arrays(deltas, "fp32"), update.n_samples).view(np.int32)
         tensors = {MASKED_KEY: masked, EMBEDDING_KEY: template}
+    elif bits is not None:
+        tensors, _, kept = quantized_update(wire_arrays(delta(update.state_dict, backbone.state_dict()), "fp32"), bits, residual)
+        tensors[EMBEDDING_KEY] = np.asarray(template, np.float32)
     else:
         tensors = update_tensors(wire_arrays(delta(update.state_dict, backbone.state_dict()), precision), template, precision)
     meta = UpdateMeta(base_version=base_version, n_samples=update.n_samples,
                       metrics={"loss": update.loss_after, "loss_before": update.loss_before})
     buffer = io.BytesIO()
     tensorfile.write(buffer, tensors, {METADATA_KEY: meta.model_dump_json()})
-    return buffer.getvalue()
+    return buffer.getvalue(), kept
 
 
 __all__ = ["load_backbone_file", "update_file"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from device_sdk.enrolment import enrolled_faces, shared_template
-from device_sdk.errors import NotEnrolled, RoundClosed, ServerRefused, ServerUnavailable
+from device_sdk.errors import BadServerResponse, NotEnrolled, RoundClosed, ServerRefused, ServerUnavailable
 from device_sdk.link import ServerLink, read_deadline, server_body, server_path
 from device_sdk.model_cache import current_model, load_backbone
 from device_sdk.server_limits import check_version
@@ -140,13 +140,18 @@ def _train(link: ServerLink, options: RoundOptions, accepted: Accepted, wait: fl
                              template_length=float(state.info().get("template_length", 1.0)))
     precision: Precision = "fp16" if options.upload_fp16 else "fp32"
     template = shared_template(update.embedding.numpy(), options.template_noise_cos)
-    body = update_file(backbone, update, checkin.base_version, template, precision, secure)
+    bits = upload_bits(checkin.local)
+    body, residual = update_file(backbone, update, checkin.base_version, template, precision, secure,
+                                 bits, state.residual() if bits is not None else None)
     meta = {"round_id": round_id, "key": f"{link.identity()[0]}-{round_id}-{secrets.token_hex(8)}",
             "url": server_path(checkin.upload_url), "deadline_at": checkin.deadline_at.isoformat(),
             "base_version": checkin.base_version,
             "loss_before": update.loss_before, "loss_after": update.loss_after, "steps": update.steps}
-    # Persist before sending: a crash or an outage after this point resends the same bytes under the same key.
+    # Persist before sending: a crash or an outage after this point resends the same bytes under the same key,
+    # and the residual is what those bytes leave undelivered.
     state.save_pending(meta, body)
+    if residual is not None:
+        state.save_residual(residual)
     say("uploading the update")
     try:
         post_update(link, meta, body, accepted)
@@ -179,6 +184,16 @@ def wait_for_round_end(link: ServerLink, summary: RoundSummary, poll: float = 2.
         if datetime.now(UTC) >= give_up:
             return RoundEnd(round_id, model["version"], None, give_up)
         time.sleep(poll)
+
+
+def upload_bits(local: Mapping[str, Any]) -> int | None:
+    """The round's `local.upload_bits`: None (fp16 or fp32, the device's choice), 8 or 4."""
+    from facecore.federation.quantize import BITS
+
+    bits = local.get("upload_bits")
+    if bits is not None and (isinstance(bits, bool) or bits not in BITS):
+        raise BadServerResponse(f"the round asks for uploads of {str(bits)[:20]} bits; this device sends {' or '.join(map(str, BITS))}")
+    return bits
 
 
 def _checkin_until_selected(link: ServerLink, wait: float | None, poll: float) -> CheckinPublic:

@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 KEY_ENV = "FEDFACE_DEVICE_KEY"
 KEY_BYTES = 32
 MODEL_KINDS = ("onnx", "fp16.pt", "fp32.pt")
-SEALED = ("identity", "template", "faces", "personal", "pending_upload")
+SEALED = ("identity", "template", "faces", "personal", "pending_upload", "upload_residual")
 # Everything `delete()` may remove: the folder may be one the user also keeps other files in.
 STATE_FILES = ("device.key", "device.json", "pending_upload.json", "pending_upload.bin", "train.lock",
                *(f"{n}.enc" for n in SEALED))
@@ -349,8 +349,25 @@ class DeviceState:
     def personal(self) -> bytes | None:
         return self._open("personal")
 
+    def save_residual(self, residual: dict[str, np.ndarray]) -> None:
+        """What quantised uploads have not yet delivered (facecore.federation.quantize): trained on the owner's faces, so sealed."""
+        import numpy as np
+
+        buffer = io.BytesIO()
+        np.savez(buffer, **residual)  # type: ignore[arg-type]  # numpy's stub lets ** reach allow_pickle
+        self._seal("upload_residual", buffer.getvalue())
+
+    def residual(self) -> dict[str, np.ndarray] | None:
+        import numpy as np
+
+        raw = self._open("upload_residual")
+        if raw is None:
+            return None
+        with np.load(io.BytesIO(raw), allow_pickle=False) as arrays:
+            return {k: arrays[k] for k in arrays.files}
+
     def forget_owner(self) -> None:
-        for name in ("template", "faces", "personal"):
+        for name in ("template", "faces", "personal", "upload_residual"):
             (self.dir / f"{name}.enc").unlink(missing_ok=True)
 
     # ---- an update trained but not yet acknowledged ------------------------------------

@@ -32,6 +32,8 @@ DTYPES: dict[str, np.dtype] = {
     "F64": np.dtype("<f8"),
     "I32": np.dtype("<i4"),
     "I64": np.dtype("<i8"),
+    "I8": np.dtype("i1"),  # quantised update deltas (facecore.federation.quantize)
+    "U8": np.dtype("u1"),
 }
 _NAMES = {v: k for k, v in DTYPES.items()}
 MAX_DIMS = 8

@@ -13,6 +13,8 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from facecore.federation.quantize import BITS
+
 
 def is_unit_vector(values: Sequence[float]) -> bool:
     """A feature centre's check, on the server that sends it and on the device that trains with it."""
@@ -37,12 +39,17 @@ class LocalSettings(StrictModel):
     batch_size: int = Field(default=32, ge=1, le=1024, description="photos in each of a device's optimiser steps")
     trainable_blocks: int | None = Field(
         default=None, ge=0, le=64,
-        description="frozen prefix: devices train, and send, only the backbone's last K blocks and its head (the frozen prefix sends nothing); unset: all of it",
+        description="frozen prefix: devices train, and send, only the backbone's last K blocks and its head (the prefix sends nothing); unset: all",
     )
     train_embedding: bool = Field(
         default=True,
         description="true (on): devices train their class embedding too; false (off): each keeps its enrolled template and trains only "
         "the backbone towards it",
+    )
+    upload_bits: int | None = Field(
+        default=None, ge=4, le=8,
+        description="8 or 4: devices send each trained weight in that many bits with a scale a row, and carry the rounding "
+        "to their next update (error feedback); unset: fp16",
     )
     feature_center: list[float] | None = Field(
         default=None, max_length=4096,
@@ -53,6 +60,8 @@ class LocalSettings(StrictModel):
     def _unit_center(self) -> LocalSettings:
         if self.feature_center is not None and not is_unit_vector(self.feature_center):
             raise ValueError("feature_center must be a unit vector")
+        if self.upload_bits not in (None, *BITS):
+            raise ValueError(f"upload_bits must be {' or '.join(map(str, BITS))}")
         return self
 
 
@@ -170,6 +179,8 @@ class RoundConfig(StrictModel):
         if self.selection_window_s >= self.deadline_s:
             raise ValueError("selection_window_s must be shorter than deadline_s")
         if self.secure_aggregation.enabled:
+            if self.local.upload_bits is not None:
+                raise ValueError("local.upload_bits is for plain uploads: secure aggregation sends its own fixed point (secure_aggregation.scale_bits)")
             if (conflict := self.aggregation.secure_conflict()) is not None:
                 raise ValueError(conflict)
             if self.min_participants < 2:

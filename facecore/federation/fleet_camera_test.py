@@ -17,6 +17,7 @@ def test_the_settings_make_a_round_that_keeps_templates_and_centres_the_loss() -
     assert config.local.feature_center == pytest.approx(center.tolist())
     assert (config.aggregation.weighting, config.aggregation.server_momentum) == ("devices", 0.9)
     assert secure["aggregation"]["weighting"] == "samples" and "secure_aggregation" not in plain
+    assert config.local.upload_bits == 4 and "upload_bits" not in secure["local"]  # secure aggregation has its own fixed point
     secure_config = RoundConfig.model_validate({"target_participants": 2, **secure, "secure_aggregation": {"enabled": True, **secure["secure_aggregation"]}})
     assert (secure_config.secure_aggregation.scale_bits, secure_config.secure_aggregation.max_update_norm) == (22, 0.05)
 

@@ -7,8 +7,8 @@ A device signs every request with its Ed25519 key. The signed message is the UTF
 so method, path, query, time, nonce and body are all bound. The headers carry the device id (absent
 when registering), the timestamp (unix seconds), the nonce (single use) and the base64 signature; an
 upload also carries the body hash it signed, so the server checks the signature before reading a large
-body. An update file is a tensor file of ``backbone.<name>`` deltas (or one ``secagg.masked`` vector)
-plus ``class_embedding``, with JSON metadata under ``fedface``. An error body is
+body. An update file is a tensor file of ``backbone.<name>`` deltas (quantised ones with ``scale.<name>``
+beside them; or one ``secagg.masked`` vector) plus ``class_embedding``, with JSON metadata under ``fedface``. An error body is
 ``{"detail": <text for people>, "code": <ErrorCode>}``; programs branch on ``code``, never on ``detail``.
 
 Invariants: every constant here is wire format, shared by the server, the device SDK and the benchmark
@@ -34,6 +34,7 @@ SIGNATURE_HEADER = "X-Signature"
 CONTENT_SHA256_HEADER = "X-Content-SHA256"
 
 BACKBONE_PREFIX = "backbone."
+SCALE_PREFIX = "scale."  # a quantised entry's scales (facecore.federation.quantize)
 EMBEDDING_KEY = "class_embedding"
 MASKED_KEY = "secagg.masked"
 METADATA_KEY = "fedface"

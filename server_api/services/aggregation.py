@@ -113,7 +113,7 @@ def _compute_and_finalize(ctx: ServerContext, round_id: int) -> bool:
         # The frozen prefix takes no part: the strategy sees the trained entries, as in the simulator.
         trained = {k: base_weights[k] for k in trained_entries(list(base_weights), config.local.trainable_blocks)}
         strategy = strategy_for(config, previous_step=previous)
-        result = strategy.aggregate_train(round_id, trained, stream_updates(ctx, updates, list(trained)))
+        result = strategy.aggregate_train(round_id, trained, stream_updates(ctx, updates, {k: np.shape(v) for k, v in trained.items()}))
     else:
         strategy = _secure_strategy(config, secure, previous)
         result = strategy.aggregate_train(round_id, base_weights, stream_masked(ctx, updates, secure.index_of))

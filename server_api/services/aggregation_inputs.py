@@ -13,7 +13,8 @@ import numpy as np
 from sqlalchemy.orm import Session
 
 from facecore.federation.config import RoundConfig
-from facecore.federation.protocol import BACKBONE_PREFIX, MASKED_KEY
+from facecore.federation.protocol import MASKED_KEY
+from facecore.federation.quantize import received_deltas
 from facecore.federation.strategies import ClientUpdate, Strategy, spreadout_of
 from facecore.federation.strategies.secure_fedavg import MASKED
 from facecore.tensorfile import iter_tensors, read_header, read_tensor
@@ -45,13 +46,14 @@ def parent_hash(session: Session, producing_round_id: int | None) -> str | None:
     return None if parent is None else parent.version_hash
 
 
-def stream_updates(ctx: ServerContext, updates: list[UpdateRef], trained: list[str]) -> Iterator[ClientUpdate]:
-    """One update in memory at a time, read back from the blob store: the round's `trained` entries
-    only (wire.trained_entries), whether a file left the frozen prefix out or sent it."""
+def stream_updates(ctx: ServerContext, updates: list[UpdateRef], shapes: dict[str, tuple[int, ...]]) -> Iterator[ClientUpdate]:
+    """One update in memory at a time, read back from the blob store: the trained entries (`shapes`: theirs,
+    wire.trained_entries) only, whether a file left the frozen prefix out or sent it, quantised ones dequantised."""
+    trained = list(shapes)
     for update in updates:
         with ctx.store.open(update.blob_sha256) as handle:
             header = read_header(handle, ctx.store.size(update.blob_sha256))
-            sent = dict(iter_tensors(handle, header, prefix=BACKBONE_PREFIX))
+            sent = received_deltas(dict(iter_tensors(handle, header)), shapes)
         weights = {name: sent[name] for name in trained}
         yield ClientUpdate(weights=weights, n_samples=update.n_samples, metrics=update.metrics, client_id=update.device_id)
 

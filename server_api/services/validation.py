@@ -3,7 +3,8 @@
 An update file (tensor file, see facecore.tensorfile) holds ``backbone.<name>``, the delta
 trained - base, for each of the round's trained entries (facecore.federation.wire.trained_entries:
 every entry of the model's state_dict, or with a frozen prefix only the suffix's; a file with every
-entry is accepted too, and aggregation reads only the trained ones), plus
+entry is accepted too, and aggregation reads only the trained ones), each as F16/F32 or quantised
+(I8 or packed U8 codes with ``scale.<name>`` beside them: facecore.federation.quantize), plus
 ``class_embedding`` (D,), and ``__metadata__["fedface"]``: a JSON
 :class:`~facecore.federation.messages.UpdateMeta` (the key names: facecore.federation.protocol).
 Tensors are read one at a time.
@@ -21,9 +22,10 @@ import numpy as np
 from pydantic import ValidationError
 
 from facecore.federation.messages import UpdateMeta
-from facecore.federation.protocol import BACKBONE_PREFIX, EMBEDDING_KEY, MASKED_KEY, METADATA_KEY
+from facecore.federation.protocol import BACKBONE_PREFIX, EMBEDDING_KEY, MASKED_KEY, METADATA_KEY, SCALE_PREFIX
+from facecore.federation.quantize import coded_shape, codes_of, rows_of
 from facecore.federation.wire import trained_entries, widened
-from facecore.tensorfile import DTYPES, TensorFileError, TensorFileHeader, read_header, read_tensor
+from facecore.tensorfile import DTYPES, TensorFileError, TensorFileHeader, TensorInfo, read_header, read_tensor
 from server_api.errors import Conflict, InvalidInput
 
 UNIT_NORM_TOLERANCE = 1e-3
@@ -69,7 +71,7 @@ def parse_update(
 ) -> ParsedUpdate:
     header, meta = _header_and_meta(handle, size, base_version)
     _check_names_and_shapes(header, spec, embedding_dim, trainable_blocks)
-    delta_norm = math.sqrt(_backbone_squared_norm(handle, header))
+    delta_norm = math.sqrt(_backbone_squared_norm(handle, header) + _quantized_squared_norm(handle, header, spec))
     if delta_norm > max_delta_norm:
         raise InvalidInput(f"backbone delta L2 norm {delta_norm:.3g} exceeds the bound {max_delta_norm:.3g}")
     return ParsedUpdate(meta=meta, embedding=_embedding(handle, header), delta_norm=delta_norm)
@@ -217,8 +219,25 @@ def _parse_meta(header: TensorFileHeader) -> UpdateMeta:
         raise InvalidInput(f"update metadata invalid at {where}: {first['msg'][:200]}") from None
 
 
+def _quantized_squared_norm(handle: BinaryIO, header: TensorFileHeader, spec: dict[str, Any]) -> float:
+    """Sum of squares of the quantised entries as aggregation reads them (code x its row's scale), refusing
+    a scale that is negative, NaN or Inf; codes are integers, so they are finite."""
+    squared = 0.0
+    for key in header.tensors:
+        if not key.startswith(SCALE_PREFIX):
+            continue
+        name = key[len(SCALE_PREFIX):]
+        scale = read_tensor(handle, header, key).astype(np.float64)
+        if not (np.isfinite(scale).all() and (scale >= 0).all()):
+            raise InvalidInput(f"{key} holds a negative, NaN or Inf scale")
+        codes = codes_of(read_tensor(handle, header, BACKBONE_PREFIX + name), tuple(spec[name][1]))
+        squared += float(np.dot(np.square(codes.reshape(len(scale), -1).astype(np.float64)).sum(axis=1), np.square(scale)))
+    return squared
+
+
 def _check_names_and_shapes(header: TensorFileHeader, spec: dict[str, Any], embedding_dim: int, trainable_blocks: int | None) -> None:
-    names = set(header.tensors)
+    scales = {k for k in header.tensors if k.startswith(SCALE_PREFIX)}
+    names = set(header.tensors) - scales
     every = {BACKBONE_PREFIX + k for k in spec} | {EMBEDDING_KEY}
     trained = {BACKBONE_PREFIX + k for k in trained_entries(list(spec), trainable_blocks)} | {EMBEDDING_KEY}
     if names not in (trained, every):
@@ -228,12 +247,30 @@ def _check_names_and_shapes(header: TensorFileHeader, spec: dict[str, Any], embe
         if BACKBONE_PREFIX + key not in names:
             continue
         info = header.tensors[BACKBONE_PREFIX + key]
+        scale = header.tensors.get(SCALE_PREFIX + key)
+        if scale is not None:
+            _check_quantized(key, dtype, tuple(shape), info, scale)
+            continue
         if list(info.shape) != list(shape):
             raise InvalidInput(f"backbone.{key} has shape {list(info.shape)}, expected {shape}")
         allowed = _FLOAT_WIRE if dtype.startswith("float") else _INT_WIRE
         if info.dtype not in allowed:
             raise InvalidInput(f"backbone.{key} has dtype {info.dtype}, expected one of {sorted(allowed)}")
+    stray = sorted(k for k in scales if k[len(SCALE_PREFIX):] not in spec or BACKBONE_PREFIX + k[len(SCALE_PREFIX):] not in names)
+    if stray:
+        raise InvalidInput(f"update holds scales of no sent entry: {stray[:3]}")
     _check_embedding_spec(header, embedding_dim)
+
+
+def _check_quantized(key: str, dtype: str, shape: tuple[int, ...], info: TensorInfo, scale: TensorInfo) -> None:
+    """A quantised float entry: I8 codes in the entry's shape or U8 packed 4-bit codes, and F32 scales, one a row."""
+    bits = {"I8": 8, "U8": 4}.get(info.dtype)
+    if not dtype.startswith("float") or bits is None:
+        raise InvalidInput(f"backbone.{key} has a scale, so it must be a float entry sent as I8 or U8, got {info.dtype} for {dtype}")
+    if info.shape != coded_shape(shape, bits):
+        raise InvalidInput(f"backbone.{key} has shape {list(info.shape)}, expected {list(coded_shape(shape, bits))} at {bits} bits")
+    if scale.dtype != "F32" or scale.shape != (rows_of(shape),):
+        raise InvalidInput(f"{SCALE_PREFIX}{key} must be F32 of shape [{rows_of(shape)}], got {scale.dtype} {list(scale.shape)}")
 
 
 def _check_embedding_spec(header: TensorFileHeader, embedding_dim: int) -> None:

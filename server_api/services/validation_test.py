@@ -98,3 +98,27 @@ def test_a_frozen_prefix_round_takes_its_trained_entries_alone_or_every_entry_an
         parse(trained, None)  # a round that trains everything wants every entry
     with pytest.raises(InvalidInput, match="unexpected"):
         parse({**trained, "blocks.1.extra": np.zeros(2, "<f4")}, 1)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_a_quantised_update_is_measured_as_aggregation_reads_it_and_a_bad_scale_is_refused(bits: int) -> None:
+    # Prepare
+    from facecore.federation.quantize import quantized_update
+
+    rng = np.random.default_rng(bits)
+    deltas = {k: (rng.standard_normal(shape) * 0.01).astype("<f4") if dtype.startswith("float") else np.zeros(shape, "<i8")
+              for k, (dtype, shape) in SPEC.items()}
+    tensors, received, _ = quantized_update(deltas, bits)
+    expected = np.sqrt(sum(np.square(v.astype(np.float64)).sum() for v in received.values()))
+
+    def parse(entries: dict[str, np.ndarray]) -> float:
+        body = tensorfile.dumps(entries | {"class_embedding": np.full(4, 0.5, "<f4")},
+                                {"fedface": json.dumps({"base_version": BASE, "n_samples": 3, "metrics": {}})})
+        return parse_update(io.BytesIO(body), len(body), SPEC, 4, BASE, 1e30).delta_norm
+
+    # Execute / Assert
+    assert parse(tensors) == pytest.approx(expected, rel=1e-6)
+    with pytest.raises(InvalidInput, match="negative, NaN or Inf scale"):
+        parse(tensors | {"scale.b.weight": -tensors["scale.b.weight"]})
+    with pytest.raises(InvalidInput, match="I8 or U8"):
+        parse(tensors | {"backbone.b.weight": deltas["b.weight"]})

@@ -28,12 +28,12 @@ from tqdm import tqdm
 
 from device_sdk.training import PrefixCache, Workspace, prefix_cache, train_local, trainable_keys
 from facecore.federation.config import training_seed
-from facecore.federation.protocol import EMBEDDING_KEY
+from facecore.federation.quantize import quantized_update, received_deltas
 from facecore.federation.selection import least_recently_selected
 from facecore.federation.strategies import ClientUpdate, ServerMomentum, Strategy, layer_of, strategy_for
 from facecore.federation.strategies.dp_fedavg import DPFedAvg, dp_epsilon, noise_for_epsilon
 from facecore.federation.template_noise import noisy_template
-from facecore.federation.wire import as_received, backbone_deltas, delta, update_tensors, wire_arrays
+from facecore.federation.wire import Precision, as_received, backbone_deltas, delta, update_tensors, wire_arrays
 from facecore.models.checkpoint import atomic_torch_save
 from facecore.models.preprocess import embed_faces
 from facecore.models.registry import embedding_dim_of
@@ -77,6 +77,8 @@ class SimulationState:
     # per device: its enrolment photos' mean unit feature length under the starting model (train_local's
     # template_length); None: 1 for every device, as runs saved before it was kept
     template_lengths: np.ndarray | None = None
+    # per device, with upload_bits: what its quantised updates have not yet delivered (facecore.federation.quantize)
+    residuals: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
 
 
 class CrossDeviceSimulation:
@@ -192,7 +194,8 @@ class CrossDeviceSimulation:
                            "history": state.history, "last_selected": state.last_selected, "config": self.config.to_dict(),
                            "server_step": {} if self.momentum is None else {k: torch.from_numpy(v) for k, v in self.momentum.previous.items()},
                            "feature_center": self.local.feature_center,
-                           **({} if state.template_lengths is None else {"template_lengths": torch.from_numpy(state.template_lengths)})},
+                           **({} if state.template_lengths is None else {"template_lengths": torch.from_numpy(state.template_lengths)}),
+                           "residuals": {str(i): {k: torch.from_numpy(v) for k, v in r.items()} for i, r in state.residuals.items()}},
                           self.checkpoint_path)
 
     def load(self) -> SimulationState | None:
@@ -216,8 +219,9 @@ class CrossDeviceSimulation:
         if saved.get("feature_center") != self.local.feature_center:  # the centre of the run's start, not of today's photos
             self.local = dataclasses.replace(self.local, feature_center=saved.get("feature_center"))
         lengths = saved.get("template_lengths")
+        residuals = {int(i): {k: v.numpy() for k, v in r.items()} for i, r in saved.get("residuals", {}).items()}
         return SimulationState(saved["round"], saved["model_state"], saved["W"].numpy(), saved["history"], saved.get("last_selected", []),
-                               None if lengths is None else lengths.numpy())
+                               None if lengths is None else lengths.numpy(), residuals)
 
     # ---- one round -----------------------------------------------------------------------
     def _seed(self, round_number: int, index: int) -> int:
@@ -239,7 +243,7 @@ class CrossDeviceSimulation:
                 cache = self.caches.get(index) or self.caches.setdefault(index, prefix_cache(self.received, faces, self.local.trainable_blocks))
             update = train_local(self.received, state.W[index], faces, self.local, seed=self._seed(round_number, index), cache=cache,
                                  workspace=self.workspace, public=public, template_length=self._template_length(state, index))
-            sent = wire_arrays(delta(update.state_dict, base), self.config.wire)
+            sent = wire_arrays(delta(update.state_dict, base), self._upload_precision)
             yield self._received(round_number, index, sent, update.embedding.numpy(), update.n_samples, update.loss_before, update.loss_after, state, losses)
 
     def _pooled_updates(self, round_number: int, chosen: list[int], state: SimulationState, losses: list[float]) -> Iterator[ClientUpdate]:
@@ -264,19 +268,29 @@ class CrossDeviceSimulation:
         weights = {k: received[k].numpy() for k in self.trained_keys}
         for r in tqdm(self.pool.train(weights, tasks), total=len(tasks), desc=f"round {round_number}", unit="device", leave=False):
             # Workers send fp32; Ray's come read-only, which torch refuses to wrap without a warning, so those are copied.
-            sent = wire_arrays({k: torch.from_numpy(np.require(v, requirements="W")) for k, v in r.delta.items()}, self.config.wire)
+            sent = wire_arrays({k: torch.from_numpy(np.require(v, requirements="W")) for k, v in r.delta.items()}, self._upload_precision)
             yield self._received(round_number, r.index, sent, r.embedding, r.n_samples, r.loss_before, r.loss_after, state, losses)
 
     def _received(
         self, round_number: int, index: int, sent: dict[str, np.ndarray], embedding: np.ndarray, n_samples: int, loss_before: float,
         loss_after: float, state: SimulationState, losses: list[float],
     ) -> ClientUpdate:
-        tensors = update_tensors(sent, self._shared(embedding, round_number, index), self.config.wire)  # what the server receives
-        state.W[index] = tensors[EMBEDDING_KEY]
+        shared = self._shared(embedding, round_number, index)
+        if self.config.upload_bits is None:
+            tensors = update_tensors(sent, shared, self.config.wire)  # what the server receives
+            deltas = backbone_deltas(tensors)
+        else:  # as device_sdk.round_files quantises, and the server reads it back
+            tensors, _, state.residuals[index] = quantized_update(sent, self.config.upload_bits, state.residuals.get(index))
+            deltas = received_deltas(tensors, {k: v.shape for k, v in sent.items()})
+        state.W[index] = np.asarray(shared, np.float32)
         losses.append(loss_after)
         device = self.population.devices[index]
-        return ClientUpdate(backbone_deltas(tensors), n_samples, {"loss_before": loss_before, "loss_after": loss_after}, device.identity,
-                            kind="delta")
+        return ClientUpdate(deltas, n_samples, {"loss_before": loss_before, "loss_after": loss_after}, device.identity, kind="delta")
+
+    @property
+    def _upload_precision(self) -> Precision:
+        """Quantised uploads start from the device's fp32 delta; others cross at the wire's precision."""
+        return "fp32" if self.config.upload_bits is not None else self.config.wire
 
     def close(self) -> None:
         """Stop the worker processes, if any."""

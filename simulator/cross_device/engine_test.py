@@ -105,6 +105,24 @@ def test_resuming_after_round_1_equals_a_straight_run(model: torch.nn.Module, tm
         torch.testing.assert_close(resumed.model_state[key], value)
 
 
+def test_quantised_uploads_keep_each_devices_residual_across_rounds_and_a_checkpoint(model: torch.nn.Module, tmp_path: Path) -> None:
+    # Prepare: every device every round, 4-bit uploads
+    settings = {"method": "fedavg", "per_round": 4, "upload_bits": 4, "rounds": 3}
+    straight = CrossDeviceSimulation(_config(**settings), _population(), model, tmp_path / "straight").run(resume=False)
+    CrossDeviceSimulation(_config(**{**settings, "rounds": 1}), _population(), model, tmp_path / "stopped").run(resume=False)
+    # Execute: a new process picks the run up from its round-1 checkpoint; and the same run without quantisation
+    resumed = CrossDeviceSimulation(_config(**settings), _population(), model, tmp_path / "stopped").run(resume=True)
+    plain = CrossDeviceSimulation(_config(**{**settings, "upload_bits": None}), _population(), model, tmp_path / "plain").run(resume=False)
+    # Assert: each device holds a non-zero residual, the checkpoint carried them, and the codes changed the model
+    assert sorted(straight.residuals) == [0, 1, 2, 3] and all(any(v.any() for v in r.values()) for r in straight.residuals.values())
+    for index, residual in straight.residuals.items():
+        for name, kept in residual.items():
+            np.testing.assert_array_equal(resumed.residuals[index][name], kept)
+    for key, value in straight.model_state.items():
+        torch.testing.assert_close(resumed.model_state[key], value)
+    assert any(not torch.equal(plain.model_state[k], v) for k, v in straight.model_state.items() if v.is_floating_point())
+
+
 def test_spreadout_keeps_embeddings_apart_where_fedavg_lets_them_collapse(model: torch.nn.Module, tmp_path: Path) -> None:
     # Prepare: random init, strong local pull; same devices and seeds for both
     config = dict(init="mean", rounds=3, per_round=4, local=LocalTrainingConfig(epochs=2, batch=4, lr=0.1))

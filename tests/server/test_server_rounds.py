@@ -1,6 +1,7 @@
 """Round lifecycle through the API: aggregation maths, selection, deadlines, admin."""
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -11,7 +12,9 @@ from fastapi.testclient import TestClient
 
 from device_sdk.device import FaceDevice
 from device_sdk.errors import NotEnrolled, RoundClosed
-from facecore.federation.protocol import ErrorCode
+from facecore import tensorfile
+from facecore.federation.protocol import EMBEDDING_KEY, METADATA_KEY, ErrorCode
+from facecore.federation.quantize import quantized_update
 from facecore.federation.wire import trained_entries
 from facecore.losses import spreadout_optimize
 from server_helpers import enrolled_devices, open_round, shift_round, tick
@@ -79,6 +82,37 @@ def test_a_frozen_prefix_round_reads_the_trained_entries_whether_a_device_sent_t
             np.testing.assert_allclose(new[key], value + (every[a.id][key] + every[b.id][key]) / 2, rtol=0, atol=1e-6, err_msg=key)
         else:
             np.testing.assert_array_equal(new[key], value, err_msg=key)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_a_round_of_quantised_uploads_publishes_the_mean_of_what_the_codes_say(
+    client: TestClient, admin: dict, rng: np.random.Generator, bits: int,
+) -> None:
+    # Prepare: the last 2 blocks train and cross in `bits` bits; b's file names a scale for an entry it did not send
+    a, b = enrolled_devices(client, 2, rng)
+    round_ = open_round(client, admin, target_participants=2, min_participants=2, local={"trainable_blocks": 2, "upload_bits": bits})
+    assert a.checkin().json()["status"] == "selected" and b.checkin().json()["status"] == "selected"
+    base = load_backbone_bytes(a.backbone(round_["base_version"]).content)
+    trained = trained_entries(list(base), 2)
+    quantized = {d.id: quantized_update({k: v for k, v in make_delta(base, rng).items() if k in trained}, bits) for d in (a, b)}
+    floats = [k for k in trained if base[k].dtype.kind == "f"]
+    meta = {METADATA_KEY: json.dumps({"base_version": round_["base_version"], "n_samples": 10, "metrics": {}})}
+
+    def body(device_id: str, **extra: np.ndarray) -> bytes:
+        return tensorfile.dumps(quantized[device_id][0] | {EMBEDDING_KEY: unit_vector(rng)} | extra, meta)
+
+    # Execute
+    stray = b.upload(round_["id"], body(b.id, **{"scale.stem.weight": np.ones(1, np.float32)}))
+    codes = [device.upload(round_["id"], body(device.id)).status_code for device in (a, b)]
+    status = client.get("/v1/admin/rounds/current", headers=admin).json()
+    # Assert: a quarter (8 bits) or an eighth (4 bits) of the fp32 bytes, and base + the mean of the dequantised deltas
+    assert stray.status_code == 422 and "scales of no sent entry" in stray.json()["detail"] and codes == [201, 201]
+    sent_bytes = sum(quantized[a.id][0]["backbone." + k].nbytes for k in floats)
+    assert sent_bytes <= sum(base[k].nbytes for k in floats) * bits / 32 + len(floats)
+    new = load_backbone_bytes(a.backbone(status["result_version"]).content)
+    for key in floats:
+        expected = base[key] + (quantized[a.id][1][key] + quantized[b.id][1][key]) / 2
+        np.testing.assert_allclose(new[key], expected, rtol=0, atol=1e-6, err_msg=key)
 
 
 def test_stale_round_upload_is_409_naming_current_round(client: TestClient, admin: dict, rng: np.random.Generator) -> None:
