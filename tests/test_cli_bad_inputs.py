@@ -41,7 +41,7 @@ PATH_DESTS = {
     "report", "manifest", "photos", "runs", "ssl_certfile", "ssl_keyfile",
 }
 PATH_METAVARS = {"DIR", "FILE", "PATH", "PHOTO", "PNG", "MODEL"}
-OUTPUT_DESTS = {"out", "report"}  # written, not read: a missing one is made
+OUTPUT_DESTS = {"out", "report", "pack_faces"}  # written, not read: a missing one is made
 EXISTING_FILE = Path(__file__)  # a file that exists but is no photo, model or manifest
 # `fedface server` serves until stopped: with a missing --data-dir it makes that folder and serves, so it is not
 # run here; its bad databases and files are checked by tests/server against the real process.
