@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +110,7 @@ def failure_report(server: LocalServer) -> str:
 
 def bench_round(
     devices: int, concurrency: int, backbone: str, workers: int = 1, drop_fraction: float = 0.0, secure: bool = False,
-    db_url: str | None = None, progress: Progress = QUIET,
+    db_url: str | None = None, progress: Progress = QUIET, local: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One fresh server, one round with `devices` participants; the client's JSON plus peak RSS."""
     with tempfile.TemporaryDirectory(prefix="fedface-bench-") as scratch, scratch_database(db_url) as database:
@@ -124,7 +125,7 @@ def bench_round(
             # Started together: the client's imports overlap the server's startup; it waits for /readyz itself.
             load = [sys.executable, "-m", "fedface_bench.server_load", "--url", server.url,
                     "--data-dir", str(server.data_dir), "--devices", str(devices), "--concurrency", str(concurrency),
-                    "--drop-fraction", str(drop_fraction)] + (["--secure"] if secure else [])
+                    "--drop-fraction", str(drop_fraction)] + (["--secure"] if secure else []) + (["--local", json.dumps(local)] if local else [])
             client = subprocess.Popen(load, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), **lifeline.env()}, stdout=subprocess.PIPE,
                                       text=True, pass_fds=lifeline.fds)
             lifeline.handed_over()
@@ -152,19 +153,21 @@ def bench_round(
 
 def run_server_bench(
     devices: int = GOAL_DEVICES, concurrency: int = 16, backbone: str = "mobilefacenet", workers: int = 1, db_url: str | None = None,
-    progress: Progress = QUIET,
+    progress: Progress = QUIET, local: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The 10-participant baseline, then the `devices` round; flat JSON-ready results."""
+    """The 10-participant baseline, then the `devices` round; flat JSON-ready results. `local`: the rounds'
+    local settings (trainable_blocks, upload_bits), which shape what each device sends."""
     progress(f"1 of 2: the {BASELINE_DEVICES}-device baseline round")
-    base = bench_round(BASELINE_DEVICES, concurrency, backbone, workers, db_url=db_url, progress=progress)
+    base = bench_round(BASELINE_DEVICES, concurrency, backbone, workers, db_url=db_url, progress=progress, local=local)
     progress(f"2 of 2: the measured round of {devices} devices")
-    full = bench_round(devices, concurrency, backbone, workers, db_url=db_url, progress=progress)
+    full = bench_round(devices, concurrency, backbone, workers, db_url=db_url, progress=progress, local=local)
     keys = ("ingest_seconds", "uploads_per_s", "p50_upload_ms", "p99_upload_ms", "aggregate_seconds", "completed_after_last_upload_s",
             "setup_seconds", "checkin_seconds", "accepted", "status_codes", "errors", "transport_retries", "round_status", "update_bytes",
             "concurrency")
     growth = full["peak_rss_mb"] - base["peak_rss_mb"]
     database = "postgresql" if db_url else "sqlite"
-    result: dict[str, Any] = {"devices": devices, "backbone": backbone, "workers": workers, "database": database, **{k: full[k] for k in keys}}
+    result: dict[str, Any] = {"devices": devices, "backbone": backbone, "local": dict(local or {}), "workers": workers, "database": database,
+                              **{k: full[k] for k in keys}}
     result |= {
         "rss_growth_mb": round(growth, 1), "peak_rss_mb_10": base["peak_rss_mb"], "peak_rss_mb_n": full["peak_rss_mb"],
         "baseline_10": {k: base[k] for k in ("ingest_seconds", "p99_upload_ms", "aggregate_seconds", "accepted", "round_status")},

@@ -18,7 +18,7 @@ import secrets
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -38,7 +38,9 @@ from facecore.federation.protocol import (
     REGISTER_SUBJECT,
     signature_headers,
 )
+from facecore.federation.quantize import quantized_update
 from facecore.federation.status import FINAL_ROUND_STATUSES, RoundStatus
+from facecore.federation.wire import trained_entries
 
 DELTA_SCALE = 1e-3  # ~1M params * (1e-3)^2 -> L2 norm ~1, far below FEDFACE_MAX_DELTA_NORM (1000)
 REQUEST_TIMEOUT_S = 600.0  # generous: the bench may share a loaded machine
@@ -121,14 +123,20 @@ async def plain(http: httpx.AsyncClient, method: str, path: str, **kwargs: Any) 
     return await resend(method, lambda: http.request(method, path, **kwargs))
 
 
-def update_template(state: dict[str, np.ndarray], embedding_dim: int, base_version: str) -> bytes:
-    """One valid update file (fp16 deltas, integer buffers zero) with `class_embedding` stored
+def update_template(state: dict[str, np.ndarray], embedding_dim: int, base_version: str, local: Mapping[str, Any] | None = None) -> bytes:
+    """One valid update file (fp16 deltas, integer buffers zero; with `local`'s trainable_blocks the trained
+    entries only, and with its upload_bits quantised as a device sends them) with `class_embedding` stored
     last, so each device only swaps the final embedding bytes: 1,000 x 2 MB never sits in memory."""
+    local = local or {}
     rng = np.random.default_rng(0)
-    tensors = {
-        BACKBONE_PREFIX + k: (rng.standard_normal(v.shape) * DELTA_SCALE).astype("<f2") if v.dtype.kind == "f" else np.zeros(v.shape, v.dtype)
-        for k, v in state.items()
+    deltas = {
+        k: (rng.standard_normal(state[k].shape) * DELTA_SCALE).astype("<f4") if state[k].dtype.kind == "f" else np.zeros(state[k].shape, state[k].dtype)
+        for k in trained_entries(list(state), local.get("trainable_blocks"))
     }
+    if local.get("upload_bits") is None:
+        tensors = {BACKBONE_PREFIX + k: v.astype("<f2") if v.dtype.kind == "f" else v for k, v in deltas.items()}
+    else:
+        tensors = quantized_update(deltas, local["upload_bits"])[0]
     tensors[EMBEDDING_KEY] = np.zeros(embedding_dim, "<f4")
     meta = {"base_version": base_version, "n_samples": 32, "metrics": {"loss": 0.5}}
     data = tensorfile.dumps(tensors, {METADATA_KEY: json.dumps(meta)})
@@ -201,13 +209,15 @@ async def current_model(http: httpx.AsyncClient) -> tuple[int, str, dict[str, np
     return dim, version, state
 
 
-async def run(url: str, data_dir: Path, n_devices: int, concurrency: int, drop_fraction: float = 0.0) -> dict[str, Any]:
+async def run(
+    url: str, data_dir: Path, n_devices: int, concurrency: int, drop_fraction: float = 0.0, local: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     admin, limits = await connect(url, data_dir, concurrency)
     rng = np.random.default_rng(1)
     devices = [BenchDevice() for _ in range(n_devices)]
     async with httpx.AsyncClient(base_url=url, timeout=REQUEST_TIMEOUT_S, limits=limits) as http:
         dim, version, state = await current_model(http)
-        prefix = update_template(state, dim, version)
+        prefix = update_template(state, dim, version, local)
         prefix_hash = hashlib.sha256(prefix)  # copied per device: hash 2 MB once, not 1,000 times
 
         # Setup, untimed for the goals: register and enroll every device.
@@ -222,7 +232,8 @@ async def run(url: str, data_dir: Path, n_devices: int, concurrency: int, drop_f
         dropping = set(rng.choice(n_devices, int(drop_fraction * n_devices), replace=False).tolist()) if drop_fraction else set()
         for index in dropping:
             devices[index].drops = True
-        config = {"target_participants": n_devices, "min_participants": n_devices - len(dropping), "deadline_s": 3600, "selection_window_s": 0}
+        config = {"target_participants": n_devices, "min_participants": n_devices - len(dropping), "deadline_s": 3600, "selection_window_s": 0,
+                  **({"local": dict(local)} if local else {})}
         round_id = int(expect(await plain(http, "POST", "/v1/admin/rounds", json=config, headers=admin), 201)["id"])
         statuses: Counter[str] = Counter()
 

@@ -25,10 +25,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--drop-fraction", type=float, default=0.0,
                         help="devices that drop mid-upload (--secure: after sharing keys)")
     parser.add_argument("--secure", action="store_true", help="a secure-aggregation round")
+    parser.add_argument("--local", type=json.loads, default=None, help="a plain round's `local` settings, as JSON (trainable_blocks, upload_bits)")
     args = parser.parse_args(argv)
     exit_with_parent("fedface bench client")  # a load on a server nobody measures any more is no use
-    round_load = run_secure if args.secure else run
-    result = asyncio.run(round_load(args.url, args.data_dir, args.devices, args.concurrency, args.drop_fraction))
+    if args.secure:
+        result = asyncio.run(run_secure(args.url, args.data_dir, args.devices, args.concurrency, args.drop_fraction))
+    else:
+        result = asyncio.run(run(args.url, args.data_dir, args.devices, args.concurrency, args.drop_fraction, args.local))
     print(json.dumps(result))
     return 0
 

@@ -43,6 +43,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--workers", type=int, default=1, metavar="N", help="server worker processes, as `fedface server --workers`")
     server.add_argument("--db", default=None, metavar="URL",
                         help="a PostgreSQL URL: each measured round runs in a fresh schema there, dropped afterwards (default: SQLite)")
+    server.add_argument("--trainable-blocks", type=int, default=None, metavar="K",
+                        help="the round trains the last K blocks and the head: each update carries those entries only")
+    server.add_argument("--upload-bits", type=int, choices=(8, 4), default=None, metavar="BITS",
+                        help="each update's deltas in 8 or 4 bits with a scale a row (a round's local.upload_bits); unset: fp16")
     server.add_argument("--secure", action="store_true",
                         help="a plain round and a secure-aggregation round of --devices side by side (no 10-device baseline)")
     server.add_argument("--drop", type=float, default=0.1, metavar="FRACTION",
@@ -366,6 +370,8 @@ def _server(args: argparse.Namespace) -> int:
         raise _usage("--db must be a postgresql:// URL (SQLite is the default)")
     if args.db is not None and args.secure:
         raise _usage("--secure runs on SQLite only")
+    if args.secure and (args.trainable_blocks is not None or args.upload_bits is not None):
+        raise _usage("--trainable-blocks and --upload-bits shape plain updates; --secure sends its own masked ones")
     if args.secure and (args.devices < 3 or not 0 <= args.drop < 1 / 3):
         raise _usage("--secure: --devices must be >= 3 and 0 <= --drop < 1/3 (the threshold is 2n/3 + 1)")
     from sqlalchemy.engine import make_url
@@ -390,7 +396,8 @@ def _server(args: argparse.Namespace) -> int:
         print(json.dumps(secure) if args.json else describe_secure(secure))
         return 0 if secure["secure"]["round_status"] == RoundStatus.COMPLETED and secure["secure"]["lost"] == 0 else 1
     try:
-        result = run_server_bench(args.devices, args.concurrency, args.backbone, args.workers, args.db, progress=progress)
+        local = {k: v for k, v in (("trainable_blocks", args.trainable_blocks), ("upload_bits", args.upload_bits)) if v is not None}
+        result = run_server_bench(args.devices, args.concurrency, args.backbone, args.workers, args.db, progress=progress, local=local)
     except SQLAlchemyError as error:
         # The driver's first line names the host and port, never the URL's password.
         reason = str(getattr(error, "orig", None) or error).strip().splitlines()[0]
