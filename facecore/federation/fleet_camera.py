@@ -19,9 +19,8 @@ never on LFW folds 6-10):
 - one small step a round, every device counted once, and server momentum: the loss is sharp, and a
   larger device step raises it.
 - Plain uploads cross in 4 bits a weight with a scale a row, each device carrying what the codes miss to its
-  next update (facecore.federation.quantize): on the 217 owners' 20 rounds every held-out figure reads as
-  with fp16 uploads (simulator/REPORT.md, section 11), at a quarter of the bytes. Secure aggregation keeps
-  its own fixed point instead.
+  next update (facecore.federation.quantize): a quarter of fp16's bytes, and the rounds lose nothing to it
+  (simulator/REPORT.md, section 11). Secure aggregation keeps its own fixed point instead.
 - Those steps are small (a device's delta is about 1e-3 long in L2): secure aggregation's fixed point
   takes 22 bits for them (at its default 14 most coordinates round to zero, and the sum is 30% off),
   and its bound on each delta, which the server checks the unmasked sum against, is 0.05.
