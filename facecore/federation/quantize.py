@@ -91,12 +91,13 @@ def quantized_update(
 
 def received_deltas(tensors: Mapping[str, np.ndarray], shapes: Mapping[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
     """The backbone deltas of an update file's tensors, as aggregation reads them: a quantised entry
-    (one with a scale) dequantised to float32, any other as sent. `shapes`: the model's entries'."""
+    (one with a scale) dequantised to float32, any other as sent. `shapes`: the entries to read (a file may
+    send more: an older device's frozen prefix), and their shapes."""
     out = {}
     for key, value in tensors.items():
-        if not key.startswith(BACKBONE_PREFIX):
-            continue
         name = key[len(BACKBONE_PREFIX):]
+        if not key.startswith(BACKBONE_PREFIX) or name not in shapes:
+            continue
         scale = tensors.get(SCALE_PREFIX + name)
         out[name] = value if scale is None else dequantize(value, scale, tuple(shapes[name]))
     return out

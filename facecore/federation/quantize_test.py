@@ -58,3 +58,12 @@ def test_a_residual_for_other_entries_is_not_carried() -> None:
     np.testing.assert_allclose(received["w"], delta["w"], rtol=1e-6)
     with pytest.raises(ValueError, match="upload bits"):
         quantize(delta["w"], 2)
+
+
+def test_aggregation_reads_only_the_entries_it_asks_for() -> None:
+    # Prepare: a file that also sends an entry the round froze
+    tensors, _, _ = quantized_update({"trained": np.full((2, 3), 1e-3, np.float32), "frozen": np.ones((4, 2), np.float32)}, 4)
+    # Execute
+    read = received_deltas(tensors, {"trained": (2, 3)})
+    # Assert
+    assert list(read) == ["trained"] and read["trained"].shape == (2, 3)

@@ -54,7 +54,7 @@ def stream_updates(ctx: ServerContext, updates: list[UpdateRef], shapes: dict[st
         with ctx.store.open(update.blob_sha256) as handle:
             header = read_header(handle, ctx.store.size(update.blob_sha256))
             sent = received_deltas(dict(iter_tensors(handle, header)), shapes)
-        weights = {name: sent[name] for name in trained}
+        weights = {name: sent[name] for name in trained}  # in the model's order, whatever the file's
         yield ClientUpdate(weights=weights, n_samples=update.n_samples, metrics=update.metrics, client_id=update.device_id)
 
 

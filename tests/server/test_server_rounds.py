@@ -88,13 +88,15 @@ def test_a_frozen_prefix_round_reads_the_trained_entries_whether_a_device_sent_t
 def test_a_round_of_quantised_uploads_publishes_the_mean_of_what_the_codes_say(
     client: TestClient, admin: dict, rng: np.random.Generator, bits: int,
 ) -> None:
-    # Prepare: the last 2 blocks train and cross in `bits` bits; b's file names a scale for an entry it did not send
+    # Prepare: the last 2 blocks train and cross in `bits` bits; b sends every entry (its frozen ones non-zero),
+    # and first a file that names a scale for an entry it did not send
     a, b = enrolled_devices(client, 2, rng)
     round_ = open_round(client, admin, target_participants=2, min_participants=2, local={"trainable_blocks": 2, "upload_bits": bits})
     assert a.checkin().json()["status"] == "selected" and b.checkin().json()["status"] == "selected"
     base = load_backbone_bytes(a.backbone(round_["base_version"]).content)
     trained = trained_entries(list(base), 2)
-    quantized = {d.id: quantized_update({k: v for k, v in make_delta(base, rng).items() if k in trained}, bits) for d in (a, b)}
+    quantized = {a.id: quantized_update({k: v for k, v in make_delta(base, rng).items() if k in trained}, bits),
+                 b.id: quantized_update(make_delta(base, rng), bits)}
     floats = [k for k in trained if base[k].dtype.kind == "f"]
     meta = {METADATA_KEY: json.dumps({"base_version": round_["base_version"], "n_samples": 10, "metrics": {}})}
 
@@ -110,9 +112,12 @@ def test_a_round_of_quantised_uploads_publishes_the_mean_of_what_the_codes_say(
     sent_bytes = sum(quantized[a.id][0]["backbone." + k].nbytes for k in floats)
     assert sent_bytes <= sum(base[k].nbytes for k in floats) * bits / 32 + len(floats)
     new = load_backbone_bytes(a.backbone(status["result_version"]).content)
-    for key in floats:
-        expected = base[key] + (quantized[a.id][1][key] + quantized[b.id][1][key]) / 2
-        np.testing.assert_allclose(new[key], expected, rtol=0, atol=1e-6, err_msg=key)
+    for key, value in base.items():
+        if key in floats:
+            expected = value + (quantized[a.id][1][key] + quantized[b.id][1][key]) / 2
+            np.testing.assert_allclose(new[key], expected, rtol=0, atol=1e-6, err_msg=key)
+        else:
+            np.testing.assert_array_equal(new[key], value, err_msg=key)
 
 
 def test_stale_round_upload_is_409_naming_current_round(client: TestClient, admin: dict, rng: np.random.Generator) -> None:
