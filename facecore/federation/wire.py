@@ -105,7 +105,3 @@ def update_tensors(deltas: Mapping[str, np.ndarray], template: np.ndarray, preci
     tensors[EMBEDDING_KEY] = np.asarray(template, np.float32)
     return tensors
 
-
-def backbone_deltas(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The backbone deltas of an update file's tensors, as the server's aggregation reads them."""
-    return {k[len(BACKBONE_PREFIX):]: v for k, v in tensors.items() if k.startswith(BACKBONE_PREFIX)}

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from facecore.federation.protocol import BACKBONE_PREFIX, EMBEDDING_KEY
-from facecore.federation.wire import as_received, as_sent, backbone_deltas, delta, update_tensors, widened, wire_arrays
+from facecore.federation.quantize import received_deltas
+from facecore.federation.wire import as_received, as_sent, delta, update_tensors, widened, wire_arrays
 
 
 def test_floats_cross_at_the_wire_precision_and_counters_as_they_are() -> None:
@@ -31,7 +32,7 @@ def test_an_update_files_tensors_hold_the_deltas_then_the_float32_embedding() ->
     # Assert
     assert list(tensors) == [BACKBONE_PREFIX + "conv.weight", BACKBONE_PREFIX + "bn.num_batches_tracked", EMBEDDING_KEY]
     assert tensors[EMBEDDING_KEY].dtype == np.float32
-    read = backbone_deltas(tensors)
+    read = received_deltas(tensors, {k: v.shape for k, v in deltas.items()})
     assert list(read) == list(deltas) and read["conv.weight"].dtype == np.float16
 
 

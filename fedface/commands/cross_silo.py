@@ -71,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
     size = TINY_INPUT if args.backbone == "tiny" else 112
     if args.synthetic and args.faces:
         raise FaceCoreError("--synthetic and --faces name two sources of faces; give one")
+    if args.pack_faces and (args.synthetic or args.faces):
+        raise FaceCoreError("--pack-faces packs the data root's faces; drop --synthetic / --faces")
     if args.synthetic:
         spec: Any = SyntheticData(trainer_identities=tuple([5, 7, 5, 6] * 3)[: config.n_parties], validators=config.validators, size=size, with_evaluation=True)
     else:
@@ -118,8 +120,6 @@ def _pack(args: argparse.Namespace, spec: Any, config: Any) -> int:
     from facecore.errors import FaceCoreError
     from simulator.cross_silo.packed import pack_faces
 
-    if args.synthetic or args.faces:
-        raise FaceCoreError("--pack-faces packs the data root's faces; drop --synthetic / --faces")
     if not 50 <= args.pack_quality <= 100:
         raise FaceCoreError(f"--pack-quality must be 50-100, got {args.pack_quality}")
     summary = pack_faces(spec, config.n_parties, config.validators, spec.settings(), Path(args.pack_faces), args.pack_quality)

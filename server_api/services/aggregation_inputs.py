@@ -13,11 +13,11 @@ import numpy as np
 from sqlalchemy.orm import Session
 
 from facecore.federation.config import RoundConfig
-from facecore.federation.protocol import MASKED_KEY
+from facecore.federation.protocol import BACKBONE_PREFIX, MASKED_KEY, SCALE_PREFIX
 from facecore.federation.quantize import received_deltas
 from facecore.federation.strategies import ClientUpdate, Strategy, spreadout_of
 from facecore.federation.strategies.secure_fedavg import MASKED
-from facecore.tensorfile import iter_tensors, read_header, read_tensor
+from facecore.tensorfile import read_header, read_tensor
 from server_api.crud import rounds as round_crud
 from server_api.crud import versions as version_crud
 from server_api.services.context import ServerContext
@@ -49,12 +49,12 @@ def parent_hash(session: Session, producing_round_id: int | None) -> str | None:
 def stream_updates(ctx: ServerContext, updates: list[UpdateRef], shapes: dict[str, tuple[int, ...]]) -> Iterator[ClientUpdate]:
     """One update in memory at a time, read back from the blob store: the trained entries (`shapes`: theirs,
     wire.trained_entries) only, whether a file left the frozen prefix out or sent it, quantised ones dequantised."""
-    trained = list(shapes)
     for update in updates:
         with ctx.store.open(update.blob_sha256) as handle:
             header = read_header(handle, ctx.store.size(update.blob_sha256))
-            sent = received_deltas(dict(iter_tensors(handle, header)), shapes)
-        weights = {name: sent[name] for name in trained}  # in the model's order, whatever the file's
+            # only these entries (and their scales) are read, in the model's order whatever the file's
+            wanted = [k for name in shapes for k in (BACKBONE_PREFIX + name, SCALE_PREFIX + name) if k in header.tensors]
+            weights = received_deltas({k: read_tensor(handle, header, k) for k in wanted}, shapes)
         yield ClientUpdate(weights=weights, n_samples=update.n_samples, metrics=update.metrics, client_id=update.device_id)
 
 

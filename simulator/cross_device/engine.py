@@ -33,7 +33,7 @@ from facecore.federation.selection import least_recently_selected
 from facecore.federation.strategies import ClientUpdate, ServerMomentum, Strategy, layer_of, strategy_for
 from facecore.federation.strategies.dp_fedavg import DPFedAvg, dp_epsilon, noise_for_epsilon
 from facecore.federation.template_noise import noisy_template
-from facecore.federation.wire import Precision, as_received, backbone_deltas, delta, update_tensors, wire_arrays
+from facecore.federation.wire import Precision, as_received, delta, update_tensors, wire_arrays
 from facecore.models.checkpoint import atomic_torch_save
 from facecore.models.preprocess import embed_faces
 from facecore.models.registry import embedding_dim_of
@@ -278,10 +278,9 @@ class CrossDeviceSimulation:
         shared = self._shared(embedding, round_number, index)
         if self.config.upload_bits is None:
             tensors = update_tensors(sent, shared, self.config.wire)  # what the server receives
-            deltas = backbone_deltas(tensors)
-        else:  # as device_sdk.round_files quantises, and the server reads it back
+        else:  # as device_sdk.round_files quantises
             tensors, _, state.residuals[index] = quantized_update(sent, self.config.upload_bits, state.residuals.get(index))
-            deltas = received_deltas(tensors, {k: v.shape for k, v in sent.items()})
+        deltas = received_deltas(tensors, {k: v.shape for k, v in sent.items()})  # as the server reads it back
         state.W[index] = np.asarray(shared, np.float32)
         losses.append(loss_after)
         device = self.population.devices[index]

@@ -12,9 +12,10 @@ from device_sdk.training import LocalTrainingConfig, train_local
 from facecore.data.synthetic import synthetic_faces
 from facecore.errors import CheckpointError
 from facecore.federation.config import Weighting, training_seed
+from facecore.federation.quantize import received_deltas
 from facecore.federation.selection import least_recently_selected
 from facecore.federation.strategies import ClientUpdate, FedAvg
-from facecore.federation.wire import Precision, as_received, backbone_deltas, update_tensors
+from facecore.federation.wire import Precision, as_received, update_tensors
 from facecore.models.registry import embedding_dim_of
 from simulator.cross_device.config import CrossDeviceConfig
 from simulator.cross_device.engine import CrossDeviceSimulation, mean_pairwise_cosine
@@ -65,7 +66,7 @@ def test_a_simulated_round_is_sdk_updates_through_the_wire_aggregated_by_the_ser
         seed = training_seed(1, config.seed) if seeding == "live" else config.seed * 1_000_003 + 10_007 + i
         u = train_local(received, W0[i], population.devices[i].faces, config.local, seed=seed)
         tensors = update_tensors({k: (u.state_dict[k] - received.state_dict()[k]).numpy() for k in base}, u.embedding.numpy(), wire)
-        updates.append(ClientUpdate(backbone_deltas(tensors), u.n_samples))
+        updates.append(ClientUpdate(received_deltas(tensors, {k: v.shape for k, v in base.items()}), u.n_samples))
         np.testing.assert_allclose(state.W[i], u.embedding.numpy(), rtol=1e-6)
     expected = FedAvg(weighting).aggregate_train(1, base, updates).weights
     assert len({u.n_samples for u in updates}) == 2  # the weightings differ on this round

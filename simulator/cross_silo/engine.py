@@ -179,12 +179,15 @@ class CrossSiloSimulation:
                              f"got {len(self.silos)} and {len(self.validators)}")
 
     # ---- parties -----------------------------------------------------------------------
+    def _model(self, weights: Weights) -> torch.nn.Module:
+        model = place(copy.deepcopy(self.template), self.config.device)
+        model.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in weights.items()})
+        return model
+
     def _evaluate(self, weights: Weights) -> dict[str, float]:
         if self.evaluation is None:
             return {}
-        model = place(copy.deepcopy(self.template), self.config.device)
-        model.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in weights.items()})
-        return verify(model, self.evaluation, self.config.device)
+        return verify(self._model(weights), self.evaluation, self.config.device)
 
     def _finish(self, weights: Weights) -> dict[str, float]:
         self.final_weights = weights  # the global backbone, for callers that save it
@@ -201,8 +204,7 @@ class CrossSiloSimulation:
 
     def _validate(self, weights: Weights) -> dict[str, float]:
         """The validators' pair accuracy: what chooses a setting (the lr, say), since ``eval`` is the test folds."""
-        model = place(copy.deepcopy(self.template), self.config.device)
-        model.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in weights.items()})
+        model = self._model(weights)
         return {pairs.name: verify(model, pairs, self.config.device)["accuracy"] for pairs in self.validators}
 
     def _federated(self) -> dict[str, Any]:

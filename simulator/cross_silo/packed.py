@@ -15,6 +15,7 @@ import io
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +85,9 @@ class PackedData:
 
     path: str
 
+    @cached_property
     def meta(self) -> dict[str, Any]:
+        """The pack's summary, read once per process (each process opens the pack for its own party)."""
         try:
             with np.load(self.path, allow_pickle=False) as pack:
                 meta: dict[str, Any] = json.loads(pack["meta"].tobytes())
@@ -96,24 +99,23 @@ class PackedData:
 
     def check(self, settings: Mapping[str, Any]) -> None:
         """Refuse a run whose silo settings are not the ones the pack was cut for."""
-        packed = self.meta()["settings"]
+        packed = self.meta["settings"]
         wanted = json.loads(json.dumps(dict(settings)))  # tuples as JSON lists, like the stored ones
         differ = [f"{k} {packed.get(k)!r} (pack) vs {v!r} (run)" for k, v in wanted.items() if packed.get(k) != v]
         if differ:
             raise FaceCoreError(f"{self.path} was packed for other settings: " + "; ".join(differ))
 
     def describe_plan(self) -> dict[str, Any]:
-        meta = self.meta()
-        return {k: meta[k] for k in ("trainers", "validators", "evaluation", "quality")}
+        return {k: self.meta[k] for k in ("trainers", "validators", "evaluation", "quality")}
 
     def _faces(self, pack: Any, key: str) -> np.ndarray:
         return _decode(pack[f"{key}_jpeg"], pack[f"{key}_offsets"])
 
     def trainer_name(self, index: int) -> str:
-        return str(self.meta()["trainers"][index]["name"])
+        return str(self.meta["trainers"][index]["name"])
 
     def trainer(self, index: int) -> SiloData:
-        entry = self.meta()["trainers"][index]
+        entry = self.meta["trainers"][index]
         with np.load(self.path, allow_pickle=False) as pack:
             return SiloData(entry["name"], self._faces(pack, f"t{index}"), pack[f"t{index}_labels"], entry["classes"])
 
@@ -122,8 +124,8 @@ class PackedData:
             return PairSet(name, self._faces(pack, key), pack[f"{key}_pairs"], pack[f"{key}_same"], pack[f"{key}_folds"])
 
     def validator(self, index: int) -> PairSet:
-        return self._pairs(f"v{index}", self.meta()["validators"][index]["name"])
+        return self._pairs(f"v{index}", self.meta["validators"][index]["name"])
 
     def evaluation(self) -> PairSet | None:
-        entry = self.meta()["evaluation"]
+        entry = self.meta["evaluation"]
         return None if entry is None else self._pairs("e0", entry["name"])

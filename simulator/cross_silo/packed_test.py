@@ -66,4 +66,4 @@ def test_a_file_that_is_no_pack_gets_a_one_line_error(tmp_path: Path) -> None:
     with pytest.raises(FaceCoreError, match="not a face pack"):
         PackedData(str(junk)).check(SETTINGS)
     with pytest.raises(FaceCoreError, match="not a face pack"):
-        PackedData(str(tmp_path / "missing.npz")).meta()
+        PackedData(str(tmp_path / "missing.npz")).meta  # noqa: B018 -- reading it is the check
