@@ -1,8 +1,9 @@
 """Database tables (SQLAlchemy 2.0 typed declarative). Schema changes need an Alembic
 revision in ``server_api/migrations/versions``; a test compares the two.
 
-Large things never live here: model weights and uploaded deltas are in the blob
-store (rows hold their sha256); class embeddings are AES-GCM ciphertexts.
+Model weights and uploaded deltas are in the blob store (rows hold their sha256); with
+``FEDFACE_BLOB_STORE=database`` that store is the ``blobs`` table, written before any row names
+a blob. Class embeddings are AES-GCM ciphertexts.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any, cast
 
-from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, LargeBinary, MetaData, String, Table, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, LargeBinary, MetaData, String, Table, UniqueConstraint
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
@@ -245,3 +246,34 @@ class IdempotencyRecord(Base):
     status_code: Mapped[int]
     response: Mapped[dict[str, Any]]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Blob(Base):
+    """A content-addressed blob, for ``FEDFACE_BLOB_STORE=database`` (server_api/storage/database_blobs.py)."""
+
+    __tablename__ = "blobs"
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class RateBucket(Base):
+    """A token bucket shared by every server process on PostgreSQL (server_api/core/shared_limits.py);
+    times are the database clock's epoch seconds, so processes on different hosts agree."""
+
+    __tablename__ = "rate_buckets"
+    scope: Mapped[str] = mapped_column(String(16), primary_key=True)
+    key: Mapped[str] = mapped_column(String(128), primary_key=True)
+    tokens: Mapped[float] = mapped_column(Float)
+    at: Mapped[float] = mapped_column(Float)
+    taken: Mapped[bool]
+
+
+class UploadSlot(Base):
+    """One of the upload bodies the whole deployment receives at once, on PostgreSQL; a holder that
+    died frees its slot when ``until`` (database-clock epoch seconds) passes."""
+
+    __tablename__ = "upload_slots"
+    slot: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+    holder: Mapped[str | None] = mapped_column(String(36), default=None)
+    until: Mapped[float | None] = mapped_column(Float, default=None)

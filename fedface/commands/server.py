@@ -54,6 +54,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--workers", type=int, default=1, metavar="N", help="uvicorn worker processes (all state is in the database)"
     )
     parser.add_argument(
+        "--blob-store",
+        choices=("local", "database"),
+        help="where model weights and uploads live: local (--data-dir, this host) or database (shared by server "
+        "processes on several hosts; docs/scaling.md) (default: $FEDFACE_BLOB_STORE, else local)",
+    )
+    parser.add_argument(
         "--ssl-certfile", metavar="FILE", help="TLS certificate (PEM); needs --ssl-keyfile (default: plain HTTP)"
     )
     parser.add_argument("--ssl-keyfile", metavar="FILE", help="TLS private key (PEM); needs --ssl-certfile")
@@ -80,6 +86,7 @@ def _export_settings(args: argparse.Namespace) -> None:
         "FEDFACE_MODEL": args.model,
         "FEDFACE_LOG_LEVEL": args.log_level,
         "FEDFACE_FORWARDED_ALLOW_IPS": args.forwarded_allow_ips,
+        "FEDFACE_BLOB_STORE": args.blob_store,
     }
     for name, value in values.items():
         if value is not None:

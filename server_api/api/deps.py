@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from facecore.federation.protocol import body_sha256
-from server_api.core.limits import RequestLimits
+from server_api.core.limits import RequestLimits, off_loop
 from server_api.core.security import check_admin_token
 from server_api.errors import AuthenticationFailed
 from server_api.services.auth import SignedRequest, authenticate_request
@@ -26,11 +26,8 @@ CtxDep = Annotated[ServerContext, Depends(get_ctx)]
 
 
 async def get_limits(request: Request) -> RequestLimits:
-    """The app's rate buckets and upload slots, made on first use (async: no thread hop)."""
-    limits = getattr(request.app.state, "limits", None)
-    if limits is None:
-        limits = request.app.state.limits = RequestLimits.from_settings(get_ctx(request).settings)
-    return limits
+    """The app's rate buckets and upload slots, made at start-up (async: no thread hop)."""
+    return get_ctx(request).limits
 
 
 LimitsDep = Annotated[RequestLimits, Depends(get_limits)]
@@ -71,15 +68,15 @@ async def current_device(request: Request, ctx: CtxDep, session: SessionDep, lim
     """The signing device. An address that keeps failing authentication is refused (429) before any
     work; a device is charged against its own rate once its signature holds."""
     address = client_address(request)
-    limits.addresses.check(address)
+    await off_loop(limits.addresses, limits.addresses.check, address)
     body = await request.body()  # bounded by the size-limit middleware
     signed = SignedRequest(request.headers, request.method, signed_path(request), body_sha256(body))
     try:
         device = await run_in_threadpool(authenticate_request, session, signed, ctx.settings.signature_window_s)
     except AuthenticationFailed:
-        limits.addresses.take(address)
+        await off_loop(limits.addresses, limits.addresses.take, address)
         raise
-    limits.devices.charge(device.id)
+    await off_loop(limits.devices, limits.devices.charge, device.id)
     return device
 
 

@@ -15,6 +15,7 @@ import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr
@@ -51,6 +52,9 @@ class Settings(BaseSettings):
     scheduler_interval_s: float = Field(default=1.0, gt=0)
     aggregation_lease_s: float = Field(default=60.0, gt=0, description="after this a stuck aggregation is retaken")
     export_onnx: bool = True
+    # Where model weights and uploads live: "local" is <data_dir>/blobs on this host; "database" is the
+    # database's blobs table, which server processes on several hosts share (server_api/storage/database_blobs.py).
+    blob_store: Literal["local", "database"] = "local"
     # Individual backbone deltas are deleted once their round has ended (completed or failed):
     # the aggregate is all the server needs, and a single delta can leak about its owner's photos.
     keep_update_blobs: bool = False
@@ -58,7 +62,8 @@ class Settings(BaseSettings):
     validation_processes: int = Field(
         default=1, ge=0, le=64, description="worker processes that parse and check uploads (0: in the request's thread)",
     )
-    # Abuse limits (server_api/core/limits.py), per worker process; 0 turns a rate limit off.
+    # Abuse limits (server_api/core/limits.py): shared by every process on PostgreSQL, per process on SQLite;
+    # 0 turns a rate limit off.
     device_rate_per_s: float = Field(default=5.0, ge=0, description="signed requests per second per device")
     device_burst: int = Field(default=60, ge=1, description="requests a device may send at once, before its rate applies")
     address_rate_per_s: float = Field(

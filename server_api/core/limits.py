@@ -5,9 +5,11 @@
 - :class:`KeyedRateLimiter`: a token bucket per device or per client address (429 + Retry-After).
 - :class:`UploadSlots`: a cap on upload bodies in flight (503 + Retry-After).
 
-Invariants: a refusal is always a domain error with its retry time, never a silent drop; the
-rate and slot state is per worker process (``--workers N`` allows N times the rates), held in
-memory, and bounded (the least recently seen keys are forgotten first).
+Invariants: a refusal is always a domain error with its retry time, never a silent drop. On
+PostgreSQL the rate and slot state is the database's, shared by every server process behind one
+address (:mod:`server_api.core.shared_limits`); on SQLite, whose server is one host, it is held in
+memory per worker process (``--workers N`` allows N times the rates) and bounded (the least recently
+seen keys are forgotten first).
 """
 from __future__ import annotations
 
@@ -17,18 +19,25 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from fastapi import HTTPException
+from sqlalchemy import Engine
+from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from facecore.federation.protocol import ErrorCode
 from server_api.core.config import Settings
+from server_api.core.shared_limits import SharedRateLimiter, SharedUploadSlots
 from server_api.errors import RateLimited, Unavailable
 
 MAX_TRACKED_KEYS = 100_000
+# A slot's lease beyond the body timeout: the time to validate and record a received body.
+SLOT_VALIDATION_MARGIN_S = 60.0
+T = TypeVar("T")
 
 
 class BodyTooLarge(HTTPException):
@@ -91,6 +100,8 @@ class KeyedRateLimiter:
 
     Thread-safe (routes call it from the event loop and from worker threads)."""
 
+    blocking = False
+
     def __init__(
         self, rate_per_s: float, burst: int, what: str, max_keys: int = MAX_TRACKED_KEYS,
         clock: Callable[[], float] = time.monotonic,
@@ -137,6 +148,9 @@ class KeyedRateLimiter:
                 tokens = self._tokens(key, self.clock())
             raise self._refusal(tokens)
 
+    def prune(self) -> int:
+        return 0  # bounded by max_keys as it goes
+
 
 class UploadSlots:
     """At most ``capacity`` uploads receive or validate their bodies at once; the next is refused
@@ -147,8 +161,8 @@ class UploadSlots:
         self.in_use = 0
         self._lock = threading.Lock()
 
-    @contextmanager
-    def hold(self) -> Iterator[None]:
+    @asynccontextmanager
+    async def hold(self) -> AsyncIterator[None]:
         with self._lock:
             if self.in_use >= self.capacity:
                 raise Unavailable(f"{self.capacity} uploads are already in progress; retry")
@@ -160,20 +174,54 @@ class UploadSlots:
                 self.in_use -= 1
 
 
+class RateLimiter(Protocol):
+    blocking: bool  # True: it does I/O, so the event loop calls it through a thread
+
+    def check(self, key: str) -> None: ...
+
+    def take(self, key: str) -> bool: ...
+
+    def charge(self, key: str) -> None: ...
+
+    def prune(self) -> int: ...
+
+
+class Slots(Protocol):
+    def hold(self) -> AbstractAsyncContextManager[None]: ...
+
+
+async def off_loop(limiter: RateLimiter, action: Callable[[str], T], key: str) -> T:
+    """``action(key)`` (one of the limiter's methods) from the event loop, through a thread if it does I/O."""
+    return await run_in_threadpool(action, key) if limiter.blocking else action(key)
+
+
 @dataclass
 class RequestLimits:
-    """One app's limits, built from its settings (FEDFACE_DEVICE_*, FEDFACE_ADDRESS_*, ...)."""
+    """One app's limits, built from its settings (FEDFACE_DEVICE_*, FEDFACE_ADDRESS_*, ...): in the
+    database on PostgreSQL, so every server process shares them, else in this process's memory."""
 
-    devices: KeyedRateLimiter
-    addresses: KeyedRateLimiter
-    uploads: UploadSlots
+    devices: RateLimiter
+    addresses: RateLimiter
+    uploads: Slots
     body_timeout_s: float
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> RequestLimits:
+    def from_settings(cls, settings: Settings, engine: Engine) -> RequestLimits:
+        timeout_s = settings.upload_body_timeout_s
+        if engine.dialect.name == "postgresql":
+            return cls(
+                devices=SharedRateLimiter(engine, settings.device_rate_per_s, settings.device_burst, "device"),
+                addresses=SharedRateLimiter(engine, settings.address_rate_per_s, settings.address_burst, "address"),
+                uploads=SharedUploadSlots(engine, settings.max_concurrent_uploads, timeout_s + SLOT_VALIDATION_MARGIN_S),
+                body_timeout_s=timeout_s,
+            )
         return cls(
             devices=KeyedRateLimiter(settings.device_rate_per_s, settings.device_burst, "device"),
             addresses=KeyedRateLimiter(settings.address_rate_per_s, settings.address_burst, "address"),
             uploads=UploadSlots(settings.max_concurrent_uploads),
-            body_timeout_s=settings.upload_body_timeout_s,
+            body_timeout_s=timeout_s,
         )
+
+    def prune(self) -> int:
+        """Forget buckets that have refilled; how many."""
+        return self.devices.prune() + self.addresses.prune()

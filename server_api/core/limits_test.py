@@ -1,6 +1,8 @@
 """Token buckets and upload slots, on a fake clock."""
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from server_api.core.limits import KeyedRateLimiter, UploadSlots
@@ -61,11 +63,17 @@ def test_rate_zero_is_off_and_keys_are_bounded() -> None:
 def test_upload_slots_refuse_past_capacity_and_free_on_exit() -> None:
     # Prepare
     slots = UploadSlots(capacity=1)
-    # Execute / Assert
-    with slots.hold():
-        with pytest.raises(Unavailable, match="1 uploads are already in progress"):
-            with slots.hold():
-                pass
-    with slots.hold():
-        assert slots.in_use == 1
-    assert slots.in_use == 0
+
+    async def scenario() -> tuple[int, int]:
+        async with slots.hold():
+            with pytest.raises(Unavailable, match="1 uploads are already in progress"):
+                async with slots.hold():
+                    pass
+        async with slots.hold():
+            held = slots.in_use
+        return held, slots.in_use
+
+    # Execute
+    held, after = asyncio.run(scenario())
+    # Assert
+    assert (held, after) == (1, 0)

@@ -13,11 +13,13 @@ from facecore.federation.status import ParticipationStatus
 from facecore.models.checkpoint import feature_center_of, load_backbone, shipped_verification
 from server_api.core.config import Secrets, Settings
 from server_api.core.db import make_engine, make_session_factory, run_migrations, session_scope, startup_lock, transaction
+from server_api.core.limits import RequestLimits
 from server_api.core.logging import get_logger
 from server_api.core.metrics import Metrics
 from server_api.core.security import TemplateCipher
 from server_api.services.validation_pool import ValidationPool
-from server_api.storage.blobs import LocalBlobStore, make_private_dir
+from server_api.storage.blobs import BlobStore, LocalBlobStore, make_private_dir
+from server_api.storage.database_blobs import DatabaseBlobStore
 
 log = get_logger("startup")
 
@@ -35,14 +37,22 @@ class ServerContext:
     settings: Settings
     engine: Engine
     sessions: sessionmaker[Session]
-    store: LocalBlobStore
+    store: BlobStore
     cipher: TemplateCipher
     admin_token: str
     metrics: Metrics
     validation: ValidationPool
     last_nonce_prune: float = 0.0
+    _limits: RequestLimits | None = None
     # Model versions are immutable, so their upload spec is read (and JSON-decoded) once per process.
     _version_specs: dict[int, VersionSpec] = field(default_factory=dict)
+
+    @property
+    def limits(self) -> RequestLimits:
+        """Rate buckets and upload slots, made by :meth:`startup` (on PostgreSQL they are tables)."""
+        if self._limits is None:
+            raise RuntimeError("the server context has not started")
+        return self._limits
 
     def version_spec(self, session: Session, version_id: int) -> VersionSpec:
         from server_api.crud import versions
@@ -61,8 +71,10 @@ class ServerContext:
         engine = make_engine(settings.resolved_database_url())
         sessions = make_session_factory(engine)
         torch.set_num_threads(settings.torch_threads)
+        blobs = Path(settings.data_dir) / "blobs"
+        store: BlobStore = LocalBlobStore(blobs) if settings.blob_store == "local" else DatabaseBlobStore(engine, blobs / "tmp")
         return cls(
-            settings=settings, engine=engine, sessions=sessions, store=LocalBlobStore(Path(settings.data_dir) / "blobs"),
+            settings=settings, engine=engine, sessions=sessions, store=store,
             cipher=TemplateCipher(secrets.template_key), admin_token=secrets.admin_token,
             metrics=Metrics(lambda: _db_counts(sessions)), validation=ValidationPool(settings.validation_processes),
         )
@@ -71,6 +83,7 @@ class ServerContext:
         """Migrate, clean scratch files, create the first model version if there is none.
         Idempotent and safe to run from several workers at once."""
         run_migrations(self.engine)
+        self._limits = RequestLimits.from_settings(self.settings, self.engine)
         self.store.clean_temp()
         self.bootstrap_model()
         self.validation.start()

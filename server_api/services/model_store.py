@@ -22,7 +22,7 @@ from facecore.models.checkpoint import FORMAT, save_backbone
 from facecore.models.registry import embedding_dim_of
 from facecore.models.verification import Verification, shipping
 from server_api.core.logging import expected_warnings
-from server_api.storage.blobs import BlobStore, LocalBlobStore
+from server_api.storage.blobs import BlobStore
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ def spec_of(model: torch.nn.Module) -> dict[str, Any]:
 
 
 def store_model(
-    store: LocalBlobStore, model: torch.nn.Module, export_onnx: bool, meta: dict[str, Any], verification: Verification | None,
+    store: BlobStore, model: torch.nn.Module, export_onnx: bool, meta: dict[str, Any], verification: Verification | None,
 ) -> VersionBlobs:
     """Write all blobs of a version, `meta` in its backbone files with `verification` as the threshold it
     ships with; the caller commits a row naming them (and publishing `verification`) afterwards."""

@@ -30,6 +30,7 @@ def tick(ctx: ServerContext) -> str | None:
     if time.monotonic() - ctx.last_nonce_prune > NONCE_PRUNE_INTERVAL_S:
         with session_scope(ctx.sessions) as session, transaction(session):
             device_crud.prune_nonces(session, nonce_cutoff(ctx.settings.signature_window_s))
+        ctx.limits.prune()
         ctx.last_nonce_prune = time.monotonic()
     with session_scope(ctx.sessions) as session:
         active = round_crud.active_round(session)

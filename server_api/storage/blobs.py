@@ -6,7 +6,9 @@ garbage) but never a row without its blob. The protocol is small enough for an
 S3 implementation (put = upload to a temp key + copy, or a conditional PUT).
 
 Blobs hold model weights and device updates: the local store's folders are 0700 and its files
-0400 (immutable, and readable by the server's user only).
+0400 (immutable, and readable by the server's user only). :class:`LocalBlobStore` serves one
+host; :class:`server_api.storage.database_blobs.DatabaseBlobStore` keeps blobs in the database, so
+server processes on several hosts share them.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -57,12 +60,15 @@ class BlobStore(Protocol):
     def delete(self, digest: str) -> bool:
         """Remove a blob; False if it was not there."""
 
+    def clean_temp(self, older_than_s: float = 3600.0) -> int:
+        """Remove scratch files older than this that a killed process left; how many."""
+
 
 class BlobNotFound(KeyError):
     pass
 
 
-def _check(digest: str) -> str:
+def check_digest(digest: str) -> str:
     if not _DIGEST.match(digest):
         raise ValueError(f"not a sha256 hex digest: {digest!r}")
     return digest
@@ -86,7 +92,7 @@ class LocalBlobStore:
             make_private_dir(folder)
 
     def path(self, digest: str) -> Path:
-        return self.objects / _check(digest)[:2] / digest
+        return self.objects / check_digest(digest)[:2] / digest
 
     def exists(self, digest: str) -> bool:
         return self.path(digest).is_file()
@@ -114,15 +120,9 @@ class LocalBlobStore:
             return False
         return True
 
-    @contextmanager
-    def temp_file(self) -> Iterator[Path]:
+    def temp_file(self) -> AbstractContextManager[Path]:
         """A scratch path on the store's filesystem (so a later put_file can rename it)."""
-        handle, name = tempfile.mkstemp(dir=self.tmp, suffix=".tmp")
-        os.close(handle)
-        try:
-            yield Path(name)
-        finally:
-            Path(name).unlink(missing_ok=True)
+        return scratch_file(self.tmp)
 
     def put(self, data: bytes) -> str:
         with self.temp_file() as temp:
@@ -168,18 +168,31 @@ class LocalBlobStore:
         return digest
 
     def clean_temp(self, older_than_s: float = 3600.0) -> int:
-        """Remove scratch files a killed process left; age-gated so another worker's live upload survives."""
-        import time
+        return clean_scratch(self.tmp, older_than_s)
 
-        removed = 0
-        for leftover in self.tmp.glob("*.tmp"):
-            try:
-                if time.time() - leftover.stat().st_mtime > older_than_s:
-                    leftover.unlink()
-                    removed += 1
-            except FileNotFoundError:
-                pass
-        return removed
+
+@contextmanager
+def scratch_file(folder: Path) -> Iterator[Path]:
+    """A fresh file in ``folder``, removed on exit unless something moved it away."""
+    handle, name = tempfile.mkstemp(dir=folder, suffix=".tmp")
+    os.close(handle)
+    try:
+        yield Path(name)
+    finally:
+        Path(name).unlink(missing_ok=True)
+
+
+def clean_scratch(folder: Path, older_than_s: float = 3600.0) -> int:
+    """Remove scratch files a killed process left; age-gated so another worker's live upload survives."""
+    removed = 0
+    for leftover in folder.glob("*.tmp"):
+        try:
+            if time.time() - leftover.stat().st_mtime > older_than_s:
+                leftover.unlink()
+                removed += 1
+        except FileNotFoundError:
+            pass
+    return removed
 
 
 def _fsync_dir(path: Path) -> None:

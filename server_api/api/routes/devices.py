@@ -13,6 +13,7 @@ from starlette.concurrency import run_in_threadpool
 from facecore.federation.messages import DeviceCreate, DevicePublic, EmbeddingPublic, EnrollmentCreate, ErrorPublic
 from facecore.federation.protocol import body_sha256
 from server_api.api.deps import AdminDep, CtxDep, CurrentDevice, LimitsDep, SessionDep, client_address, signed_path
+from server_api.core.limits import off_loop
 from server_api.crud import devices as device_crud
 from server_api.schemas import DevicesPrunedPublic, EnrollmentTokensCreate, EnrollmentTokensPublic
 from server_api.services import devices as service
@@ -35,7 +36,7 @@ async def register_device(
     Registering a known key again returns its device with 200. A server that requires enrollment
     tokens needs ``enrollment_token``, issued by its operator. Each attempt counts against the
     caller's address (429 with Retry-After past FEDFACE_ADDRESS_BURST)."""
-    limits.addresses.charge(client_address(request))
+    await off_loop(limits.addresses, limits.addresses.charge, client_address(request))
     digest = body_sha256(await request.body())
     device, created = await run_in_threadpool(
         service.register, ctx, session, body.public_key, request.headers, request.method, signed_path(request), digest,

@@ -17,6 +17,7 @@ from starlette.requests import ClientDisconnect
 from facecore.federation.messages import CheckinPublic, ErrorPublic, UpdatePublic
 from facecore.federation.protocol import CONTENT_SHA256_HEADER
 from server_api.api.deps import CtxDep, CurrentDevice, LimitsDep, RoundIdPath, SessionDep, client_address, signed_path
+from server_api.core.limits import off_loop
 from server_api.core.logging import get_logger
 from server_api.errors import AuthenticationFailed, RequestTimeout
 from server_api.services import participation
@@ -84,26 +85,27 @@ async def upload_update(
     the signature and the round are checked before the body is read, which is then streamed to
     disk, never held in memory. 429/503/408 carry why and, where a retry helps, ``Retry-After``."""
     address = client_address(request)
-    limits.addresses.check(address)
+    await off_loop(limits.addresses, limits.addresses.check, address)
     try:
         signed = signed_upload(request.headers, request.method, signed_path(request), ctx.settings.signature_window_s)
         key = request.headers.get("idempotency-key")
         ticket = await run_in_threadpool(begin_upload, ctx, session, signed, round_id, key, limits.devices.charge)
     except AuthenticationFailed:
-        limits.addresses.take(address)
+        await off_loop(limits.addresses, limits.addresses.take, address)
         raise
     if ticket.replay is not None:
         return _answer(ticket.replay)
-    with limits.uploads.hold(), ctx.store.temp_file() as spool:
-        try:
-            size = await _receive_body(request, spool, ticket.body_sha256, limits.body_timeout_s)
-        except ClientDisconnect:
-            # A phone that lost its network mid-upload: nothing was accepted, the spool file goes
-            # with this block, and the device resends under the same Idempotency-Key. Not an error.
-            fields = {"round_id": round_id, "device_id": ticket.device_id}
-            log.info("upload abandoned mid-body", extra={"fields": fields})
-            return JSONResponse({"detail": "the client disconnected before the body was complete"}, status_code=400)
-        outcome = await run_in_threadpool(finish_upload, ctx, session, ticket, spool, size)
+    async with limits.uploads.hold():
+        with ctx.store.temp_file() as spool:
+            try:
+                size = await _receive_body(request, spool, ticket.body_sha256, limits.body_timeout_s)
+            except ClientDisconnect:
+                # A phone that lost its network mid-upload: nothing was accepted, the spool file goes
+                # with this block, and the device resends under the same Idempotency-Key. Not an error.
+                fields = {"round_id": round_id, "device_id": ticket.device_id}
+                log.info("upload abandoned mid-body", extra={"fields": fields})
+                return JSONResponse({"detail": "the client disconnected before the body was complete"}, status_code=400)
+            outcome = await run_in_threadpool(finish_upload, ctx, session, ticket, spool, size)
     if outcome.due:
         background.add_task(try_aggregate, ctx, round_id)  # the target-th update; deadlines are the scheduler's
     return _answer(outcome)
