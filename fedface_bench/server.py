@@ -12,19 +12,22 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from facecore.errors import FaceCoreError
 from facecore.federation.status import RoundStatus
 from facecore.lifetime import Lifeline
-from fedface_bench.goals import at_most, verdict, with_goals
+from fedface_bench.goals import at_least, at_most, verdict, with_goals
 from fedface_bench.progress import QUIET, Progress
+from server_api.core.config import ADMIN_TOKEN_FILE, TEMPLATE_KEY_FILE
 from server_api.errors import LaunchFailed
 from server_api.launcher import MANY_DEVICES_ON_LOOPBACK, LocalServer, scratch_database
 
@@ -33,6 +36,7 @@ BASELINE_DEVICES = 10
 INGEST_GOAL_S = 15.0
 RSS_GROWTH_GOAL_MB = 300.0
 GOAL_DEVICES = 1000
+REPLICA_RATE_GOAL = 2.5
 SAMPLE_INTERVAL_S = 0.05
 
 
@@ -51,33 +55,45 @@ def _status_kb(pid: int, field: str) -> int:
     return 0
 
 
-def _group_pids(pgid: int) -> list[int]:
-    """Every process in the server's process group (it runs in its own session, so this is
-    the whole tree, uvicorn workers included); there is no psutil here and /proc/<pid>/children
-    is not available on every kernel, so scan /proc."""
-    pids = []
+def _processes() -> Iterator[tuple[int, str, list[str]]]:
+    """(pid, command name, the stat fields after the name) of every process; there is no psutil here and
+    /proc/<pid>/children is not available on every kernel, so scan /proc."""
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             try:
                 stat = Path(entry.path, "stat").read_text()
             except OSError:
-                continue
-            # Fields after the parenthesised command: state, ppid, pgrp, ...
-            if int(stat.rsplit(")", 1)[1].split()[2]) == pgid:
-                pids.append(int(entry.name))
-    return pids
+                continue  # the process ended between listing and reading
+            name, rest = stat.split("(", 1)[1].rsplit(")", 1)
+            yield int(entry.name), name, rest.split()
+
+
+def _group_pids(pgid: int) -> list[int]:
+    """Every process in the server's process group (it runs in its own session, so this is
+    the whole tree, uvicorn workers included)."""
+    return [pid for pid, _, fields in _processes() if int(fields[2]) == pgid]  # state, ppid, pgrp, ...
+
+
+def _cpu_ticks(fields: list[str]) -> int:
+    return int(fields[11]) + int(fields[12])  # utime + stime
 
 
 class RssSampler(threading.Thread):
-    """Peak summed VmRSS of the server's process group, sampled every SAMPLE_INTERVAL_S."""
+    """Peak summed VmRSS of the server's process group, sampled every SAMPLE_INTERVAL_S, with the CPU time of
+    that group and of PostgreSQL's processes at each sample (a process's ticks go with it when it exits)."""
 
     def __init__(self, pgid: int) -> None:
         super().__init__(daemon=True)
         self.pgid, self.peak_kb, self.stopped = pgid, 0, threading.Event()
+        self.cpu: list[tuple[float, int, int]] = []  # (wall time, server ticks, PostgreSQL ticks)
 
     def run(self) -> None:
         while not self.stopped.is_set():
-            self.peak_kb = max(self.peak_kb, sum(_status_kb(pid, "VmRSS") for pid in _group_pids(self.pgid)))
+            processes = list(_processes())
+            group = [(pid, fields) for pid, _, fields in processes if int(fields[2]) == self.pgid]
+            postgres = sum(_cpu_ticks(fields) for _, name, fields in processes if name == "postgres")
+            self.cpu.append((time.time(), sum(_cpu_ticks(fields) for _, fields in group), postgres))
+            self.peak_kb = max(self.peak_kb, sum(_status_kb(pid, "VmRSS") for pid, _ in group))
             self.stopped.wait(SAMPLE_INTERVAL_S)
 
     def stop(self) -> float:
@@ -88,14 +104,42 @@ class RssSampler(threading.Thread):
         self.join()
         return max(self.peak_kb, hwm) / 1024
 
+    def cpu_seconds(self, start: float, end: float) -> tuple[float, float]:
+        """(server, PostgreSQL) CPU seconds between two wall times, from the samples nearest them."""
+        if not self.cpu:
+            return float("nan"), float("nan")
+        first = min(self.cpu, key=lambda sample: abs(sample[0] - start))
+        last = min(self.cpu, key=lambda sample: abs(sample[0] - end))
+        tick = os.sysconf("SC_CLK_TCK")
+        return (last[1] - first[1]) / tick, (last[2] - first[2]) / tick
 
-def bench_server(data_dir: Path, backbone: str, workers: int = 1, db_url: str | None = None) -> LocalServer:
+
+def bench_server(data_dir: Path, backbone: str, workers: int = 1, db_url: str | None = None, blob_store: str = "local") -> LocalServer:
     """`fedface server --dev` with the real backbone size, not yet started; the operator's FEDFACE_* settings
     stay out. No ONNX export, so aggregate_seconds times FedAvg + spreadout, not the exporter."""
     settings = {"FEDFACE_RANDOM_BACKBONE": backbone, "FEDFACE_EXPORT_ONNX": "false", "FEDFACE_LOG_LEVEL": "INFO",
-                "OMP_NUM_THREADS": "1", **MANY_DEVICES_ON_LOOPBACK}
+                "FEDFACE_BLOB_STORE": blob_store, "OMP_NUM_THREADS": "1", **MANY_DEVICES_ON_LOOPBACK}
     return LocalServer(data_dir, model="random", workers=workers, db_url=db_url, env=settings, inherit_settings=False,
-                       log=data_dir.parent / "server.log", ready_timeout_s=300)
+                       log=data_dir.parent / f"{data_dir.name}.log", ready_timeout_s=300)
+
+
+def start_replicas(scratch: Path, backbone: str, workers: int, db_url: str | None, replicas: int, blob_store: str) -> list[LocalServer]:
+    """The first server launched (not yet ready), then, for ``replicas`` > 1, the others: each with a data folder
+    of its own holding the first one's secrets, as replicas on several hosts would, and ready."""
+    first = bench_server(scratch / "data", backbone, workers, db_url, blob_store).launch()
+    servers = [first]
+    if replicas > 1:
+        try:
+            first.wait_ready()
+        except LaunchFailed as error:
+            raise BenchRoundFailed(f"{error}\n{failure_report(first)}") from None
+        for index in range(1, replicas):
+            folder = scratch / f"data{index}"
+            folder.mkdir(mode=0o700)
+            for secret in (ADMIN_TOKEN_FILE, TEMPLATE_KEY_FILE):
+                shutil.copy2(first.data_dir / secret, folder / secret)
+            servers.append(bench_server(folder, backbone, workers, db_url, blob_store).start())
+    return servers
 
 
 def failure_report(server: LocalServer) -> str:
@@ -110,11 +154,14 @@ def failure_report(server: LocalServer) -> str:
 
 def bench_round(
     devices: int, concurrency: int, backbone: str, workers: int = 1, drop_fraction: float = 0.0, secure: bool = False,
-    db_url: str | None = None, progress: Progress = QUIET, local: Mapping[str, Any] | None = None,
+    db_url: str | None = None, progress: Progress = QUIET, local: Mapping[str, Any] | None = None, replicas: int = 1,
+    blob_store: str = "local",
 ) -> dict[str, Any]:
-    """One fresh server, one round with `devices` participants; the client's JSON plus peak RSS."""
+    """One fresh server (or `replicas` of them on one database), one round with `devices` participants; the
+    client's JSON plus the first server's peak RSS."""
     with tempfile.TemporaryDirectory(prefix="fedface-bench-") as scratch, scratch_database(db_url) as database:
-        server = bench_server(Path(scratch) / "data", backbone, workers, database).launch()
+        servers = start_replicas(Path(scratch), backbone, workers, database, replicas, blob_store)
+        server = servers[0]
         client: subprocess.Popen[str] | None = None
         lifeline = Lifeline()
         sampler = RssSampler(server.pid)
@@ -123,7 +170,7 @@ def bench_round(
             progress(f"{'secure ' if secure else ''}round of {devices} devices: starting a server and a client process "
                      "(the client's bars follow)")
             # Started together: the client's imports overlap the server's startup; it waits for /readyz itself.
-            load = [sys.executable, "-m", "fedface_bench.server_load", "--url", server.url,
+            load = [sys.executable, "-m", "fedface_bench.server_load", *(arg for each in servers for arg in ("--url", each.url)),
                     "--data-dir", str(server.data_dir), "--devices", str(devices), "--concurrency", str(concurrency),
                     "--drop-fraction", str(drop_fraction)] + (["--secure"] if secure else []) + (["--local", json.dumps(local)] if local else [])
             client = subprocess.Popen(load, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), **lifeline.env()}, stdout=subprocess.PIPE,
@@ -139,16 +186,42 @@ def bench_round(
             if client.returncode != 0:
                 raise BenchRoundFailed(f"bench client failed ({client.returncode}); server log:\n{failure_report(server)}")
             result: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])
-            result["server_errors"] = [line for line in server.log.read_text(errors="replace").splitlines() if '"level": "ERROR"' in line][:5]
+            result |= _round_costs(result, sampler, database or f"sqlite:///{server.data_dir / 'fedface.db'}", replicas)
+            logs = [line for each in servers for line in each.log.read_text(errors="replace").splitlines()]
+            result["server_errors"] = [line for line in logs if '"level": "ERROR"' in line][:5]
         finally:
             if client is not None and client.poll() is None:
                 client.kill()  # only on an error path: the server died or was never ready
                 client.wait()
             lifeline.cut()
             sampler.stopped.set()
-            server.stop()
+            for each in servers:
+                each.stop()
     result["peak_rss_mb"] = round(peak_mb, 1)
     return result
+
+
+def _round_costs(result: Mapping[str, Any], sampler: RssSampler, database_url: str, replicas: int) -> dict[str, Any]:
+    """What one accepted update cost while the uploads came in: CPU milliseconds of the server (one process's
+    group; None with replicas) and of PostgreSQL (None on SQLite), and the rows each table holds after the round."""
+    from sqlalchemy import create_engine, func, inspect, select, table
+
+    costs: dict[str, Any] = {"ingest_cpu_ms_per_update": None}
+    window, accepted = result.get("ingest_window"), result.get("accepted") or 0
+    if window and accepted:
+        server_s, postgres_s = sampler.cpu_seconds(*window)
+        costs["ingest_cpu_ms_per_update"] = {
+            "server": round(1000 * server_s / accepted, 2) if replicas == 1 else None,
+            "postgresql": round(1000 * postgres_s / accepted, 2) if database_url.startswith("postgresql") else None,
+        }
+    engine = create_engine(database_url)
+    try:
+        with engine.connect() as connection:
+            names = [name for name in inspect(connection).get_table_names() if name != "alembic_version"]
+            costs["table_rows"] = {name: connection.scalar(select(func.count()).select_from(table(name))) for name in sorted(names)}
+    finally:
+        engine.dispose()
+    return costs
 
 
 def run_server_bench(
@@ -163,7 +236,7 @@ def run_server_bench(
     full = bench_round(devices, concurrency, backbone, workers, db_url=db_url, progress=progress, local=local)
     keys = ("ingest_seconds", "uploads_per_s", "p50_upload_ms", "p99_upload_ms", "aggregate_seconds", "completed_after_last_upload_s",
             "setup_seconds", "checkin_seconds", "accepted", "status_codes", "errors", "transport_retries", "round_status", "update_bytes",
-            "concurrency")
+            "concurrency", "ingest_cpu_ms_per_update", "table_rows")
     growth = full["peak_rss_mb"] - base["peak_rss_mb"]
     database = "postgresql" if db_url else "sqlite"
     result: dict[str, Any] = {"devices": devices, "backbone": backbone, "local": dict(local or {}), "workers": workers, "database": database,
@@ -180,6 +253,47 @@ def run_server_bench(
     judged = devices >= GOAL_DEVICES
     return with_goals(result, {"ingest_s": at_most(INGEST_GOAL_S, full["ingest_seconds"], judged),
                                "rss_growth_mb": at_most(RSS_GROWTH_GOAL_MB, result["rss_growth_mb"], judged)})
+
+
+def run_replica_bench(
+    devices: int, replicas: int, db_url: str, concurrency: int = 16, backbone: str = "mobilefacenet", progress: Progress = QUIET,
+    local: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The same round three ways, one after the other, each on a fresh schema of `db_url`: one server process with
+    its blobs on its disk, one with its blobs in the database, and `replicas` processes with their blobs in the
+    database and the devices spread over them. The goal is the replicas' upload rate against one process's."""
+    ways = {"one_process_local_blobs": (1, "local"), "one_process_database_blobs": (1, "database"),
+            f"{replicas}_replicas_database_blobs": (replicas, "database")}
+    rounds: dict[str, dict[str, Any]] = {}
+    for step, (name, (count, blob_store)) in enumerate(ways.items(), 1):
+        progress(f"{step} of {len(ways)}: {devices} devices, {count} server process(es), blobs {blob_store}")
+        rounds[name] = bench_round(devices, concurrency, backbone, db_url=db_url, progress=progress, local=local,
+                                   replicas=count, blob_store=blob_store)
+    keys = ("ingest_seconds", "uploads_per_s", "p50_upload_ms", "p99_upload_ms", "aggregate_seconds", "accepted", "lost",
+            "round_status", "update_bytes", "server_errors", "ingest_cpu_ms_per_update", "table_rows")
+    one, many = rounds["one_process_database_blobs"], rounds[f"{replicas}_replicas_database_blobs"]
+    ratio = many["uploads_per_s"] / one["uploads_per_s"] if one["uploads_per_s"] else None
+    result: dict[str, Any] = {
+        "devices": devices, "replicas": replicas, "backbone": backbone, "local": dict(local or {}), "concurrency": concurrency,
+        "cores": os.cpu_count(), **{name: {k: r.get(k) for k in keys} for name, r in rounds.items()},
+        "replica_rate_ratio": None if ratio is None else round(ratio, 2),
+        "all_accepted": all(r["accepted"] == devices and not r["lost"] for r in rounds.values()),
+        "round_completed": all(r["round_status"] == RoundStatus.COMPLETED for r in rounds.values()),
+    }
+    return with_goals(result, {"replica_rate_ratio": at_least(REPLICA_RATE_GOAL, result["replica_rate_ratio"])})
+
+
+def describe_replicas(result: dict[str, Any]) -> str:
+    lines = [f"{result['devices']} devices ({result['backbone']}, concurrency {result['concurrency']}, {result['cores']} cores), "
+             "PostgreSQL, one round each:"]
+    for name, r in result.items():
+        if isinstance(r, dict) and "uploads_per_s" in r:
+            lines.append(f"  {name.replace('_', ' ')}: {r['accepted']} accepted, ingest {r['ingest_seconds']} s "
+                         f"({r['uploads_per_s']} uploads/s), p99 {r['p99_upload_ms']} ms, round {r['round_status']}")
+    goal = result["goals_met"]["replica_rate_ratio"]
+    lines.append(f"  {result['replicas']} replicas / one process (database blobs): {result['replica_rate_ratio']}x "
+                 f"(goal >= {REPLICA_RATE_GOAL}: {verdict(goal)})")
+    return "\n".join(lines)
 
 
 def run_secure_bench(devices: int, concurrency: int = 16, backbone: str = "mobilefacenet", drop_fraction: float = 0.1,
@@ -237,4 +351,12 @@ def describe(result: dict[str, Any]) -> str:
         f"  aggregation {num('aggregate_seconds')} s (round closed {num('completed_after_last_upload_s')} s after the last upload)",
         f"  peak RSS {result['peak_rss_mb_10']:.0f} MB (10 devices) -> {result['peak_rss_mb_n']:.0f} MB: growth "
         f"{result['rss_growth_mb']:.0f} MB (goal <= {RSS_GROWTH_GOAL_MB:.0f} MB: {goal(result['rss_goal_met'])})",
+        f"  per accepted update while uploads came in: {_cpu_line(result.get('ingest_cpu_ms_per_update'))}",
+        f"  rows after the round: {', '.join(f'{name} {count:,}' for name, count in (result.get('table_rows') or {}).items() if count)}",
     ))
+
+
+def _cpu_line(cpu: Mapping[str, float | None] | None) -> str:
+    if not cpu:
+        return "n/a"
+    return ", ".join(f"{who} {'n/a' if ms is None else f'{ms:.1f}'} CPU ms" for who, ms in cpu.items())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import io
 import json
@@ -71,6 +72,8 @@ async def resend(method: str, send: Callable[[], Awaitable[httpx.Response]]) -> 
 
 
 class BenchDevice:
+    http: httpx.AsyncClient  # the replica this device talks to, given once the round's clients exist
+
     def __init__(self) -> None:
         self.drops = False
         self.key = Ed25519PrivateKey.generate()
@@ -164,15 +167,19 @@ async def wait_ready(http: httpx.AsyncClient, timeout: float) -> None:
     raise RuntimeError(f"server at {http.base_url} not ready after {timeout} s")
 
 
-async def aggregation_metrics(http: httpx.AsyncClient, completed: bool, timeout: float = 30.0) -> str:
-    """/metrics once it holds the round's aggregation time. The round reads `completed` as soon as
-    its commit lands; the worker observes the histogram right after, so a fast client can be first."""
+async def aggregation_metrics(clients: Sequence[httpx.AsyncClient], completed: bool, timeout: float = 30.0) -> str:
+    """The /metrics of the server process that aggregated, once it holds the round's aggregation time (any
+    of several replicas may have). The round reads `completed` as soon as its commit lands; the worker
+    observes the histogram right after, so a fast client can be first."""
     deadline = time.monotonic() + timeout
     while True:
-        text = (await plain(http, "GET", "/metrics")).text
-        count = re.search(r"^fedface_aggregation_seconds_count ([0-9.eE+-]+)$", text, re.M)
-        if not completed or (count and float(count.group(1)) >= 1) or time.monotonic() > deadline:
-            return text
+        texts = [(await plain(http, "GET", "/metrics")).text for http in clients]
+        for text in texts:
+            count = re.search(r"^fedface_aggregation_seconds_count ([0-9.eE+-]+)$", text, re.M)
+            if count and float(count.group(1)) >= 1:
+                return text
+        if not completed or time.monotonic() > deadline:
+            return texts[0]
         await asyncio.sleep(0.1)
 
 
@@ -187,10 +194,11 @@ async def half_then_drop(body: bytes, chunk: int = 65536) -> AsyncIterator[bytes
     raise DroppedMidUpload()
 
 
-async def connect(url: str, data_dir: Path, concurrency: int) -> tuple[dict[str, str], httpx.Limits]:
-    """Wait for the server; the admin header and the connection limits of the bench's client."""
-    async with httpx.AsyncClient(base_url=url) as probe_http:
-        await wait_ready(probe_http, READY_TIMEOUT_S)
+async def connect(urls: Sequence[str], data_dir: Path, concurrency: int) -> tuple[dict[str, str], httpx.Limits]:
+    """Wait for the server (every replica); the admin header and the connection limits of the bench's client."""
+    for url in urls:
+        async with httpx.AsyncClient(base_url=url) as probe_http:
+            await wait_ready(probe_http, READY_TIMEOUT_S)
     admin = {"Authorization": f"Bearer {(data_dir / 'admin_token').read_text().strip()}"}
     return admin, httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
 
@@ -210,21 +218,28 @@ async def current_model(http: httpx.AsyncClient) -> tuple[int, str, dict[str, np
 
 
 async def run(
-    url: str, data_dir: Path, n_devices: int, concurrency: int, drop_fraction: float = 0.0, local: Mapping[str, Any] | None = None,
+    urls: Sequence[str], data_dir: Path, n_devices: int, concurrency: int, drop_fraction: float = 0.0,
+    local: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    admin, limits = await connect(url, data_dir, concurrency)
+    """One plain round. Several `urls` are replicas behind one address: device i talks to replica i mod n,
+    as a load balancer would spread them; the operator's calls go to the first."""
+    admin, limits = await connect(urls, data_dir, concurrency)
     rng = np.random.default_rng(1)
     devices = [BenchDevice() for _ in range(n_devices)]
-    async with httpx.AsyncClient(base_url=url, timeout=REQUEST_TIMEOUT_S, limits=limits) as http:
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(httpx.AsyncClient(base_url=url, timeout=REQUEST_TIMEOUT_S, limits=limits)) for url in urls]
+        http = clients[0]
+        for index, device in enumerate(devices):
+            device.http = clients[index % len(clients)]
         dim, version, state = await current_model(http)
         prefix = update_template(state, dim, version, local)
         prefix_hash = hashlib.sha256(prefix)  # copied per device: hash 2 MB once, not 1,000 times
 
         # Setup, untimed for the goals: register and enroll every device.
         async def enroll(device: BenchDevice) -> None:
-            device.id = expect(await device.call(http, "POST", "/v1/devices", {"public_key": device.public_key}), 201, 200)["device_id"]
+            device.id = expect(await device.call(device.http, "POST", "/v1/devices", {"public_key": device.public_key}), 201, 200)["device_id"]
             vector = [float(x) for x in unit(rng, dim)]
-            expect(await device.call(http, "PUT", f"/v1/devices/{device.id}/embedding", {"embedding": vector}), 201)
+            expect(await device.call(device.http, "PUT", f"/v1/devices/{device.id}/embedding", {"embedding": vector}), 201)
 
         setup_s = await bounded(devices, concurrency, "register+enroll", enroll)
         # Devices that drop mid-upload: selected, they start sending and vanish. The round then
@@ -238,7 +253,7 @@ async def run(
         statuses: Counter[str] = Counter()
 
         async def checkin(device: BenchDevice) -> None:
-            statuses[expect(await device.call(http, "POST", "/v1/rounds/current/checkin"), 200)["status"]] += 1
+            statuses[expect(await device.call(device.http, "POST", "/v1/rounds/current/checkin"), 200)["status"]] += 1
 
         checkin_s = await bounded(devices, concurrency, "check-in", checkin)
 
@@ -260,12 +275,12 @@ async def run(
             if device.drops:
                 headers = device.headers("POST", path, digest.hexdigest()) | extra | {"Content-Length": str(len(body))}
                 try:
-                    await http.request("POST", path, content=half_then_drop(body), headers=headers)
+                    await device.http.request("POST", path, content=half_then_drop(body), headers=headers)
                 except (DroppedMidUpload, httpx.HTTPError):
                     codes[0] += 1  # 0: no response, the device is gone
                     return
                 raise RuntimeError("a dropped upload got a response")
-            response = await device.call(http, "POST", path, extra=extra, raw=body, body_sha256=digest.hexdigest())
+            response = await device.call(device.http, "POST", path, extra=extra, raw=body, body_sha256=digest.hexdigest())
             done = time.perf_counter()
             latencies.append(done - sent)
             codes[response.status_code] += 1
@@ -287,16 +302,18 @@ async def run(
             if final["status"] in FINAL_ROUND_STATUSES:
                 break
             await asyncio.sleep(0.1)
-        metrics = await aggregation_metrics(http, final.get("status") == RoundStatus.COMPLETED)
+        metrics = await aggregation_metrics(clients, final.get("status") == RoundStatus.COMPLETED)
 
     closed = final.get("closed_at")
     after_last = datetime.fromisoformat(closed).timestamp() - last_accepted[1] if closed and codes[201] else float("nan")
     agg = re.search(r"^fedface_aggregation_seconds_sum ([0-9.eE+-]+)$", metrics, re.M)
     ms = np.asarray(latencies or [float("nan")]) * 1000
     result = {
-        "devices": n_devices, "concurrency": concurrency, "update_bytes": len(prefix) + dim * 4,
+        "devices": n_devices, "concurrency": concurrency, "replicas": len(urls), "update_bytes": len(prefix) + dim * 4,
         "setup_seconds": round(setup_s, 3), "checkin_seconds": round(checkin_s, 3), "checkin_statuses": dict(statuses),
         "accepted": codes[201], "transport_retries": dict(RETRIES), "status_codes": {str(k): v for k, v in codes.items()}, "errors": errors,
+        # Wall-clock ends of the ingest, for the server's CPU time over it (fedface_bench.server).
+        "ingest_window": [last_accepted[1] - ingest_s, last_accepted[1]] if codes[201] else None,
         "ingest_seconds": round(ingest_s, 3), "uploads_per_s": round(codes[201] / ingest_s, 2) if codes[201] else 0.0,
         "p50_upload_ms": round(float(np.percentile(ms, 50)), 1), "p99_upload_ms": round(float(np.percentile(ms, 99)), 1),
         # The server times compute + finalize itself (Prometheus histogram; one round per fresh server).

@@ -18,7 +18,7 @@ from fedface_bench.server_secure import run_secure
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--url", required=True)
+    parser.add_argument("--url", required=True, action="append", help="a server process; repeated: replicas behind one address")
     parser.add_argument("--data-dir", type=Path, required=True, help="the --dev server's data dir (admin_token)")
     parser.add_argument("--devices", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=16)
@@ -29,7 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     exit_with_parent("fedface bench client")  # a load on a server nobody measures any more is no use
     if args.secure:
-        result = asyncio.run(run_secure(args.url, args.data_dir, args.devices, args.concurrency, args.drop_fraction))
+        result = asyncio.run(run_secure(args.url[0], args.data_dir, args.devices, args.concurrency, args.drop_fraction))
     else:
         result = asyncio.run(run(args.url, args.data_dir, args.devices, args.concurrency, args.drop_fraction, args.local))
     print(json.dumps(result))

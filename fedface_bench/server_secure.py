@@ -63,7 +63,7 @@ def _b64(raw: bytes) -> str:
 
 
 async def run_secure(url: str, data_dir: Path, n_devices: int, concurrency: int, drop_fraction: float) -> dict[str, Any]:
-    admin, limits = await connect(url, data_dir, concurrency)
+    admin, limits = await connect([url], data_dir, concurrency)
     rng = np.random.default_rng(1)
     devices = [SecureBenchDevice() for _ in range(n_devices)]
     dropping = set(rng.choice(n_devices, int(drop_fraction * n_devices), replace=False).tolist())
@@ -148,7 +148,7 @@ async def run_secure(url: str, data_dir: Path, n_devices: int, concurrency: int,
                 break
             await asyncio.sleep(0.1)
         round_s = time.perf_counter() - started - pause
-        metrics = await aggregation_metrics(http, final["status"] == RoundStatus.COMPLETED)
+        metrics = await aggregation_metrics([http], final["status"] == RoundStatus.COMPLETED)
     agg = re.search(r"^fedface_aggregation_seconds_sum ([0-9.eE+-]+)$", metrics, re.M)
     up = np.asarray([d.bytes_up for d in senders])
     down = np.asarray([d.bytes_down for d in senders])

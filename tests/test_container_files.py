@@ -2,6 +2,7 @@
 copy exists, every `fedface` command they run parses with the real CLI, every FEDFACE_* variable
 they set is one the code reads, and dependencies install before the code is copied."""
 
+import ipaddress
 import re
 import shlex
 import tomllib
@@ -47,7 +48,28 @@ def test_compose_runs_the_server_on_postgres_with_required_secrets_and_the_defau
     for secret in ("FEDFACE_ADMIN_TOKEN", "FEDFACE_TEMPLATE_KEY"):
         assert re.fullmatch(r"\$\{" + secret + r":\?.+\}", env[secret]), f"{secret} must be required, never defaulted"
     assert env["FEDFACE_MODEL"] == "${FEDFACE_MODEL:-default}"
-    assert set(COMPOSE["volumes"]) == {"pgdata", "blobs"}
+    assert set(COMPOSE["volumes"]) == {"pgdata"}
+
+
+def test_compose_runs_two_replicas_behind_one_proxy_sharing_the_database_and_its_blobs() -> None:
+    # Prepare
+    server, proxy = COMPOSE["services"]["server"], COMPOSE["services"]["proxy"]
+    nginx = (ROOT / "deploy" / "nginx.conf").read_text()
+    # Execute
+    args = build_parser().parse_args(server["command"][1:])
+    proxy_ip = proxy["networks"]["fedface"]["ipv4_address"]
+    subnet = COMPOSE["networks"]["fedface"]["ipam"]["config"][0]["subnet"]
+    # Assert: replicas share blobs through the database and publish no port of their own; the proxy is the address
+    assert server["deploy"]["replicas"] == 2 and "ports" not in server and "volumes" not in server
+    assert args.blob_store == "database" and args.db is None and server["environment"]["FEDFACE_DATABASE_URL"].startswith("postgresql")
+    assert proxy["ports"] == ["127.0.0.1:8000:8080"] and proxy["depends_on"]["server"]["condition"] == "service_healthy"
+    assert proxy["volumes"] == ["./deploy/nginx.conf:/etc/nginx/nginx.conf:ro"]
+    # Only the proxy may name a device's address, and it replaces any X-Forwarded-For a device sent.
+    assert args.forwarded_allow_ips == proxy_ip and ipaddress.ip_address(proxy_ip) in ipaddress.ip_network(subnet)
+    assert "proxy_set_header X-Forwarded-For $remote_addr;" in nginx and "$proxy_add_x_forwarded_for" not in nginx
+    assert re.search(r"server server:(\d+) resolve;", nginx).group(1) == str(args.port)
+    assert re.search(r"listen (\d+);", nginx).group(1) == proxy["ports"][0].rsplit(":", 1)[1]
+    assert "proxy_request_buffering off;" in nginx and "client_max_body_size 0;" in nginx
 
 
 def test_the_image_fetches_and_verifies_the_package_the_code_pins() -> None:
@@ -100,17 +122,9 @@ def test_every_fedface_command_parses_and_every_variable_is_read_by_the_code() -
     assert sorted(args.command for args in parsed) == ["models", "server", "server"]
     assert compose_env - SETTINGS_VARIABLES == set() and image_env - SETTINGS_VARIABLES == {PACKAGES_ENV}
     data_dirs = {args.data_dir for args in parsed if args.command == "server"}
-    assert (
-        data_dirs == {"/data"}
-        and 'VOLUME ["/data"]' in DOCKERFILE
-        and "blobs:/data" in COMPOSE["services"]["server"]["volumes"]
-    )
+    assert data_dirs == {"/data"} and 'VOLUME ["/data"]' in DOCKERFILE
     ports = {args.port for args in parsed if args.command == "server"}
-    assert (
-        ports == {8000}
-        and "EXPOSE 8000" in DOCKERFILE
-        and COMPOSE["services"]["server"]["ports"] == ["127.0.0.1:8000:8000"]
-    )
+    assert ports == {8000} and "EXPOSE 8000" in DOCKERFILE
     assert "http://127.0.0.1:8000/readyz" in DOCKERFILE
 
 

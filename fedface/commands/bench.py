@@ -47,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the round trains the last K blocks and the head: each update carries those entries only")
     server.add_argument("--upload-bits", type=int, choices=(8, 4), default=None, metavar="BITS",
                         help="each update's deltas in 8 or 4 bits with a scale a row (a round's local.upload_bits); unset: fp16")
+    server.add_argument("--replicas", type=int, default=None, metavar="N",
+                        help="with --db: the round on one server process (blobs on disk, then in the database), then on N "
+                             "processes sharing the database and its blobs, devices spread over them; compares upload rates")
     server.add_argument("--secure", action="store_true",
                         help="a plain round and a secure-aggregation round of --devices side by side (no 10-device baseline)")
     server.add_argument("--drop", type=float, default=0.1, metavar="FRACTION",
@@ -372,6 +375,8 @@ def _server(args: argparse.Namespace) -> int:
         raise _usage("--secure runs on SQLite only")
     if args.secure and (args.trainable_blocks is not None or args.upload_bits is not None):
         raise _usage("--trainable-blocks and --upload-bits shape plain updates; --secure sends its own masked ones")
+    if args.replicas is not None and (args.replicas < 2 or args.db is None or args.secure or args.workers != 1):
+        raise _usage("--replicas N needs N >= 2 and --db postgresql://... (replicas share one database), without --secure or --workers")
     if args.secure and (args.devices < 3 or not 0 <= args.drop < 1 / 3):
         raise _usage("--secure: --devices must be >= 3 and 0 <= --drop < 1/3 (the threshold is 2n/3 + 1)")
     from sqlalchemy.engine import make_url
@@ -388,7 +393,7 @@ def _server(args: argparse.Namespace) -> int:
     if args.backbone not in backbone_names():  # before a server is started for it, whose failure would say less
         raise _usage(f"--backbone {args.backbone!r} is not a backbone; valid names: {', '.join(backbone_names())}")
     from facecore.federation.status import RoundStatus
-    from fedface_bench.server import describe, describe_secure, run_secure_bench, run_server_bench
+    from fedface_bench.server import describe, describe_replicas, describe_secure, run_replica_bench, run_secure_bench, run_server_bench
 
     progress = _progress(args)
     if args.secure:
@@ -397,6 +402,11 @@ def _server(args: argparse.Namespace) -> int:
         return 0 if secure["secure"]["round_status"] == RoundStatus.COMPLETED and secure["secure"]["lost"] == 0 else 1
     try:
         local = {k: v for k, v in (("trainable_blocks", args.trainable_blocks), ("upload_bits", args.upload_bits)) if v is not None}
+        if args.replicas is not None:
+            assert args.db is not None
+            replicas = run_replica_bench(args.devices, args.replicas, args.db, args.concurrency, args.backbone, progress, local)
+            print(json.dumps(replicas) if args.json else describe_replicas(replicas))
+            return 0 if replicas["all_accepted"] and replicas["round_completed"] else 1
         result = run_server_bench(args.devices, args.concurrency, args.backbone, args.workers, args.db, progress=progress, local=local)
     except SQLAlchemyError as error:
         # The driver's first line names the host and port, never the URL's password.

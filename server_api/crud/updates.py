@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, NamedTuple, cast
 
-from sqlalchemy import CursorResult, func, insert, select, update
+from sqlalchemy import CursorResult, insert, select, update
 from sqlalchemy.orm import Session
 
 from facecore.federation.status import ACTIVE_ROUND_STATUSES, ParticipationStatus
@@ -92,11 +92,11 @@ def insert_idempotency(
     ))
 
 
-def uploaded_count(session: Session, round_id: int) -> int:
-    return session.scalar(
-        select(func.count()).select_from(Participation)
-        .where(Participation.round_id == round_id, Participation.status == ParticipationStatus.UPLOADED)
-    ) or 0
+def count_upload(session: Session, round_id: int) -> int:
+    """Add one to the round's accepted updates (its row is locked by the caller); the new count."""
+    return session.execute(
+        update(table_of(Round)).where(Round.id == round_id).values(n_uploaded=Round.n_uploaded + 1).returning(Round.n_uploaded)
+    ).scalar_one()
 
 
 def round_updates(session: Session, round_id: int) -> list[Update]:

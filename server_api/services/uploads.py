@@ -201,7 +201,7 @@ def record_update(
             )
             accepted = AcceptedUpdate(update_id, round_id, device_id, n_samples, size_bytes, now)
             update_crud.insert_idempotency(session, device_id, idempotency_key, request_sha256, 201, accepted.to_record(), now)
-            due = update_crud.uploaded_count(session, round_id) >= (target if target is not None else state.target_participants)
+            due = update_crud.count_upload(session, round_id) >= (target if target is not None else state.target_participants)
             audit.record_now(session, f"device:{device_id}", "update.accepted", round_id=round_id, device_id=device_id,
                              n_samples=n_samples, bytes=size_bytes)
     except IntegrityError:  # a concurrent duplicate got in first: answer what it was answered

@@ -5,6 +5,7 @@ import hashlib
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 from sqlalchemy import Engine
 
@@ -84,3 +85,24 @@ def test_two_processes_storing_the_same_content_at_once_store_it_once(store: Blo
         writer.join()
     # Assert
     assert len(set(digests)) == 1 and len(digests) == 4 and store.get(digests[0]) == data
+
+
+def test_a_blob_larger_than_a_read_chunk_reads_back_in_pieces_and_whole(store: BlobStore) -> None:
+    # Prepare: 2.5 MiB, so reads cross the 1 MiB chunks the database store fetches
+    data = np.random.default_rng(0).integers(0, 256, size=5 << 19, dtype=np.uint8).tobytes()
+    digest = store.put(data)
+    # Execute
+    with store.open(digest) as handle:
+        whole = handle.read()
+        at_end = handle.read(10)
+    with store.open(digest) as handle:
+        pieces = []
+        while piece := handle.read(300_001):
+            pieces.append(piece)
+        handle.seek(-7, 2)
+        tail = handle.read()
+        handle.seek((1 << 20) - 3)
+        across = handle.read(6)
+    # Assert
+    assert whole == data and at_end == b"" and b"".join(pieces) == data
+    assert tail == data[-7:] and across == data[(1 << 20) - 3 : (1 << 20) + 3]

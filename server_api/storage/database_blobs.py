@@ -16,16 +16,76 @@ from __future__ import annotations
 import io
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
-from sqlalchemy import Engine, delete, exists, insert, select
+from sqlalchemy import Engine, delete, exists, func, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from facecore.digest import file_sha256
-from server_api.storage.blobs import BlobNotFound, check_digest, clean_scratch, make_private_dir, scratch_file
+from server_api.storage.blobs import CHUNK, BlobNotFound, check_digest, clean_scratch, make_private_dir, scratch_file
 from server_api.tables import Blob, table_of
 
 BLOBS = table_of(Blob)
+
+
+def select_bytes(engine: Engine, digest: str, start: int = 1, count: int | None = None) -> bytes:
+    """A blob's bytes from ``start`` (1-based, as SQL's substr), ``count`` of them or all the rest."""
+    if engine.dialect.name == "postgresql":
+        # psycopg reads bytea hex-encoded unless the cursor asks for binary results, which is 4x faster.
+        sql = "SELECT substr(data, %s, %s) FROM blobs WHERE digest = %s" if count is not None else "SELECT substr(data, %s) FROM blobs WHERE digest = %s"
+        params = (start, count, digest) if count is not None else (start, digest)
+        with engine.connect() as connection:
+            cursor = connection.connection.driver_connection.cursor(binary=True)  # type: ignore[union-attr]
+            cursor.execute(sql, params)
+            row = cursor.fetchone()
+        data = None if row is None else row[0]
+    else:
+        column = func.substr(BLOBS.c.data, start, count) if count is not None else func.substr(BLOBS.c.data, start)
+        with engine.connect() as connection:
+            data = connection.scalar(select(column).where(BLOBS.c.digest == digest))
+    if data is None:
+        raise BlobNotFound(digest)
+    return bytes(data)
+
+
+class _BlobReader(io.RawIOBase):
+    """A seekable read-only view of one blob; each read is one ``substr`` query (bytea out of line, uncompressed,
+    so PostgreSQL fetches only the chunks it covers)."""
+
+    def __init__(self, engine: Engine, digest: str, size: int) -> None:
+        self.engine, self.digest, self.length, self.position = engine, digest, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.length}[whence]
+        if base + offset < 0:
+            raise ValueError(f"negative seek position {base + offset}")
+        self.position = base + offset
+        return self.position
+
+    def _fetch(self, count: int) -> bytes:
+        count = max(0, min(count, self.length - self.position))
+        if count == 0:
+            return b""
+        data = select_bytes(self.engine, self.digest, self.position + 1, count)
+        self.position += len(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        data = self._fetch(len(buffer))
+        memoryview(buffer).cast("B")[: len(data)] = data
+        return len(data)
+
+    def readall(self) -> bytes:
+        return self._fetch(self.length - self.position)  # one query, not one per default buffer
 
 
 class DatabaseBlobStore:
@@ -51,14 +111,12 @@ class DatabaseBlobStore:
         return int(size)
 
     def get(self, digest: str) -> bytes:
-        with self.engine.connect() as connection:
-            data = connection.scalar(select(BLOBS.c.data).where(BLOBS.c.digest == check_digest(digest)))
-        if data is None:
-            raise BlobNotFound(digest)
-        return bytes(data)
+        return select_bytes(self.engine, check_digest(digest))
 
     def open(self, digest: str) -> BinaryIO:
-        return io.BytesIO(self.get(digest))
+        """Reads fetch only the bytes asked for (a MiB at a time), so a model served to many devices at once, or
+        the trained entries aggregation reads from an update, never sit whole in memory."""
+        return io.BufferedReader(_BlobReader(self.engine, check_digest(digest), self.size(digest)), buffer_size=CHUNK)
 
     def delete(self, digest: str) -> bool:
         with self.engine.begin() as connection:

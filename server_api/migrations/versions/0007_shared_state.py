@@ -1,5 +1,5 @@
 """State several server processes share through the database: blobs (FEDFACE_BLOB_STORE=database),
-rate buckets and upload slots (PostgreSQL).
+rate buckets and upload slots (PostgreSQL); and each round's count of accepted updates.
 
 Revision ID: 0007
 Revises: 0006
@@ -23,6 +23,9 @@ def upgrade() -> None:
         sa.Column("data", sa.LargeBinary(), nullable=False),
         sa.PrimaryKeyConstraint("digest", name=op.f("pk_blobs")),
     )
+    if op.get_bind().dialect.name == "postgresql":
+        # Weights and deltas do not compress: store them out of line without spending CPU trying.
+        op.execute("ALTER TABLE blobs ALTER COLUMN data SET STORAGE EXTERNAL")
     op.create_table(
         "rate_buckets",
         sa.Column("scope", sa.String(length=16), nullable=False),
@@ -41,7 +44,16 @@ def upgrade() -> None:
     )
 
 
+    op.add_column("rounds", sa.Column("n_uploaded", sa.Integer(), server_default="0", nullable=False))
+    op.execute(
+        "UPDATE rounds SET n_uploaded = (SELECT count(*) FROM participations "
+        "WHERE participations.round_id = rounds.id AND participations.status = 'uploaded')"
+    )
+
+
 def downgrade() -> None:
+    with op.batch_alter_table("rounds", schema=None) as batch_op:
+        batch_op.drop_column("n_uploaded")
     op.drop_table("upload_slots")
     op.drop_table("rate_buckets")
     op.drop_table("blobs")
