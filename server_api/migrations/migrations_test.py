@@ -40,7 +40,7 @@ def test_rounds_open_at_the_upgrade_keep_the_count_of_their_uploads(tmp_path: Pa
     # Execute
     _upgrade(url, "head")
     with engine.connect() as connection:
-        counts = dict(connection.execute(text("SELECT id, n_uploaded FROM rounds ORDER BY id")).all())
+        counts: dict[int, int] = dict(connection.execute(text("SELECT id, n_uploaded FROM rounds ORDER BY id")).all())
     engine.dispose()
     # Assert
     assert counts == {1: 3, 2: 0}

@@ -5,7 +5,7 @@ session ends.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import NamedTuple
 
@@ -21,6 +21,7 @@ from facecore.tensorfile import read_header, read_tensor
 from server_api.crud import rounds as round_crud
 from server_api.crud import versions as version_crud
 from server_api.services.context import ServerContext
+from server_api.storage.blobs import BlobStore
 
 
 class UpdateRef(NamedTuple):
@@ -46,22 +47,22 @@ def parent_hash(session: Session, producing_round_id: int | None) -> str | None:
     return None if parent is None else parent.version_hash
 
 
-def stream_updates(ctx: ServerContext, updates: list[UpdateRef], shapes: dict[str, tuple[int, ...]]) -> Iterator[ClientUpdate]:
+def stream_updates(store: BlobStore, updates: Sequence[UpdateRef], shapes: dict[str, tuple[int, ...]]) -> Iterator[ClientUpdate]:
     """One update in memory at a time, read back from the blob store: the trained entries (`shapes`: theirs,
     wire.trained_entries) only, whether a file left the frozen prefix out or sent it, quantised ones dequantised."""
     for update in updates:
-        with ctx.store.open(update.blob_sha256) as handle:
-            header = read_header(handle, ctx.store.size(update.blob_sha256))
+        with store.open(update.blob_sha256) as handle:
+            header = read_header(handle, store.size(update.blob_sha256))
             # only these entries (and their scales) are read, in the model's order whatever the file's
             wanted = [k for name in shapes for k in (BACKBONE_PREFIX + name, SCALE_PREFIX + name) if k in header.tensors]
             weights = received_deltas({k: read_tensor(handle, header, k) for k in wanted}, shapes)
         yield ClientUpdate(weights=weights, n_samples=update.n_samples, metrics=update.metrics, client_id=update.device_id)
 
 
-def stream_masked(ctx: ServerContext, updates: list[UpdateRef], index_of: dict[str, int]) -> Iterator[ClientUpdate]:
+def stream_masked(store: BlobStore, updates: Sequence[UpdateRef], index_of: dict[str, int]) -> Iterator[ClientUpdate]:
     for update in updates:
-        with ctx.store.open(update.blob_sha256) as handle:
-            header = read_header(handle, ctx.store.size(update.blob_sha256))
+        with store.open(update.blob_sha256) as handle:
+            header = read_header(handle, store.size(update.blob_sha256))
             masked = read_tensor(handle, header, MASKED_KEY)
         yield ClientUpdate(weights={MASKED: masked}, n_samples=update.n_samples, metrics=update.metrics, client_id=str(index_of[update.device_id]))
 

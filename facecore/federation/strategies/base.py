@@ -13,9 +13,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from facecore.federation.strategies.fedavg import RoundSum
 
 Weights = dict[str, np.ndarray]
 UpdateKind = Literal["delta", "full"]
@@ -80,6 +83,11 @@ class Strategy(ABC):
         """New class-embedding matrix ``(C, D)`` from the round's ``W``; identity by default."""
         return np.array(W, copy=True)
 
+    def aggregate_sum(self, server_round: int, base: Mapping[str, np.ndarray], total: RoundSum) -> AggregateResult:
+        """What :meth:`aggregate_train` publishes, from the round's weighted sum computed elsewhere (aggregation in
+        tiers: :mod:`.tiers`). Only a chain that sums its updates can; a median or trimmed mean cannot."""
+        raise TypeError(f"{self.name} does not aggregate a sum of its updates")
+
 
 class Wrapper(Strategy):
     """A stage around one other strategy: it changes what enters ``inner`` or what comes out of it and
@@ -95,6 +103,10 @@ class Wrapper(Strategy):
 
     def aggregate_embeddings(self, W: np.ndarray, config: Any = None) -> np.ndarray:
         return self.inner.aggregate_embeddings(W, config)
+
+    def aggregate_sum(self, server_round: int, base: Mapping[str, np.ndarray], total: RoundSum) -> AggregateResult:
+        """A wrapper that changes what :meth:`aggregate_train` publishes overrides this with the same change."""
+        return self.inner.aggregate_sum(server_round, base, total)
 
 
 S = TypeVar("S", bound=Strategy)

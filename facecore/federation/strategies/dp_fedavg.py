@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from facecore.federation.strategies.base import AggregateResult, ClientUpdate, Strategy, Wrapper, chain_of
-from facecore.federation.strategies.fedavg import FedAvg
+from facecore.federation.strategies.fedavg import FedAvg, RoundSum
 from facecore.federation.strategies.norm_bounded import NormClipping
 
 _FROZEN_SUFFIXES = ("running_mean", "running_var", "num_batches_tracked")
@@ -73,7 +73,9 @@ class DPFedAvg(Wrapper):
         return self.noise_multiplier * self.clip_norm / self.expected_clients
 
     def aggregate_train(self, server_round: int, base: Mapping[str, np.ndarray], results: Iterable[ClientUpdate]) -> AggregateResult:
-        total = self.inner.summed(server_round, base, results)
+        return self.aggregate_sum(server_round, base, self.inner.summed(server_round, base, results))
+
+    def aggregate_sum(self, server_round: int, base: Mapping[str, np.ndarray], total: RoundSum) -> AggregateResult:
         # Even an empty Poisson sample publishes base + noise: skipping the round would reveal it was empty.
         rng = np.random.default_rng(secrets.randbits(128) if self.seed is None else [self.seed, server_round])
         weights: dict[str, np.ndarray] = {}

@@ -12,7 +12,7 @@ unchanged and the published bits do not depend on which path produced the sum.
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import get_args
 
@@ -49,6 +49,9 @@ class MetricMeans:
 
     def means(self) -> dict[str, float]:
         return {k: self._sums[k] / self._weights[k] for k in self._sums}
+
+    def weights(self) -> dict[str, float]:
+        return dict(self._weights)
 
 
 class RunningWeightedSum:
@@ -89,6 +92,9 @@ class RunningWeightedSum:
     def metric_means(self) -> dict[str, float]:
         return self._metrics.means()
 
+    def metric_weights(self) -> dict[str, float]:
+        return self._metrics.weights()
+
 
 @dataclass(frozen=True)
 class RoundSum:
@@ -102,6 +108,35 @@ class RoundSum:
     metrics: dict[str, float]
     kind: UpdateKind | None = "delta"
     clipped: int = 0  # updates a clipping stage scaled down (DP reports the fraction)
+    metric_weights: dict[str, float] | None = None  # each metric's total weight; None: total_weight for every one
+
+
+def merge_sums(partials: Sequence[RoundSum]) -> RoundSum:
+    """One sum from the partial sums of disjoint shards of a round, added in the order given (float addition is
+    not associative: the order is what makes a merge reproducible to the bit)."""
+    if len(partials) == 1:
+        return partials[0]  # one shard is the whole round, metrics to the bit included
+    kinds = {p.kind for p in partials if p.kind is not None}
+    if len(kinds) > 1:
+        raise ValueError("a round cannot mix delta and full updates")
+    sums: dict[str, np.ndarray] = {}
+    metric_sums: dict[str, float] = {}
+    metric_weights: dict[str, float] = {}
+    for partial in partials:
+        for key, value in partial.sums.items():
+            if key in sums:
+                sums[key] = sums[key] + value
+            else:
+                sums[key] = np.array(value, dtype=np.float64, copy=True)
+        for key, mean in partial.metrics.items():
+            weight = (partial.metric_weights or {}).get(key, partial.total_weight)
+            metric_sums[key] = metric_sums.get(key, 0.0) + mean * weight
+            metric_weights[key] = metric_weights.get(key, 0.0) + weight
+    return RoundSum(
+        sums, sum(p.total_weight for p in partials), sum(p.count for p in partials), sum(p.n_samples for p in partials),
+        {k: metric_sums[k] / metric_weights[k] for k in metric_sums if metric_weights[k] > 0},
+        next(iter(kinds)) if kinds else None, sum(p.clipped for p in partials), metric_weights,
+    )
 
 
 def cast_like(value: np.ndarray, like: np.ndarray) -> np.ndarray:
@@ -130,6 +165,9 @@ class SumStrategy(Strategy):
 
     def aggregate_train(self, server_round: int, base: Mapping[str, np.ndarray], results: Iterable[ClientUpdate]) -> AggregateResult:
         return self.publish(base, self.summed(server_round, base, results))
+
+    def aggregate_sum(self, server_round: int, base: Mapping[str, np.ndarray], total: RoundSum) -> AggregateResult:
+        return self.publish(base, total)
 
 
 class FedAvg(SumStrategy):
@@ -165,7 +203,8 @@ class FedAvg(SumStrategy):
                 total.add(update.weights, weight, update.metrics)
         if total.count == 0 and n_samples > 0:
             raise ValueError("no client with a positive weight took part in this round")
-        return RoundSum(total.sums(), total.total_weight, total.count, n_samples, total.metric_means(), kind)
+        return RoundSum(total.sums(), total.total_weight, total.count, n_samples, total.metric_means(), kind,
+                        metric_weights=total.metric_weights())
 
     def publish(self, base: Mapping[str, np.ndarray], total: RoundSum) -> AggregateResult:
         if total.count == 0:

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 
 from facecore.federation.strategies.base import AggregateResult, ClientUpdate, Strategy, Weights, Wrapper
-from facecore.federation.strategies.fedavg import cast_like
+from facecore.federation.strategies.fedavg import RoundSum, cast_like
 
 
 def last_step(base: Mapping[str, np.ndarray], parent: Mapping[str, np.ndarray] | None) -> Weights:
@@ -45,7 +45,12 @@ class ServerMomentum(Wrapper):
         self.previous: Weights = {k: np.asarray(v, np.float64) for k, v in (previous or {}).items()}
 
     def aggregate_train(self, server_round: int, base: Mapping[str, np.ndarray], results: Iterable[ClientUpdate]) -> AggregateResult:
-        result = self.inner.aggregate_train(server_round, base, results)
+        return self._stepped(base, self.inner.aggregate_train(server_round, base, results))
+
+    def aggregate_sum(self, server_round: int, base: Mapping[str, np.ndarray], total: RoundSum) -> AggregateResult:
+        return self._stepped(base, self.inner.aggregate_sum(server_round, base, total))
+
+    def _stepped(self, base: Mapping[str, np.ndarray], result: AggregateResult) -> AggregateResult:
         if self.momentum == 0:
             return result
         weights, steps = {}, {}

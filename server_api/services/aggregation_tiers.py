@@ -1,0 +1,92 @@
+"""A round's partial sums, shard by shard (facecore.federation.strategies.tiers): in the aggregating process one
+after another, or with ``FEDFACE_AGGREGATION_PROCESSES`` N in N worker processes that each open the blob store
+themselves and read their shards' updates there.
+
+Invariants: shards are consecutive runs of ``FEDFACE_AGGREGATION_SHARD_UPDATES`` updates in the round's order
+(update id), and their sums come back in shard order whichever process finished first, so the aggregate is the
+same to the bit whatever the number of processes. A worker returns float64 sums of the trained entries, never
+an update. Chains with no sum (median, trimmed mean) and secure rounds do not come here.
+"""
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from facecore.federation.config import RoundConfig
+from facecore.federation.strategies import strategy_for
+from facecore.federation.strategies.fedavg import RoundSum, SumStrategy
+from facecore.federation.strategies.tiers import shards, summing_stage
+from server_api.services.aggregation_inputs import UpdateRef, stream_updates
+from server_api.services.context import ServerContext
+from server_api.storage.blobs import BlobStore, LocalBlobStore
+
+
+@dataclass(frozen=True)
+class BlobSource:
+    """How a worker process opens the server's blob store (an engine or a folder handle does not cross processes)."""
+
+    kind: str
+    root: Path
+    database_url: str
+
+    @classmethod
+    def of(cls, ctx: ServerContext) -> BlobSource:
+        return cls(ctx.settings.blob_store, Path(ctx.settings.data_dir) / "blobs", ctx.settings.resolved_database_url())
+
+    def open(self) -> BlobStore:
+        if self.kind == "local":
+            return LocalBlobStore(self.root)
+        from server_api.core.db import make_engine
+        from server_api.storage.database_blobs import DatabaseBlobStore
+
+        return DatabaseBlobStore(make_engine(self.database_url), self.root / "tmp")
+
+
+@dataclass(frozen=True)
+class _Job:
+    server_round: int
+    config: RoundConfig
+    base: Mapping[str, np.ndarray]  # the trained entries of the round's base
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {k: np.shape(v) for k, v in self.base.items()}
+
+    def stage(self) -> SumStrategy:
+        stage = summing_stage(strategy_for(self.config))
+        assert stage is not None, "only a chain with a sum is aggregated in shards"
+        return stage
+
+
+def shard_sums(ctx: ServerContext, server_round: int, config: RoundConfig, base: Mapping[str, np.ndarray],
+               updates: Sequence[UpdateRef]) -> Iterator[RoundSum]:
+    """Each shard's partial sum, in shard order."""
+    job, parts = _Job(server_round, config, base), shards(updates, ctx.settings.aggregation_shard_updates)
+    processes = min(ctx.settings.aggregation_processes, len(parts))
+    if processes < 2:
+        stage = job.stage()
+        for part in parts:
+            yield stage.summed(server_round, base, stream_updates(ctx.store, part, job.shapes))
+        return
+    context = multiprocessing.get_context("forkserver")
+    with ProcessPoolExecutor(processes, mp_context=context, initializer=_start_worker, initargs=(BlobSource.of(ctx), job)) as pool:
+        yield from pool.map(_worker_sum, parts)
+
+
+_worker: tuple[BlobStore, _Job, SumStrategy] | None = None
+
+
+def _start_worker(source: BlobSource, job: _Job) -> None:
+    global _worker
+    _worker = (source.open(), job, job.stage())
+
+
+def _worker_sum(part: Sequence[UpdateRef]) -> RoundSum:
+    assert _worker is not None, "the pool's initializer opens the store"
+    store, job, stage = _worker
+    return stage.summed(job.server_round, job.base, stream_updates(store, part, job.shapes))
