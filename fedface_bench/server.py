@@ -114,19 +114,22 @@ class RssSampler(threading.Thread):
         return (last[1] - first[1]) / tick, (last[2] - first[2]) / tick
 
 
-def bench_server(data_dir: Path, backbone: str, workers: int = 1, db_url: str | None = None, blob_store: str = "local") -> LocalServer:
+def bench_server(data_dir: Path, backbone: str, workers: int = 1, db_url: str | None = None, blob_store: str = "local",
+                 aggregation_processes: int = 0) -> LocalServer:
     """`fedface server --dev` with the real backbone size, not yet started; the operator's FEDFACE_* settings
     stay out. No ONNX export, so aggregate_seconds times FedAvg + spreadout, not the exporter."""
     settings = {"FEDFACE_RANDOM_BACKBONE": backbone, "FEDFACE_EXPORT_ONNX": "false", "FEDFACE_LOG_LEVEL": "INFO",
-                "FEDFACE_BLOB_STORE": blob_store, "OMP_NUM_THREADS": "1", **MANY_DEVICES_ON_LOOPBACK}
+                "FEDFACE_BLOB_STORE": blob_store, "FEDFACE_AGGREGATION_PROCESSES": str(aggregation_processes), "OMP_NUM_THREADS": "1",
+                **MANY_DEVICES_ON_LOOPBACK}
     return LocalServer(data_dir, model="random", workers=workers, db_url=db_url, env=settings, inherit_settings=False,
                        log=data_dir.parent / f"{data_dir.name}.log", ready_timeout_s=300)
 
 
-def start_replicas(scratch: Path, backbone: str, workers: int, db_url: str | None, replicas: int, blob_store: str) -> list[LocalServer]:
+def start_replicas(scratch: Path, backbone: str, workers: int, db_url: str | None, replicas: int, blob_store: str,
+                   aggregation_processes: int = 0) -> list[LocalServer]:
     """The first server launched (not yet ready), then, for ``replicas`` > 1, the others: each with a data folder
     of its own holding the first one's secrets, as replicas on several hosts would, and ready."""
-    first = bench_server(scratch / "data", backbone, workers, db_url, blob_store).launch()
+    first = bench_server(scratch / "data", backbone, workers, db_url, blob_store, aggregation_processes).launch()
     servers = [first]
     if replicas > 1:
         try:
@@ -138,7 +141,7 @@ def start_replicas(scratch: Path, backbone: str, workers: int, db_url: str | Non
             folder.mkdir(mode=0o700)
             for secret in (ADMIN_TOKEN_FILE, TEMPLATE_KEY_FILE):
                 shutil.copy2(first.data_dir / secret, folder / secret)
-            servers.append(bench_server(folder, backbone, workers, db_url, blob_store).start())
+            servers.append(bench_server(folder, backbone, workers, db_url, blob_store, aggregation_processes).start())
     return servers
 
 
@@ -155,12 +158,12 @@ def failure_report(server: LocalServer) -> str:
 def bench_round(
     devices: int, concurrency: int, backbone: str, workers: int = 1, drop_fraction: float = 0.0, secure: bool = False,
     db_url: str | None = None, progress: Progress = QUIET, local: Mapping[str, Any] | None = None, replicas: int = 1,
-    blob_store: str = "local",
+    blob_store: str = "local", aggregation_processes: int = 0,
 ) -> dict[str, Any]:
     """One fresh server (or `replicas` of them on one database), one round with `devices` participants; the
     client's JSON plus the first server's peak RSS."""
     with tempfile.TemporaryDirectory(prefix="fedface-bench-") as scratch, scratch_database(db_url) as database:
-        servers = start_replicas(Path(scratch), backbone, workers, database, replicas, blob_store)
+        servers = start_replicas(Path(scratch), backbone, workers, database, replicas, blob_store, aggregation_processes)
         server = servers[0]
         client: subprocess.Popen[str] | None = None
         lifeline = Lifeline()
@@ -226,20 +229,23 @@ def _round_costs(result: Mapping[str, Any], sampler: RssSampler, database_url: s
 
 def run_server_bench(
     devices: int = GOAL_DEVICES, concurrency: int = 16, backbone: str = "mobilefacenet", workers: int = 1, db_url: str | None = None,
-    progress: Progress = QUIET, local: Mapping[str, Any] | None = None,
+    progress: Progress = QUIET, local: Mapping[str, Any] | None = None, aggregation_processes: int = 0,
 ) -> dict[str, Any]:
     """The 10-participant baseline, then the `devices` round; flat JSON-ready results. `local`: the rounds'
     local settings (trainable_blocks, upload_bits), which shape what each device sends."""
     progress(f"1 of 2: the {BASELINE_DEVICES}-device baseline round")
-    base = bench_round(BASELINE_DEVICES, concurrency, backbone, workers, db_url=db_url, progress=progress, local=local)
+    base = bench_round(BASELINE_DEVICES, concurrency, backbone, workers, db_url=db_url, progress=progress, local=local,
+                       aggregation_processes=aggregation_processes)
     progress(f"2 of 2: the measured round of {devices} devices")
-    full = bench_round(devices, concurrency, backbone, workers, db_url=db_url, progress=progress, local=local)
+    full = bench_round(devices, concurrency, backbone, workers, db_url=db_url, progress=progress, local=local,
+                       aggregation_processes=aggregation_processes)
     keys = ("ingest_seconds", "uploads_per_s", "p50_upload_ms", "p99_upload_ms", "aggregate_seconds", "completed_after_last_upload_s",
             "setup_seconds", "checkin_seconds", "accepted", "status_codes", "errors", "transport_retries", "round_status", "update_bytes",
             "concurrency", "ingest_cpu_ms_per_update", "table_rows")
     growth = full["peak_rss_mb"] - base["peak_rss_mb"]
     database = "postgresql" if db_url else "sqlite"
     result: dict[str, Any] = {"devices": devices, "backbone": backbone, "local": dict(local or {}), "workers": workers, "database": database,
+                              "aggregation_processes": aggregation_processes,
                               **{k: full[k] for k in keys}}
     result |= {
         "rss_growth_mb": round(growth, 1), "peak_rss_mb_10": base["peak_rss_mb"], "peak_rss_mb_n": full["peak_rss_mb"],
@@ -348,7 +354,8 @@ def describe(result: dict[str, Any]) -> str:
         f"{result['accepted']} accepted, round {result['round_status']}",
         f"  ingest {num('ingest_seconds')} s ({num('uploads_per_s', 1)} uploads/s; goal <= {INGEST_GOAL_S:.0f} s: "
         f"{goal(result['ingest_goal_met'])}), upload p50 {num('p50_upload_ms', 0)} ms, p99 {num('p99_upload_ms', 0)} ms",
-        f"  aggregation {num('aggregate_seconds')} s (round closed {num('completed_after_last_upload_s')} s after the last upload)",
+        f"  aggregation {num('aggregate_seconds')} s ({result.get('aggregation_processes') or 'no'} worker processes; "
+        f"round closed {num('completed_after_last_upload_s')} s after the last upload)",
         f"  peak RSS {result['peak_rss_mb_10']:.0f} MB (10 devices) -> {result['peak_rss_mb_n']:.0f} MB: growth "
         f"{result['rss_growth_mb']:.0f} MB (goal <= {RSS_GROWTH_GOAL_MB:.0f} MB: {goal(result['rss_goal_met'])})",
         f"  per accepted update while uploads came in: {_cpu_line(result.get('ingest_cpu_ms_per_update'))}",

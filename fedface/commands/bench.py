@@ -47,6 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the round trains the last K blocks and the head: each update carries those entries only")
     server.add_argument("--upload-bits", type=int, choices=(8, 4), default=None, metavar="BITS",
                         help="each update's deltas in 8 or 4 bits with a scale a row (a round's local.upload_bits); unset: fp16")
+    server.add_argument("--aggregation-processes", type=int, default=0, metavar="N",
+                        help="worker processes that sum the round's shards (FEDFACE_AGGREGATION_PROCESSES; 0: the aggregating process)")
     server.add_argument("--replicas", type=int, default=None, metavar="N",
                         help="with --db: the round on one server process (blobs on disk, then in the database), then on N "
                              "processes sharing the database and its blobs, devices spread over them; compares upload rates")
@@ -367,8 +369,8 @@ def _describe_export(result: dict) -> str:  # type: ignore[type-arg]
 
 
 def _server(args: argparse.Namespace) -> int:
-    if min(args.devices, args.concurrency, args.workers) < 1:
-        raise _usage("--devices, --concurrency and --workers must be at least 1")
+    if min(args.devices, args.concurrency, args.workers) < 1 or args.aggregation_processes < 0:
+        raise _usage("--devices, --concurrency and --workers must be at least 1, --aggregation-processes at least 0")
     if args.db is not None and not args.db.startswith("postgresql"):
         raise _usage("--db must be a postgresql:// URL (SQLite is the default)")
     if args.db is not None and args.secure:
@@ -407,7 +409,8 @@ def _server(args: argparse.Namespace) -> int:
             replicas = run_replica_bench(args.devices, args.replicas, args.db, args.concurrency, args.backbone, progress, local)
             print(json.dumps(replicas) if args.json else describe_replicas(replicas))
             return 0 if replicas["all_accepted"] and replicas["round_completed"] else 1
-        result = run_server_bench(args.devices, args.concurrency, args.backbone, args.workers, args.db, progress=progress, local=local)
+        result = run_server_bench(args.devices, args.concurrency, args.backbone, args.workers, args.db, progress=progress, local=local,
+                                  aggregation_processes=args.aggregation_processes)
     except SQLAlchemyError as error:
         # The driver's first line names the host and port, never the URL's password.
         reason = str(getattr(error, "orig", None) or error).strip().splitlines()[0]

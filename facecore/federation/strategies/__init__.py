@@ -25,6 +25,8 @@ dp_noise > norm_clipping > fedavg_by_devices; ``strategy: fedface`` adds spreado
 - :mod:`.fedavg`: FedAvg and :class:`~.fedavg.SumStrategy` (sum, then publish) that the sum's wrappers build on.
 - :mod:`.pfm`, :mod:`.fedval`: cross-silo PFM and Federated Validation.
 - :mod:`.factory`: the chain a typed round configuration names; the server and the simulator both build theirs there.
+- :mod:`.tiers`: aggregation in tiers: the chain's summing stage over fixed shards, the partial sums merged in shard
+  order, the stages outside the sum once on the merged sum (:meth:`~.base.Strategy.aggregate_sum`).
 """
 from facecore.federation.strategies.base import (
     AggregateResult,
