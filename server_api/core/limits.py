@@ -14,7 +14,6 @@ seen keys are forgotten first).
 from __future__ import annotations
 
 import json
-import math
 import re
 import threading
 import time
@@ -31,8 +30,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from facecore.federation.protocol import ErrorCode
 from server_api.core.config import Settings
-from server_api.core.shared_limits import SharedRateLimiter, SharedUploadSlots
-from server_api.errors import RateLimited, Unavailable
+from server_api.core.shared_limits import SharedRateLimiter, SharedUploadSlots, rate_refusal
+from server_api.errors import Unavailable
 
 MAX_TRACKED_KEYS = 100_000
 # A slot's lease beyond the body timeout: the time to validate and record a received body.
@@ -114,10 +113,6 @@ class KeyedRateLimiter:
         tokens, at = self._buckets.get(key, (float(self.burst), now))
         return min(float(self.burst), tokens + (now - at) * self.rate_per_s)
 
-    def _refusal(self, tokens: float) -> RateLimited:
-        retry_after = max(1, math.ceil((1.0 - tokens) / self.rate_per_s))
-        return RateLimited(f"too many requests from this {self.what}; retry in {retry_after} s", retry_after)
-
     def check(self, key: str) -> None:
         """Refuse a key whose bucket is empty, without spending from it."""
         if not self.rate_per_s:
@@ -125,7 +120,7 @@ class KeyedRateLimiter:
         with self._lock:
             tokens = self._tokens(key, self.clock())
         if tokens < 1.0:
-            raise self._refusal(tokens)
+            raise rate_refusal(self.what, tokens, self.rate_per_s)
 
     def take(self, key: str) -> bool:
         """Spend one token if there is one; False when the bucket is empty."""
@@ -146,7 +141,7 @@ class KeyedRateLimiter:
         if not self.take(key):
             with self._lock:
                 tokens = self._tokens(key, self.clock())
-            raise self._refusal(tokens)
+            raise rate_refusal(self.what, tokens, self.rate_per_s)
 
     def prune(self) -> int:
         return 0  # bounded by max_keys as it goes

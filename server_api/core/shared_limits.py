@@ -51,6 +51,12 @@ _TAKE_SLOT = text(f"""
 _FREE_SLOT = text("UPDATE upload_slots SET holder = NULL, until = NULL WHERE slot = :slot AND holder = :holder")
 
 
+def rate_refusal(what: str, tokens: float, rate_per_s: float) -> RateLimited:
+    """The 429 for a bucket holding ``tokens`` (< 1): its retry time is when the next whole token is back."""
+    retry_after = max(1, math.ceil((1.0 - tokens) / rate_per_s))
+    return RateLimited(f"too many requests from this {what}; retry in {retry_after} s", retry_after)
+
+
 class SharedRateLimiter:
     """:class:`server_api.core.limits.KeyedRateLimiter`'s contract, kept in the database. Blocking:
     call it off the event loop."""
@@ -63,17 +69,13 @@ class SharedRateLimiter:
     def _params(self, key: str) -> dict[str, object]:
         return {"scope": self.what, "key": key[:128], "burst": float(self.burst), "rate": self.rate_per_s}
 
-    def _refusal(self, tokens: float) -> RateLimited:
-        retry_after = max(1, math.ceil((1.0 - tokens) / self.rate_per_s))
-        return RateLimited(f"too many requests from this {self.what}; retry in {retry_after} s", retry_after)
-
     def check(self, key: str) -> None:
         if not self.rate_per_s:
             return
         with self.engine.connect() as connection:
             tokens = connection.scalar(_PEEK, self._params(key))
         if tokens is not None and tokens < 1.0:
-            raise self._refusal(float(tokens))
+            raise rate_refusal(self.what, float(tokens), self.rate_per_s)
 
     def _spend(self, key: str) -> tuple[float, bool]:
         with self.engine.begin() as connection:
@@ -88,7 +90,7 @@ class SharedRateLimiter:
             return
         tokens, taken = self._spend(key)
         if not taken:
-            raise self._refusal(tokens)
+            raise rate_refusal(self.what, tokens, self.rate_per_s)
 
     def prune(self) -> int:
         """Delete the buckets that have refilled (a fresh bucket is the same); how many."""
