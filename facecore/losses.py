@@ -7,12 +7,13 @@ so every similarity below is a cosine.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from facecore.spreadout import SpreadoutConfig
 
 MARGIN_LOSSES = ("arcface", "cosface")
 
@@ -206,28 +207,6 @@ def spreadout_topk_loss(W: Tensor, k: int, nu: float = 0.3) -> Tensor:
     sim = sim.masked_fill(torch.eye(C, dtype=torch.bool, device=W.device), float("-inf"))
     nearest = sim.topk(k, dim=1).values
     return (nearest - nu).clamp_min(0).pow(2).mean()
-
-
-@dataclass(frozen=True)
-class SpreadoutConfig:
-    """Server-side spreadout optimisation settings; fields match the keyword
-    arguments of :func:`spreadout_optimize` (``spreadout_optimize(W, **asdict(cfg))``)."""
-
-    nu: float = 0.3
-    steps: int = 10
-    lr: float = 0.01
-    momentum: float = 0.9
-    center: bool = False
-
-    def __post_init__(self) -> None:
-        if not -1.0 <= self.nu <= 1.0:
-            raise ValueError(f"nu is a cosine and must be in [-1, 1], got {self.nu}")
-        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 0:
-            raise ValueError(f"steps must be an integer >= 0, got {self.steps!r}")
-        if not (math.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"lr must be a positive finite number, got {self.lr}")
-        if not 0.0 <= self.momentum < 1.0:
-            raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
 
 
 def center_embeddings(W: Tensor) -> Tensor:

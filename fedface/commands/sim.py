@@ -224,7 +224,7 @@ def cross_device_config(args: argparse.Namespace) -> CrossDeviceConfig:
 
     from device_sdk.training import LocalTrainingConfig
     from facecore.federation.config import RoundConfig
-    from facecore.losses import SpreadoutConfig
+    from facecore.spreadout import SpreadoutConfig
     from fedface.cli import UsageError
     from fedface.commands.admin_client import flag_errors
     from simulator.cross_device.config import CrossDeviceConfig

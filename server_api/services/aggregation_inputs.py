@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from datetime import datetime
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 from sqlalchemy.orm import Session
@@ -20,8 +20,10 @@ from facecore.federation.strategies.secure_fedavg import MASKED
 from facecore.tensorfile import read_header, read_tensor
 from server_api.crud import rounds as round_crud
 from server_api.crud import versions as version_crud
-from server_api.services.context import ServerContext
 from server_api.storage.blobs import BlobStore
+
+if TYPE_CHECKING:  # the context imports torch; an aggregation worker needs neither
+    from server_api.services.context import ServerContext
 
 
 class UpdateRef(NamedTuple):

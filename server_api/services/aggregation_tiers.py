@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -22,8 +23,10 @@ from facecore.federation.strategies import strategy_for
 from facecore.federation.strategies.fedavg import RoundSum, SumStrategy
 from facecore.federation.strategies.tiers import shards, summing_stage
 from server_api.services.aggregation_inputs import UpdateRef, stream_updates
-from server_api.services.context import ServerContext
 from server_api.storage.blobs import BlobStore, LocalBlobStore
+
+if TYPE_CHECKING:  # the context imports torch; an aggregation worker needs neither
+    from server_api.services.context import ServerContext
 
 
 @dataclass(frozen=True)

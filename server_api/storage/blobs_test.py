@@ -56,9 +56,9 @@ def test_a_deleted_or_unknown_blob_is_not_found_and_a_bad_name_is_refused(store:
     deleted, deleted_again = store.delete(digest), store.delete(digest)
     # Assert
     assert (deleted, deleted_again) == (True, False) and not store.exists(digest)
-    with pytest.raises(BlobNotFound):
+    with pytest.raises(BlobNotFound, match=digest):
         store.get(digest)
-    with pytest.raises(BlobNotFound):
+    with pytest.raises(BlobNotFound, match=digest):
         store.size(digest)
     with pytest.raises(ValueError, match="not a sha256 hex digest"):
         store.get("../etc/passwd")

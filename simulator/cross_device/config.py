@@ -15,7 +15,7 @@ from facecore.capture import CAPTURES
 from facecore.eval.lfw import MIN_SUBSET_PHOTOS_PER_FOLD
 from facecore.federation.config import AggregationSettings, LocalSettings, RoundConfig, SpreadoutSettings, Weighting
 from facecore.federation.wire import PRECISIONS, Precision
-from facecore.losses import SpreadoutConfig
+from facecore.spreadout import SpreadoutConfig
 
 METHODS = ("pretrained", "fedavg", "fedface", "central")
 BACKENDS = ("process", "ray")

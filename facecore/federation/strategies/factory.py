@@ -20,7 +20,7 @@ from facecore.federation.strategies.fedface import FedFace
 from facecore.federation.strategies.norm_bounded import NormClipping
 from facecore.federation.strategies.secure_fedavg import SecureSum, UnmaskMaterial
 from facecore.federation.strategies.server_momentum import ServerMomentum
-from facecore.losses import SpreadoutConfig
+from facecore.spreadout import SpreadoutConfig
 
 
 def spreadout_of(settings: SpreadoutSettings) -> SpreadoutConfig:

@@ -10,11 +10,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict
 
 import numpy as np
-import torch
 
 from facecore.federation.strategies.base import AggregateResult, ClientUpdate, Strategy, Wrapper
 from facecore.federation.strategies.fedavg import FedAvg
-from facecore.losses import SpreadoutConfig, spreadout_optimize
+from facecore.spreadout import SpreadoutConfig
 
 
 class FedFace(Wrapper):
@@ -36,6 +35,10 @@ class FedFace(Wrapper):
 
     def aggregate_embeddings(self, W: np.ndarray, config: SpreadoutConfig | None = None) -> np.ndarray:
         """``spreadout_optimize`` on ``W`` (C, D); rows are returned un-normalised, like the core does."""
+        import torch  # here, not at the top: a process that only sums updates builds this chain without torch
+
+        from facecore.losses import spreadout_optimize
+
         W = np.asarray(W, dtype=np.float32)
         if W.ndim != 2:
             raise ValueError(f"W must be (C, D), got shape {W.shape}")
