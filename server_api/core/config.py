@@ -60,10 +60,10 @@ class Settings(BaseSettings):
     keep_update_blobs: bool = False
     torch_threads: int = Field(default=1, ge=1)
     # Aggregation in tiers (server_api/services/aggregation_tiers.py): a round's updates are summed in shards of
-    # this many, by this many worker processes (0: by the aggregating process). The number of processes does not
+    # this many, by this many worker processes (0 or 1: by the aggregating process). The number of processes does not
     # change a bit of the result; the shard size sets the order of float64 additions.
     aggregation_shard_updates: int = Field(default=256, ge=1, le=100_000, description="updates summed together in one shard")
-    aggregation_processes: int = Field(default=0, ge=0, le=64, description="worker processes that sum a round's shards (0: none)")
+    aggregation_processes: int = Field(default=0, ge=0, le=64, description="worker processes that sum a round's shards (0 or 1: the aggregating process)")
     validation_processes: int = Field(
         default=1, ge=0, le=64, description="worker processes that parse and check uploads (0: in the request's thread)",
     )

@@ -12,7 +12,7 @@ on upload bodies in flight, whichever process a request lands on. Both live in t
 
 Times are the database clock's (``clock_timestamp()``), so processes on several hosts agree.
 Invariants are those of :mod:`server_api.core.limits`: a refusal is a domain error with its retry
-time, never a silent drop. Buckets that have refilled are deleted (:func:`prune_buckets`), which
+time, never a silent drop. Buckets that have refilled are deleted (:meth:`SharedRateLimiter.prune`), which
 bounds the table by the keys active in the last ``burst / rate`` seconds.
 """
 from __future__ import annotations

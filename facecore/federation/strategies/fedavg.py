@@ -125,9 +125,9 @@ def merge_sums(partials: Sequence[RoundSum]) -> RoundSum:
     for partial in partials:
         for key, value in partial.sums.items():
             if key in sums:
-                sums[key] = sums[key] + value
+                sums[key] += value
             else:
-                sums[key] = np.array(value, dtype=np.float64, copy=True)
+                sums[key] = np.array(value, dtype=np.float64, copy=True)  # a copy of its own: added to in place
         for key, mean in partial.metrics.items():
             weight = (partial.metric_weights or {}).get(key, partial.total_weight)
             metric_sums[key] = metric_sums.get(key, 0.0) + mean * weight
