@@ -6,9 +6,11 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -36,24 +38,31 @@ class Replica(ServerProcess):
         return [*super().command(), "--blob-store", "database"]
 
 
-@pytest.fixture
-def replicas(tmp_path: Path) -> Iterator[list[Replica]]:
-    """Three replicas with data folders of their own (nothing shared on disk) and one set of secrets."""
+@contextmanager
+def _replicas(tmp_path: Path, settings: list[dict[str, str]]) -> Iterator[list[Replica]]:
+    """One replica per entry of `settings`, with data folders of their own (nothing shared on disk) and one set of
+    secrets, on a fresh PostgreSQL schema."""
     assert POSTGRES_URL
     with scratch_database(POSTGRES_URL, prefix="t_") as db_url:
-        first = Replica(tmp_path / "r0", db_url, **REPLICA_SETTINGS).start()
+        first = Replica(tmp_path / "r0", db_url, **settings[0]).start()
         started = [first]
         try:
-            for index in (1, 2):
+            for index, extra in enumerate(settings[1:], 1):
                 folder = tmp_path / f"r{index}"
                 folder.mkdir(mode=0o700)
                 for secret in ("admin_token", "template.key"):
                     shutil.copy2(first.data_dir / secret, folder / secret)
-                started.append(Replica(folder, db_url, **REPLICA_SETTINGS).start())
+                started.append(Replica(folder, db_url, **extra).start())
             yield started
         finally:
             for replica in started:
                 replica.stop()
+
+
+@pytest.fixture
+def replicas(tmp_path: Path) -> Iterator[list[Replica]]:
+    with _replicas(tmp_path, [REPLICA_SETTINGS] * 3) as started:
+        yield started
 
 
 def _in_parallel(job: Callable[[int], object], count: int) -> None:
@@ -144,3 +153,39 @@ def test_a_device_rate_is_one_bucket_whichever_replica_answers(replicas: list[Re
         codes.append(device.request("GET", "/v1/models/current").status_code)
     # Assert: 12 served in all (held per process, each replica would have served 12: 18 in all).
     assert codes[:12] == [200] * 12 and codes[12:] == [429] * 6, codes
+
+
+def test_a_replica_killed_mid_aggregation_leaves_the_round_to_another(tmp_path: Path) -> None:
+    # Prepare: replica 0 pauses between writing the new version's blobs and committing it. It receives the last
+    # upload and claims the round at once; the others look for rounds to take only every 15 s, so they all but
+    # never get there first, and retake it once its lease has run out.
+    lease = {"FEDFACE_AGGREGATION_LEASE_S": "6", "FEDFACE_ADDRESS_RATE_PER_S": "0"}
+    settings = [lease | {"FEDFACE_AGGREGATION_PAUSE_S": "60"}] + [lease | {"FEDFACE_SCHEDULER_INTERVAL_S": "15"}] * 2
+    with _replicas(tmp_path, settings) as started:
+        db_url = started[0].db_url
+        assert db_url is not None
+        token, rng = started[0].admin_token(), np.random.default_rng(8)
+        clients = [httpx.Client(base_url=replica.url, timeout=60) for replica in started]
+        devices = [Device(clients[index % 3]) for index in range(6)]
+        for device in devices:
+            assert device.register().status_code == 201 and device.enroll(unit_vector(rng)).status_code == 201
+        round_ = _open(clients[1], token, target=len(devices))
+        for device in devices:
+            device.checkin().raise_for_status()
+        base = load_backbone_bytes(devices[0].backbone(round_["base_version"]).content)
+        for index, device in enumerate(devices[1:] + devices[:1]):  # the last upload reaches replica 0
+            body = update_file(make_delta(base, rng), unit_vector(rng), round_["base_version"], 2 + index)
+            assert device.upload(round_["id"], body).status_code == 201
+        # Execute: replica 0 is aggregating (paused); kill it.
+        _wait(clients[1], token, "aggregating", timeout=30)
+        time.sleep(1.0)
+        still_aggregating = _db(db_url, "SELECT status FROM rounds") == [("aggregating",)]
+        started[0].kill9()
+        done = _wait(clients[1], token, "completed", timeout=90)
+        # Assert: another replica retook the round once its lease ran out, from every update, once
+        assert still_aggregating
+        assert done["summary"]["n_updates"] == len(devices) and done["summary"]["n_samples"] == sum(range(2, 8))
+        assert _db(db_url, f"SELECT count(*) FROM model_versions WHERE round_id = {round_['id']}") == [(1,)]
+        assert _db(db_url, "SELECT count(*) FROM audit_events WHERE action = 'round.completed'") == [(1,)]
+        new = devices[1].backbone(done["result_version"])
+        assert new.status_code == 200 and load_backbone_bytes(new.content).keys() == base.keys()
