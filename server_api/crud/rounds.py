@@ -5,13 +5,14 @@ services.rounds; nothing here commits, decides or changes a round's status.
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from datetime import datetime
+from typing import Any, NamedTuple, cast
 
-from sqlalchemy import func, select, update
+from sqlalchemy import CursorResult, func, select, update
 from sqlalchemy.orm import Session
 
 from facecore.federation.status import CHOSEN_STATUSES, ParticipationStatus, RoundStatus
-from server_api.tables import Device, Enrollment, Participation, Round, Update
+from server_api.tables import Device, Enrollment, Participation, Round, Update, table_of
 
 
 class RoundTally(NamedTuple):
@@ -117,3 +118,11 @@ def candidates(session: Session, round_id: int) -> list[tuple[Participation, Dev
 def drop_uploaded_templates(session: Session, round_id: int) -> None:
     """Forget the embeddings uploaded to a round (its updates' rows stay)."""
     session.execute(update(Update).where(Update.round_id == round_id).values(embedding_ciphertext=None))
+
+
+def extend_lease(session: Session, round_id: int, until: datetime) -> bool:
+    """Move an aggregating round's lease to ``until``; False when the round is no longer aggregating."""
+    extended = session.execute(
+        update(table_of(Round)).where(Round.id == round_id, Round.status == RoundStatus.AGGREGATING).values(lease_until=until)
+    )
+    return cast(CursorResult[Any], extended).rowcount == 1

@@ -40,7 +40,7 @@ from server_api.crud import secagg as secagg_crud
 from server_api.crud import updates as update_crud
 from server_api.crud import versions as version_crud
 from server_api.services import rounds, secure_aggregation
-from server_api.services.aggregation_claim import claim_for_aggregation
+from server_api.services.aggregation_claim import claim_for_aggregation, keep_lease
 from server_api.services.aggregation_inputs import EnrolledRef, UpdateRef, new_embeddings, parent_hash, stream_masked, stream_updates
 from server_api.services.aggregation_tiers import shard_sums
 from server_api.services.context import ServerContext
@@ -63,7 +63,8 @@ def try_aggregate(ctx: ServerContext, round_id: int) -> str:
         return outcome
     started = time.perf_counter()
     try:
-        done = _compute_and_finalize(ctx, round_id)
+        with keep_lease(ctx.sessions, round_id, ctx.settings.aggregation_lease_s):
+            done = _compute_and_finalize(ctx, round_id)
     except SecAggAborted as error:
         with session_scope(ctx.sessions) as session, transaction(session):
             rounds.fail_aggregation(session, round_id, utcnow(), f"secure aggregation aborted: {error}")

@@ -4,19 +4,26 @@
 Freezing the round here is what makes the aggregation's inputs stable: uploads check
 ``status == open`` under the same lock. One transaction per claim, whatever the outcome; the
 transitions themselves are services.rounds and services.secure_aggregation.
+
+While a process aggregates, :func:`keep_lease` moves the round's lease forward every third of it, so an
+aggregation longer than the lease is not retaken by another process while its holder is alive; a holder
+that dies stops renewing, and the round is retaken once the lease runs out.
 """
 from __future__ import annotations
 
-from datetime import datetime
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta
 from typing import Literal
 
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from facecore.federation.status import FINAL_ROUND_STATUSES, ParticipationStatus, RoundStatus
-from server_api.core.db import lock_round, transaction
+from server_api.core.db import lock_round, session_scope, transaction
 from server_api.crud import rounds as round_crud
 from server_api.services import rounds, secure_aggregation
-from server_api.tables import Round
+from server_api.tables import Round, utcnow
 
 ClaimOutcome = Literal["claimed", "unmasking", "failed", "not_due", "busy", "closed"]
 
@@ -71,3 +78,26 @@ def _secure_transition(session: Session, round_: Round, uploaded: int, now: date
         rounds.start_unmasking(session, round_, uploaded, secure_aggregation.unmask_deadline(round_, now))
         return "unmasking"
     return "not_due"
+
+
+@contextmanager
+def keep_lease(sessions: sessionmaker[Session], round_id: int, lease_s: float) -> Iterator[None]:
+    """Renew the round's aggregation lease in a background thread until the block ends."""
+    stopped = threading.Event()
+
+    def renew() -> None:
+        while not stopped.wait(lease_s / 3):
+            try:
+                with session_scope(sessions) as session, transaction(session):
+                    if not round_crud.extend_lease(session, round_id, utcnow() + timedelta(seconds=lease_s)):
+                        return  # finalized, failed, or retaken and finished elsewhere
+            except Exception:  # noqa: BLE001 - a database hiccup: the next beat tries again, the lease covers the gap
+                continue
+
+    beat = threading.Thread(target=renew, name=f"lease-round-{round_id}", daemon=True)
+    beat.start()
+    try:
+        yield
+    finally:
+        stopped.set()
+        beat.join()

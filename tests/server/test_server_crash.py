@@ -150,3 +150,38 @@ def test_kill9_mid_aggregation_and_mid_upload(tmp_path: Path, db_url: str) -> No
     assert done2["summary"]["n_updates"] == 2 and done2["summary"]["n_samples"] == 15
     assert _db(db_url, f"SELECT count(*) FROM updates WHERE round_id = {round2['id']}") == [(2,)]
     assert _blobs_are_whole(data, db_url)
+
+
+def test_an_aggregation_longer_than_its_lease_is_not_retaken_while_its_process_lives(tmp_path: Path, db_url: str) -> None:
+    # Prepare: a 1 s lease and an aggregation that takes 3 s (it pauses before committing).
+    from fastapi.testclient import TestClient
+
+    from server_api.main import create_app
+    from server_helpers import enrolled_devices, make_settings, open_round, tick
+
+    settings = make_settings(tmp_path / "data", db_url, aggregation_lease_s=1.0, aggregation_pause_s=3.0)
+    rng = np.random.default_rng(5)
+    with TestClient(create_app(settings, run_scheduler=False)) as client:
+        admin = {"Authorization": f"Bearer {client.app.state.ctx.admin_token}"}
+        first, second = enrolled_devices(client, 2, rng)
+        round_ = open_round(client, admin, target_participants=2, min_participants=2)
+        for device in (first, second):
+            device.checkin()
+        base = load_backbone_bytes(first.backbone(round_["base_version"]).content)
+        assert first.upload(round_["id"], update_file(make_delta(base, rng), unit_vector(rng), round_["base_version"], 3)).status_code == 201
+        last = threading.Thread(  # its background task claims the round and aggregates for 3 s
+            target=second.upload, args=(round_["id"], update_file(make_delta(base, rng), unit_vector(rng), round_["base_version"], 4)),
+        )
+        # Execute: past the first lease, the scheduler looks at the round.
+        last.start()
+        _wait(client, client.app.state.ctx.admin_token, "aggregating")
+        time.sleep(1.6)
+        outcome = tick(client)
+        last.join(timeout=30)
+        done = _round(client, client.app.state.ctx.admin_token)
+        with client.app.state.ctx.sessions() as session:
+            actions = [row[0] for row in session.execute(text("SELECT action FROM audit_events WHERE action LIKE 'round.%'"))]
+    # Assert: the lease was renewed while the aggregation ran, so nothing retook it; it completed once.
+    assert outcome == "busy"
+    assert done["status"] == "completed" and done["summary"]["n_updates"] == 2
+    assert actions.count("round.aggregation_resumed") == 0 and actions.count("round.completed") == 1
