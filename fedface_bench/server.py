@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,9 +26,8 @@ from facecore.federation.status import RoundStatus
 from facecore.lifetime import Lifeline
 from fedface_bench.goals import at_least, at_most, verdict, with_goals
 from fedface_bench.progress import QUIET, Progress
-from server_api.core.config import ADMIN_TOKEN_FILE, TEMPLATE_KEY_FILE
 from server_api.errors import LaunchFailed
-from server_api.launcher import MANY_DEVICES_ON_LOOPBACK, LocalServer, scratch_database
+from server_api.launcher import MANY_DEVICES_ON_LOOPBACK, LocalServer, scratch_database, share_dev_secrets
 
 REPO = Path(__file__).resolve().parents[1]
 BASELINE_DEVICES = 10
@@ -138,9 +136,7 @@ def start_replicas(scratch: Path, backbone: str, workers: int, db_url: str | Non
             raise BenchRoundFailed(f"{error}\n{failure_report(first)}") from None
         for index in range(1, replicas):
             folder = scratch / f"data{index}"
-            folder.mkdir(mode=0o700)
-            for secret in (ADMIN_TOKEN_FILE, TEMPLATE_KEY_FILE):
-                shutil.copy2(first.data_dir / secret, folder / secret)
+            share_dev_secrets(first.data_dir, folder)
             servers.append(bench_server(folder, backbone, workers, db_url, blob_store, aggregation_processes).start())
     return servers
 

@@ -22,6 +22,7 @@ Invariants:
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -233,6 +234,16 @@ class LocalServer:
             os.killpg(self._started().pid, number)
         except ProcessLookupError:
             pass  # the whole group has exited already
+
+
+def share_dev_secrets(source: Path, target: Path) -> None:
+    """Give a `--dev` data folder the admin token and template key of another, so two local servers act as replicas
+    of one deployment (as production replicas share FEDFACE_ADMIN_TOKEN and FEDFACE_TEMPLATE_KEY)."""
+    from server_api.core.config import ADMIN_TOKEN_FILE, TEMPLATE_KEY_FILE
+
+    target.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for secret in (ADMIN_TOKEN_FILE, TEMPLATE_KEY_FILE):
+        shutil.copy2(source / secret, target / secret)
 
 
 @contextmanager

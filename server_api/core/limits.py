@@ -30,6 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from facecore.federation.protocol import ErrorCode
 from server_api.core.config import Settings
+from server_api.core.db import is_postgres
 from server_api.core.shared_limits import SharedRateLimiter, SharedUploadSlots, rate_refusal
 from server_api.errors import Unavailable
 
@@ -203,7 +204,7 @@ class RequestLimits:
     @classmethod
     def from_settings(cls, settings: Settings, engine: Engine) -> RequestLimits:
         timeout_s = settings.upload_body_timeout_s
-        if engine.dialect.name == "postgresql":
+        if is_postgres(engine):
             return cls(
                 devices=SharedRateLimiter(engine, settings.device_rate_per_s, settings.device_burst, "device"),
                 addresses=SharedRateLimiter(engine, settings.address_rate_per_s, settings.address_burst, "address"),

@@ -5,9 +5,10 @@ session ends.
 """
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, BinaryIO, NamedTuple
 
 import numpy as np
 from sqlalchemy.orm import Session
@@ -54,7 +55,7 @@ def stream_updates(store: BlobStore, updates: Sequence[UpdateRef], shapes: dict[
     wire.trained_entries) only, whether a file left the frozen prefix out or sent it, quantised ones dequantised."""
     for update in updates:
         with store.open(update.blob_sha256) as handle:
-            header = read_header(handle, store.size(update.blob_sha256))
+            header = read_header(handle, _length(handle))
             # only these entries (and their scales) are read, in the model's order whatever the file's
             wanted = [k for name in shapes for k in (BACKBONE_PREFIX + name, SCALE_PREFIX + name) if k in header.tensors]
             weights = received_deltas({k: read_tensor(handle, header, k) for k in wanted}, shapes)
@@ -64,9 +65,16 @@ def stream_updates(store: BlobStore, updates: Sequence[UpdateRef], shapes: dict[
 def stream_masked(store: BlobStore, updates: Sequence[UpdateRef], index_of: dict[str, int]) -> Iterator[ClientUpdate]:
     for update in updates:
         with store.open(update.blob_sha256) as handle:
-            header = read_header(handle, store.size(update.blob_sha256))
+            header = read_header(handle, _length(handle))
             masked = read_tensor(handle, header, MASKED_KEY)
         yield ClientUpdate(weights={MASKED: masked}, n_samples=update.n_samples, metrics=update.metrics, client_id=str(index_of[update.device_id]))
+
+
+def _length(handle: BinaryIO) -> int:
+    """An open blob's size, from the handle (no second look-up in the store), left at its start."""
+    size = handle.seek(0, io.SEEK_END)
+    handle.seek(0)
+    return size
 
 
 def new_embeddings(

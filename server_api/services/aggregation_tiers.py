@@ -22,8 +22,10 @@ from facecore.federation.config import RoundConfig
 from facecore.federation.strategies import strategy_for
 from facecore.federation.strategies.fedavg import RoundSum, SumStrategy
 from facecore.federation.strategies.tiers import shards, summing_stage
+from server_api.core.db import make_engine
 from server_api.services.aggregation_inputs import UpdateRef, stream_updates
-from server_api.storage.blobs import BlobStore, LocalBlobStore
+from server_api.storage.blobs import BlobStore
+from server_api.storage.database_blobs import open_blob_store
 
 if TYPE_CHECKING:  # the context imports torch; an aggregation worker needs neither
     from server_api.services.context import ServerContext
@@ -42,12 +44,7 @@ class BlobSource:
         return cls(ctx.settings.blob_store, Path(ctx.settings.data_dir) / "blobs", ctx.settings.resolved_database_url())
 
     def open(self) -> BlobStore:
-        if self.kind == "local":
-            return LocalBlobStore(self.root)
-        from server_api.core.db import make_engine
-        from server_api.storage.database_blobs import DatabaseBlobStore
-
-        return DatabaseBlobStore(make_engine(self.database_url), self.root / "tmp")
+        return open_blob_store(self.kind, self.root, make_engine(self.database_url))
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ from server_api.core.logging import get_logger
 from server_api.core.metrics import Metrics
 from server_api.core.security import TemplateCipher
 from server_api.services.validation_pool import ValidationPool
-from server_api.storage.blobs import BlobStore, LocalBlobStore, make_private_dir
-from server_api.storage.database_blobs import DatabaseBlobStore
+from server_api.storage.blobs import BlobStore, make_private_dir
+from server_api.storage.database_blobs import open_blob_store
 
 log = get_logger("startup")
 
@@ -71,10 +71,9 @@ class ServerContext:
         engine = make_engine(settings.resolved_database_url())
         sessions = make_session_factory(engine)
         torch.set_num_threads(settings.torch_threads)
-        blobs = Path(settings.data_dir) / "blobs"
-        store: BlobStore = LocalBlobStore(blobs) if settings.blob_store == "local" else DatabaseBlobStore(engine, blobs / "tmp")
         return cls(
-            settings=settings, engine=engine, sessions=sessions, store=store,
+            settings=settings, engine=engine, sessions=sessions,
+            store=open_blob_store(settings.blob_store, Path(settings.data_dir) / "blobs", engine),
             cipher=TemplateCipher(secrets.template_key), admin_token=secrets.admin_token,
             metrics=Metrics(lambda: _db_counts(sessions)), validation=ValidationPool(settings.validation_processes),
         )

@@ -22,7 +22,8 @@ from sqlalchemy import Engine, delete, exists, func, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from facecore.digest import file_sha256
-from server_api.storage.blobs import CHUNK, BlobNotFound, check_digest, clean_scratch, make_private_dir, scratch_file
+from server_api.core.db import is_postgres
+from server_api.storage.blobs import CHUNK, BlobNotFound, BlobStore, LocalBlobStore, check_digest, clean_scratch, make_private_dir, scratch_file
 from server_api.tables import Blob, table_of
 
 BLOBS = table_of(Blob)
@@ -30,7 +31,7 @@ BLOBS = table_of(Blob)
 
 def select_bytes(engine: Engine, digest: str, start: int = 1, count: int | None = None) -> bytes:
     """A blob's bytes from ``start`` (1-based, as SQL's substr), ``count`` of them or all the rest."""
-    if engine.dialect.name == "postgresql":
+    if is_postgres(engine):
         # psycopg reads bytea as hex text (twice the bytes, decoded in Python) unless the cursor asks for binary results.
         sql = "SELECT substr(data, %s, %s) FROM blobs WHERE digest = %s" if count is not None else "SELECT substr(data, %s) FROM blobs WHERE digest = %s"
         params = (start, count, digest) if count is not None else (start, digest)
@@ -145,3 +146,9 @@ class DatabaseBlobStore:
         except IntegrityError:
             pass  # another process stored the same content first
         return digest
+
+
+def open_blob_store(kind: str, root: Path, engine: Engine) -> BlobStore:
+    """The server's blob store (``FEDFACE_BLOB_STORE``): ``root`` itself, or the database with ``root/tmp`` as the
+    upload scratch folder."""
+    return LocalBlobStore(root) if kind == "local" else DatabaseBlobStore(engine, root / "tmp")

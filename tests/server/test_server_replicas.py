@@ -4,7 +4,6 @@ accepted is lost, and the round aggregates once."""
 from __future__ import annotations
 
 import os
-import shutil
 import threading
 import time
 from collections import Counter
@@ -17,7 +16,7 @@ import httpx
 import numpy as np
 import pytest
 
-from server_api.launcher import scratch_database
+from server_api.launcher import scratch_database, share_dev_secrets
 from server_process import ServerProcess
 from server_testkit import Device, load_backbone_bytes, make_delta, unit_vector, update_file
 from test_server_crash import _db, _open, _wait
@@ -49,9 +48,7 @@ def _replicas(tmp_path: Path, settings: list[dict[str, str]]) -> Iterator[list[R
         try:
             for index, extra in enumerate(settings[1:], 1):
                 folder = tmp_path / f"r{index}"
-                folder.mkdir(mode=0o700)
-                for secret in ("admin_token", "template.key"):
-                    shutil.copy2(first.data_dir / secret, folder / secret)
+                share_dev_secrets(first.data_dir, folder)
                 started.append(Replica(folder, db_url, **extra).start())
             yield started
         finally:
