@@ -23,6 +23,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy import make_url
 from sqlalchemy.exc import ArgumentError
 
+from facecore.federation.strategies.tiers import SHARD_SIZE
 from server_api.errors import ConfigError
 
 ADMIN_TOKEN_FILE = "admin_token"
@@ -62,7 +63,7 @@ class Settings(BaseSettings):
     # Aggregation in tiers (server_api/services/aggregation_tiers.py): a round's updates are summed in shards of
     # this many, by this many worker processes (0 or 1: by the aggregating process). The number of processes does not
     # change a bit of the result; the shard size sets the order of float64 additions.
-    aggregation_shard_updates: int = Field(default=256, ge=1, le=100_000, description="updates summed together in one shard")
+    aggregation_shard_updates: int = Field(default=SHARD_SIZE, ge=1, le=100_000, description="updates summed together in one shard")
     aggregation_processes: int = Field(default=0, ge=0, le=64, description="worker processes that sum a round's shards (0 or 1: the aggregating process)")
     validation_processes: int = Field(
         default=1, ge=0, le=64, description="worker processes that parse and check uploads (0: in the request's thread)",

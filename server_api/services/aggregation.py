@@ -29,7 +29,6 @@ from facecore.federation.status import RoundStatus
 from facecore.federation.strategies import Strategy, last_step, strategy_for
 from facecore.federation.strategies.base import Weights
 from facecore.federation.strategies.secure_fedavg import UnmaskMaterial
-from facecore.federation.strategies.tiers import aggregate_partials, summing_stage
 from facecore.federation.wire import trained_entries
 from facecore.models.verification import Verification
 from server_api.core.db import session_scope, transaction
@@ -41,8 +40,8 @@ from server_api.crud import updates as update_crud
 from server_api.crud import versions as version_crud
 from server_api.services import rounds, secure_aggregation
 from server_api.services.aggregation_claim import claim_for_aggregation, keep_lease
-from server_api.services.aggregation_inputs import EnrolledRef, UpdateRef, new_embeddings, parent_hash, stream_masked, stream_updates
-from server_api.services.aggregation_tiers import shard_sums
+from server_api.services.aggregation_inputs import EnrolledRef, UpdateRef, new_embeddings, parent_hash, stream_masked
+from server_api.services.aggregation_tiers import aggregate_round
 from server_api.services.context import ServerContext
 from server_api.services.model_store import build_model, load_weights, store_model
 from server_api.services.privacy import round_privacy
@@ -117,10 +116,7 @@ def _compute_and_finalize(ctx: ServerContext, round_id: int) -> bool:
         # The frozen prefix takes no part: the strategy sees the trained entries, as in the simulator.
         trained = {k: base_weights[k] for k in trained_entries(list(base_weights), config.local.trainable_blocks)}
         strategy = strategy_for(config, previous_step=previous)
-        if summing_stage(strategy) is None:  # a median or trimmed mean reads every update at once
-            result = strategy.aggregate_train(round_id, trained, stream_updates(ctx.store, updates, {k: np.shape(v) for k, v in trained.items()}))
-        else:
-            result = aggregate_partials(strategy, round_id, trained, shard_sums(ctx, round_id, config, trained, updates))
+        result = aggregate_round(ctx, strategy, config, round_id, trained, updates)
     else:
         strategy = _secure_strategy(config, secure, previous)
         result = strategy.aggregate_train(round_id, base_weights, stream_masked(ctx.store, updates, secure.index_of))

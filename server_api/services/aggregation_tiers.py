@@ -1,4 +1,4 @@
-"""A round's partial sums, shard by shard (facecore.federation.strategies.tiers): in the aggregating process one
+"""A round's aggregate, its sums shard by shard (facecore.federation.strategies.tiers): in the aggregating process one
 after another, or with ``FEDFACE_AGGREGATION_PROCESSES`` N in N worker processes that each open the blob store
 themselves and read their shards' updates there.
 
@@ -10,7 +10,7 @@ an update. Chains with no sum (median, trimmed mean) and secure rounds do not co
 from __future__ import annotations
 
 import multiprocessing
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,8 +20,9 @@ import numpy as np
 
 from facecore.federation.config import RoundConfig
 from facecore.federation.strategies import strategy_for
+from facecore.federation.strategies.base import AggregateResult, Strategy
 from facecore.federation.strategies.fedavg import RoundSum, SumStrategy
-from facecore.federation.strategies.tiers import shards, summing_stage
+from facecore.federation.strategies.tiers import aggregate_in_shards, aggregate_partials, shards, summing_stage
 from server_api.core.db import make_engine
 from server_api.services.aggregation_inputs import UpdateRef, stream_updates
 from server_api.storage.blobs import BlobStore
@@ -63,19 +64,17 @@ class _Job:
         return stage
 
 
-def shard_sums(ctx: ServerContext, server_round: int, config: RoundConfig, base: Mapping[str, np.ndarray],
-               updates: Sequence[UpdateRef]) -> Iterator[RoundSum]:
-    """Each shard's partial sum, in shard order."""
-    job, parts = _Job(server_round, config, base), shards(updates, ctx.settings.aggregation_shard_updates)
-    processes = min(ctx.settings.aggregation_processes, len(parts))
-    if processes < 2:
-        stage = job.stage()
-        for part in parts:
-            yield stage.summed(server_round, base, stream_updates(ctx.store, part, job.shapes))
-        return
+def aggregate_round(ctx: ServerContext, strategy: Strategy, config: RoundConfig, server_round: int, base: Mapping[str, np.ndarray],
+                    updates: Sequence[UpdateRef]) -> AggregateResult:
+    """The round's aggregate over the trained entries `base`: its shards summed by the worker pool when there is one
+    and the chain is a sum, else here (facecore's aggregate_in_shards, as the simulator does)."""
+    size, processes = ctx.settings.aggregation_shard_updates, ctx.settings.aggregation_processes
+    job = _Job(server_round, config, base)
+    if processes < 2 or summing_stage(strategy) is None:
+        return aggregate_in_shards(strategy, server_round, base, stream_updates(ctx.store, updates, job.shapes), size)
     context = multiprocessing.get_context("forkserver")
     with ProcessPoolExecutor(processes, mp_context=context, initializer=_start_worker, initargs=(BlobSource.of(ctx), job)) as pool:
-        yield from pool.map(_worker_sum, parts)
+        return aggregate_partials(strategy, server_round, base, pool.map(_worker_sum, map(list, shards(updates, size))))
 
 
 _worker: tuple[BlobStore, _Job, SumStrategy] | None = None

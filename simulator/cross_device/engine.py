@@ -32,6 +32,7 @@ from facecore.federation.quantize import quantized_update, received_deltas
 from facecore.federation.selection import least_recently_selected
 from facecore.federation.strategies import ClientUpdate, ServerMomentum, Strategy, layer_of, strategy_for
 from facecore.federation.strategies.dp_fedavg import DPFedAvg, dp_epsilon, noise_for_epsilon
+from facecore.federation.strategies.tiers import aggregate_in_shards
 from facecore.federation.template_noise import noisy_template
 from facecore.federation.wire import Precision, as_received, delta, update_tensors, wire_arrays
 from facecore.models.checkpoint import atomic_torch_save
@@ -309,7 +310,7 @@ class CrossDeviceSimulation:
         losses: list[float] = []
         current = self.model.state_dict()
         base = to_numpy({k: current[k] for k in self.trained_keys})
-        result = self.strategy.aggregate_train(round_number, base, self._updates(round_number, chosen, state, losses))
+        result = aggregate_in_shards(self.strategy, round_number, base, self._updates(round_number, chosen, state, losses))
         self.model.load_state_dict({**current, **{k: torch.from_numpy(np.asarray(v)) for k, v in result.weights.items()}})
         if self.config.uses_spreadout:
             state.W = self.strategy.aggregate_embeddings(state.W, self.config.server_spreadout).astype(np.float32)

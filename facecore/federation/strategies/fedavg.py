@@ -12,7 +12,7 @@ unchanged and the published bits do not depend on which path produced the sum.
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import get_args
 
@@ -111,31 +111,37 @@ class RoundSum:
     metric_weights: dict[str, float] | None = None  # each metric's total weight; None: total_weight for every one
 
 
-def merge_sums(partials: Sequence[RoundSum]) -> RoundSum:
-    """One sum from the partial sums of disjoint shards of a round, added in the order given (float addition is
-    not associative: the order is what makes a merge reproducible to the bit)."""
-    if len(partials) == 1:
-        return partials[0]  # one shard is the whole round, metrics to the bit included
-    kinds = {p.kind for p in partials if p.kind is not None}
-    if len(kinds) > 1:
+def merge_sums(partials: Iterable[RoundSum]) -> RoundSum:
+    """One sum from the partial sums of disjoint shards of a round, added as they come, in the order given (float
+    addition is not associative: the order is what makes a merge reproducible to the bit). Holds one running sum,
+    not the partials; a single partial is returned as it is, metrics to the bit included."""
+    merged: RoundSum | None = None
+    for index, partial in enumerate(partials):
+        merged = partial if merged is None else _added(merged, partial, owned=index > 1)
+    return merged if merged is not None else RoundSum({}, 0.0, 0, 0, {}, None, metric_weights={})
+
+
+def _added(total: RoundSum, partial: RoundSum, owned: bool) -> RoundSum:
+    """``total`` + ``partial``; ``owned``: ``total``'s arrays are this merge's own, so they are added to in place."""
+    if None not in (total.kind, partial.kind) and total.kind != partial.kind:
         raise ValueError("a round cannot mix delta and full updates")
-    sums: dict[str, np.ndarray] = {}
+    sums = total.sums if owned else {k: np.array(v, dtype=np.float64, copy=True) for k, v in total.sums.items()}
+    for key, value in partial.sums.items():
+        if key in sums:
+            sums[key] += value
+        else:
+            sums[key] = np.array(value, dtype=np.float64, copy=True)
     metric_sums: dict[str, float] = {}
     metric_weights: dict[str, float] = {}
-    for partial in partials:
-        for key, value in partial.sums.items():
-            if key in sums:
-                sums[key] += value
-            else:
-                sums[key] = np.array(value, dtype=np.float64, copy=True)  # a copy of its own: added to in place
-        for key, mean in partial.metrics.items():
-            weight = (partial.metric_weights or {}).get(key, partial.total_weight)
+    for part in (total, partial):
+        for key, mean in part.metrics.items():
+            weight = (part.metric_weights or {}).get(key, part.total_weight)
             metric_sums[key] = metric_sums.get(key, 0.0) + mean * weight
             metric_weights[key] = metric_weights.get(key, 0.0) + weight
     return RoundSum(
-        sums, sum(p.total_weight for p in partials), sum(p.count for p in partials), sum(p.n_samples for p in partials),
+        sums, total.total_weight + partial.total_weight, total.count + partial.count, total.n_samples + partial.n_samples,
         {k: metric_sums[k] / metric_weights[k] for k in metric_sums if metric_weights[k] > 0},
-        next(iter(kinds)) if kinds else None, sum(p.clipped for p in partials), metric_weights,
+        total.kind if total.kind is not None else partial.kind, total.clipped + partial.clipped, metric_weights,
     )
 
 

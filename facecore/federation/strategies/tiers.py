@@ -11,11 +11,13 @@ Invariants:
 - Against one running sum over the whole round, only the order of float64 additions changes (a relative
   difference near 1e-16); a round of at most ``shard_size`` updates is one shard and the same to the bit.
 - A median or a trimmed mean has no summing stage: a median of shard medians is not the round's median, and a
-  trimmed mean of shards trims other updates, so they aggregate flat (:func:`summing_stage` is None).
+  trimmed mean of shards trims other updates, so they aggregate flat (:func:`summing_stage` is None), as does a
+  secure sum, unmasked only whole. :func:`aggregate_in_shards` takes either path.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
+from itertools import chain, islice
 from typing import TypeVar
 
 import numpy as np
@@ -35,22 +37,28 @@ def summing_stage(strategy: Strategy) -> SumStrategy | None:
     return None if stage is None or isinstance(stage, SecureSum) else stage
 
 
-def shards(items: Sequence[T], shard_size: int = SHARD_SIZE) -> list[Sequence[T]]:
+def shards(items: Iterable[T], shard_size: int = SHARD_SIZE) -> Iterator[Iterator[T]]:
+    """Consecutive runs of ``shard_size`` items, each read lazily: one item in memory at a time when the caller
+    consumes each shard before asking for the next."""
     if shard_size < 1:
         raise ValueError(f"shard_size must be >= 1, got {shard_size}")
-    return [items[start : start + shard_size] for start in range(0, len(items), shard_size)]
+    iterator = iter(items)
+    for first in iterator:
+        yield chain([first], islice(iterator, shard_size - 1))
 
 
 def aggregate_partials(strategy: Strategy, server_round: int, base: Mapping[str, np.ndarray], partials: Iterable[RoundSum]) -> AggregateResult:
     """The round's aggregate from its shards' partial sums, given in shard order."""
-    return strategy.aggregate_sum(server_round, base, merge_sums(list(partials)))
+    return strategy.aggregate_sum(server_round, base, merge_sums(partials))
 
 
 def aggregate_in_shards(
-    strategy: Strategy, server_round: int, base: Mapping[str, np.ndarray], updates: Sequence[ClientUpdate], shard_size: int = SHARD_SIZE,
+    strategy: Strategy, server_round: int, base: Mapping[str, np.ndarray], updates: Iterable[ClientUpdate], shard_size: int = SHARD_SIZE,
 ) -> AggregateResult:
-    """Flat aggregation with the tiers' arithmetic: the shards summed here, one after another."""
+    """A round's aggregate as the server computes it, here: a chain with a sum shard by shard, one update in memory
+    at a time; a median, trimmed mean or secure sum in one pass over every update. The simulator and the server
+    both aggregate through this, so a round publishes the same bits in both."""
     stage = summing_stage(strategy)
     if stage is None:
-        raise TypeError(f"{' > '.join(layer.name for layer in layers(strategy))} has no sum to compute in shards")
+        return strategy.aggregate_train(server_round, base, updates)
     return aggregate_partials(strategy, server_round, base, (stage.summed(server_round, base, shard) for shard in shards(updates, shard_size)))
