@@ -159,12 +159,22 @@ def prefix_cache(backbone: nn.Module, faces: np.ndarray, trainable_blocks: int, 
     return PrefixCache(plain, flipped, trainable_blocks)
 
 
+# Per trained module, its submodules and batch norms: a simulator trains one module for thousands of devices,
+# and walking the tree for each costs more than a small suffix's step. Modules do not change shape while they train.
+_MODULES: weakref.WeakKeyDictionary[nn.Module, tuple[list[nn.Module], list[nn.Module]]] = weakref.WeakKeyDictionary()
+
+
 def _set_mode(model: nn.Module, bn_mode: str) -> None:
-    model.train()
+    """model.train(), with its batch norms in eval mode when `bn_mode` is "frozen"."""
+    if model not in _MODULES:
+        modules = list(model.modules())
+        _MODULES[model] = (modules, [m for m in modules if isinstance(m, nn.modules.batchnorm._BatchNorm)])
+    modules, norms = _MODULES[model]
+    for module in modules:
+        module.training = True
     if bn_mode == "frozen":
-        for module in model.modules():
-            if isinstance(module, nn.modules.batchnorm._BatchNorm):
-                module.eval()
+        for module in norms:
+            module.training = False
 
 
 def centred_positive_loss(features: Tensor, embedding: Tensor, margin: float, center: Tensor | None) -> Tensor:

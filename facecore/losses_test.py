@@ -19,6 +19,7 @@ from facecore.losses import (
     make_margin_head,
     positive_loss,
     public_negatives_loss,
+    spreadout_gradient,
     spreadout_loss,
     spreadout_optimize,
     spreadout_topk_loss,
@@ -247,6 +248,27 @@ def test_spreadout_optimize_matches_torch_sgd() -> None:
 
     # Assert
     torch.testing.assert_close(updated, reference.detach())
+
+
+@pytest.mark.parametrize("block_values", [1, 7 * 3, 1 << 24])
+@pytest.mark.parametrize("nu", [0.0, 0.3])
+def test_the_blockwise_spreadout_gradient_is_autograds(block_values: int, nu: float) -> None:
+    # Prepare: some pairs inside the hinge, some outside, rows of several lengths
+    torch.manual_seed(2)
+    W = (torch.randn(1, 5) + 0.6 * torch.randn(7, 5)).to(torch.float64) * torch.linspace(0.5, 2.0, 7)[:, None].double()
+    reference = W.clone().requires_grad_(True)
+    spreadout_loss(reference, nu=nu).backward()
+
+    # Execute: one row per block, three rows per block, and all rows at once
+    grad = spreadout_gradient(W, nu=nu, block_values=block_values)
+
+    # Assert
+    assert reference.grad is not None and reference.grad.abs().max() > 0
+    torch.testing.assert_close(grad, reference.grad, rtol=1e-12, atol=1e-15)
+
+
+def test_the_spreadout_gradient_of_one_class_is_zero() -> None:
+    assert torch.equal(spreadout_gradient(torch.randn(1, 4)), torch.zeros(1, 4))
 
 
 def test_spreadout_optimize_zero_steps_returns_copy() -> None:

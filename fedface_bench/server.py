@@ -17,7 +17,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from facecore.errors import FaceCoreError
 from facecore.federation.status import RoundStatus
 from facecore.lifetime import Lifeline
 from fedface_bench.goals import at_least, at_most, verdict, with_goals
+from fedface_bench.processes import group_pids, processes, status_kb
 from fedface_bench.progress import QUIET, Progress
 from server_api.errors import LaunchFailed
 from server_api.launcher import MANY_DEVICES_ON_LOOPBACK, LocalServer, scratch_database, share_dev_secrets
@@ -43,35 +44,6 @@ class BenchRoundFailed(FaceCoreError):
     is and its errors, so the command reports it in its error line rather than as a traceback."""
 
 
-def _status_kb(pid: int, field: str) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    except (OSError, ValueError):
-        pass  # the process ended between listing and reading
-    return 0
-
-
-def _processes() -> Iterator[tuple[int, str, list[str]]]:
-    """(pid, command name, the stat fields after the name) of every process; there is no psutil here and
-    /proc/<pid>/children is not available on every kernel, so scan /proc."""
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                stat = Path(entry.path, "stat").read_text()
-            except OSError:
-                continue  # the process ended between listing and reading
-            name, rest = stat.split("(", 1)[1].rsplit(")", 1)
-            yield int(entry.name), name, rest.split()
-
-
-def _group_pids(pgid: int) -> list[int]:
-    """Every process in the server's process group (it runs in its own session, so this is
-    the whole tree, uvicorn workers included)."""
-    return [pid for pid, _, fields in _processes() if int(fields[2]) == pgid]  # state, ppid, pgrp, ...
-
-
 def _cpu_ticks(fields: list[str]) -> int:
     return int(fields[11]) + int(fields[12])  # utime + stime
 
@@ -87,17 +59,17 @@ class RssSampler(threading.Thread):
 
     def run(self) -> None:
         while not self.stopped.is_set():
-            processes = list(_processes())
-            group = [(pid, fields) for pid, _, fields in processes if int(fields[2]) == self.pgid]
-            postgres = sum(_cpu_ticks(fields) for _, name, fields in processes if name == "postgres")
+            running = list(processes())
+            group = [(pid, fields) for pid, _, fields in running if int(fields[2]) == self.pgid]
+            postgres = sum(_cpu_ticks(fields) for _, name, fields in running if name == "postgres")
             self.cpu.append((time.time(), sum(_cpu_ticks(fields) for _, fields in group), postgres))
-            self.peak_kb = max(self.peak_kb, sum(_status_kb(pid, "VmRSS") for pid, _ in group))
+            self.peak_kb = max(self.peak_kb, sum(status_kb(pid, "VmRSS") for pid, _ in group))
             self.stopped.wait(SAMPLE_INTERVAL_S)
 
     def stop(self) -> float:
         """Peak in MiB. The kernel's own high-water mark (VmHWM) of each process catches a spike
         between two samples; per process it is exact, so the larger of the two is reported."""
-        hwm = sum(_status_kb(pid, "VmHWM") for pid in _group_pids(self.pgid))
+        hwm = sum(status_kb(pid, "VmHWM") for pid in group_pids(self.pgid))
         self.stopped.set()
         self.join()
         return max(self.peak_kb, hwm) / 1024

@@ -5,7 +5,7 @@ import torch
 
 from facecore.data.synthetic import synthetic_faces
 from facecore.models import get_backbone
-from fedface_bench.sim import bench_sim, flower_python, tile_population
+from fedface_bench.sim import GOAL_DEVICES, RSS_RATIO_GOAL, bench_sim, flower_python, tile_population, with_memory_goal
 from simulator.conftest import one_torch_thread  # noqa: F401  the simulator tests' autouse fixture, here too
 from simulator.cross_device.population import Population, SimDevice
 
@@ -36,6 +36,8 @@ def test_bench_reports_both_timings_and_their_ratio() -> None:
         # the reported seconds are rounded to 0.1 ms, so their ratio matches the exact one only to a few %
         assert r["floor_ratio"] == pytest.approx(r["floor_seconds"] / r["round_seconds"], rel=0.05)
         assert r["images_per_round"] == 5 * r["devices"]
+        # this process and its two device workers, each at least a Python with torch loaded
+        assert r["peak_rss_mb"] > r["peak_rss_mb_main"] > 100
         # the goals are stated for 1,000 devices: a smaller round reports them unjudged
         assert r["goals_met"]["floor_ratio"]["met"] is None and r["all_goals_met"] is None
 
@@ -55,3 +57,22 @@ def test_flower_reference_trains_every_device_and_reports_its_ratio() -> None:
     # Assert: a warm-up and a timed round, each with every client's training loss aggregated
     assert result["flower_seconds"] > 0 and result["flower_ratio"] == pytest.approx(result["flower_seconds"] / result["round_seconds"], rel=0.05)
     assert len(result["flower_train_losses"]) == 2 and all(0 < loss < 4 for loss in result["flower_train_losses"])
+
+
+def _row(devices: int, peak_rss_mb: float) -> dict[str, object]:
+    return {"devices": devices, "peak_rss_mb": peak_rss_mb, "goals_met": {}}
+
+
+def test_memory_is_judged_from_ten_times_the_goals_devices() -> None:
+    # Execute
+    flat = with_memory_goal([_row(100, 900.0), _row(GOAL_DEVICES, 1000.0), _row(10 * GOAL_DEVICES, 1090.0)])
+    grown = with_memory_goal([_row(GOAL_DEVICES, 1000.0), _row(10 * GOAL_DEVICES, 1500.0)])
+    short = with_memory_goal([_row(GOAL_DEVICES, 1000.0), _row(5 * GOAL_DEVICES, 1500.0)])
+    unmeasured = with_memory_goal([_row(100, 900.0), _row(10 * GOAL_DEVICES, 1500.0)])
+
+    # Assert: the largest count against the goal's count, and only there
+    assert flat[-1]["rss_ratio"] == 1.09 and flat[-1]["goals_met"]["rss_ratio"]["met"] is True
+    assert "rss_ratio" not in flat[0] and "rss_ratio" not in flat[1]
+    assert grown[-1]["goals_met"]["rss_ratio"] == {"target": RSS_RATIO_GOAL, "compare": "<=", "measured": 1.5, "met": False}
+    assert short[-1]["rss_ratio"] == 1.5 and short[-1]["goals_met"]["rss_ratio"]["met"] is None
+    assert "rss_ratio" not in unmeasured[-1]

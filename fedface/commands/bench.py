@@ -81,7 +81,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="only the cold commands section: register, enroll, verify, against their goals")
     device.add_argument("--json", action="store_true", help=JSON_HELP)
     sim = targets.add_parser("sim", help="one simulated FedFace round vs the compute floor (same images and steps as one stream)")
-    sim.add_argument("--devices", default="10,100,1000", metavar="COUNTS", help="comma-separated device counts")
+    sim.add_argument("--devices", default="10,100,1000", metavar="COUNTS",
+                     help="comma-separated device counts, each run in a process of its own (its peak RSS is its own)")
     sim.add_argument("--trainable-blocks", type=int, default=2, metavar="K",
                      help="frozen-prefix option: train the last K blocks + head")
     sim.add_argument("--repeats", type=int, default=3, metavar="N", help="rounds timed per device count; the median is reported")
@@ -173,10 +174,20 @@ def _sim(args: argparse.Namespace) -> int:
     from facecore.errors import FaceCoreError
     from facecore.models.checkpoint import load_backbone
     from facecore.paths import data_root
-    from fedface_bench.sim import bench_sim, describe
+    from fedface_bench.sim import bench_sim, bench_sim_each, describe
     from simulator.cross_device.population import load_population
 
     progress = _progress(args)
+    if len(counts) > 1:  # each count in a process of its own, so that each peak RSS is its own
+        options = ["--trainable-blocks", str(args.trainable_blocks), "--repeats", str(args.repeats), "--model", args.model,
+                   *(["--workers", str(args.workers)] if args.workers else []), *(["--data", args.data] if args.data else []),
+                   *(["--flower"] if args.flower else []), *(["--ray"] if args.ray else [])]
+        try:
+            results = bench_sim_each(counts, options, progress)
+        except RuntimeError as error:
+            raise FaceCoreError(str(error)) from None
+        print(json.dumps(results) if args.json else describe(results))
+        return 0
     root = data_root(args.data)
     model = load_backbone(args.model)
     progress(f"loading {max(counts)} devices' faces (real identities of the seed-0 split, reused cyclically beyond them)")

@@ -57,11 +57,12 @@ Evaluator = Callable[[torch.nn.Module], dict[str, Any]]
 
 
 def mean_pairwise_cosine(W: np.ndarray) -> float:
-    """Spread of the class embeddings: 1.0 means every identity collapsed onto one direction."""
-    unit = W / np.linalg.norm(W, axis=1, keepdims=True)
-    gram = unit @ unit.T
+    """Spread of the class embeddings: 1.0 means every identity collapsed onto one direction. The sum of all
+    pairs' cosines is |sum of the unit rows|² less the n self-pairs, so no (n, n) matrix is built."""
+    unit = W.astype(np.float64) / np.linalg.norm(W, axis=1, keepdims=True)
+    total = unit.sum(axis=0)
     n = len(W)
-    return float((gram.sum() - np.trace(gram)) / (n * (n - 1)))
+    return float((total @ total - (unit * unit).sum()) / (n * (n - 1)))
 
 
 def to_numpy(state: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
@@ -262,7 +263,8 @@ class CrossDeviceSimulation:
         for index in chosen:
             faces = self._training_faces(self.population.devices[index])
             cache = (self.caches[index].plain.numpy(), self.caches[index].flipped.numpy()) if blocks is not None else None
-            tasks.append(DeviceTask(index, state.W[index].copy(), self._seed(round_number, index), len(faces),
+            # id(faces): one array per set of photos for the run (the population's, or _training_faces')
+            tasks.append(DeviceTask(index, id(faces), state.W[index].copy(), self._seed(round_number, index), len(faces),
                                     faces=faces if blocks is None else None, cache=cache,
                                     template_length=self._template_length(state, index)))
         received = self.received.state_dict()

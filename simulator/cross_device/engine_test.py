@@ -137,6 +137,10 @@ def test_spreadout_keeps_embeddings_apart_where_fedavg_lets_them_collapse(model:
 def test_mean_pairwise_cosine_of_known_matrices() -> None:
     assert mean_pairwise_cosine(np.eye(3)) == pytest.approx(0.0)
     assert mean_pairwise_cosine(np.ones((4, 2))) == pytest.approx(1.0)
+    W = np.random.default_rng(0).standard_normal((9, 5)).astype(np.float32)
+    unit = W / np.linalg.norm(W, axis=1, keepdims=True)
+    gram = unit.astype(np.float64) @ unit.T
+    assert mean_pairwise_cosine(W) == pytest.approx((gram.sum() - np.trace(gram)) / (9 * 8), abs=1e-7)
 
 
 def test_a_dp_run_uses_the_server_dp_fedavg_spends_its_epsilon_and_resumes_exactly(model: torch.nn.Module, tmp_path: Path) -> None:
@@ -181,8 +185,11 @@ def _has_ray() -> bool:
     [(None, "process"), (1, "process"),
      pytest.param(1, "ray", marks=pytest.mark.skipif(not _has_ray(), reason="the ray extra is not installed (pip install 'fedface[ray]')"))],
 )
-def test_worker_pools_give_the_in_process_rounds(model: torch.nn.Module, tmp_path: Path, trainable_blocks: int | None, backend: str) -> None:
-    # Prepare: the same run, in process and in two persistent workers (processes or Ray actors)
+def test_worker_pools_give_the_in_process_rounds(
+    model: torch.nn.Module, tmp_path: Path, trainable_blocks: int | None, backend: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Prepare: the same run, in process and in two persistent workers (processes or Ray actors; those get one device per call)
+    monkeypatch.setattr("simulator.cross_device.ray_backend.CHUNK", 1)
     local = LocalTrainingConfig(epochs=1, batch=4, lr=0.05, trainable_blocks=trainable_blocks)
     config = _config(method="fedface", per_round=3, local=local)
     # Execute

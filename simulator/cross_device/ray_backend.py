@@ -2,8 +2,8 @@
 
 The same :class:`~simulator.cross_device.workers.DeviceWorker` as the process pool, as one Ray
 actor per worker (one CPU each), so devices train with the SDK's own `train_local` wherever the
-actors land. Devices are pinned to actors by index, as in the process pool: a device's photos or
-prefix activations travel once per run, and each round only the trainable weights (one object in
+actors land. Devices are pinned to actors by index, as in the process pool: a set of photos or
+prefix activations travels to an actor once per run, and each round only the trainable weights (one object in
 the store, shared by all actors) and the embeddings and seeds. Results come back in the round's
 device order, so the strategy sees the same sequence as in process.
 
@@ -13,6 +13,7 @@ Ray started for this run, or the cluster named by RAY_ADDRESS).
 from __future__ import annotations
 
 import dataclasses
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,9 @@ import torch
 from device_sdk.training import LocalTrainingConfig
 from facecore.errors import FaceCoreError
 from simulator.cross_device.workers import Assignment, DeviceResult, DeviceTask, DeviceWorker, contiguous
+
+CHUNK = 32  # devices per call to an actor
+AHEAD = 2  # calls out per actor: one training while the other's answer is read
 
 
 class RayUnavailable(FaceCoreError):
@@ -53,16 +57,28 @@ class RayDevicePool:
         self._assignment = Assignment(workers)
 
     def train(self, weights: Mapping[str, np.ndarray], tasks: Sequence[DeviceTask]) -> Iterator[DeviceResult]:
-        """Results in the order of `tasks`; an actor that failed raises its error here."""
+        """Results in the order of `tasks`; an actor that failed raises its error here. Each actor gets its share
+        CHUNK devices per call, with AHEAD calls out at a time: a whole share's deltas in one answer would hold
+        the round's updates in memory at once (10,000 devices of a small suffix: 12 GB)."""
         weights_ref = self._ray.put(contiguous(weights))
-        shares = self._assignment.split(tasks)
-        pending = {w: actor.train_all.remote(weights_ref, share) for w, (actor, share) in enumerate(zip(self._actors, shares)) if share}
-        answers: dict[int, Iterator[DeviceResult]] = {}
+        chunks = [deque(share[i : i + CHUNK] for i in range(0, len(share), CHUNK)) for share in self._assignment.split(tasks)]
+        out: list[deque[Any]] = [deque() for _ in self._actors]
+
+        def submit(w: int) -> None:
+            if chunks[w]:
+                out[w].append(self._actors[w].train_all.remote(weights_ref, chunks[w].popleft()))
+
+        for w in range(len(self._actors)):
+            for _ in range(AHEAD):
+                submit(w)
+        answers: list[Iterator[DeviceResult]] = [iter(()) for _ in self._actors]
         for task in tasks:
             w = task.index % len(self._actors)
-            if w not in answers:
-                answers[w] = iter(self._ray.get(pending[w]))
-            result = next(answers[w])
+            result = next(answers[w], None)
+            if result is None:
+                answers[w] = iter(self._ray.get(out[w].popleft()))
+                submit(w)
+                result = next(answers[w])
             if result.index != task.index:
                 raise RuntimeError(f"Ray worker answered for device {result.index}, expected {task.index}")
             yield result

@@ -3,7 +3,10 @@ reused workspace, and the photos or prefix activations of the devices it trains,
 
 On 2 cores, one process with 2 torch threads leaves most of each small device step to thread
 hand-offs; two single-threaded processes each train whole devices. A device always goes to the
-same worker (index mod workers), so its data crosses the pipe once per run. Each round, a worker
+same worker (index mod workers), and a worker keeps one copy of each set of photos or activations it was sent,
+named by `DeviceTask.data`: devices that share their photos (a benchmark's devices reusing real identities)
+cross the pipe and take memory once per worker, so a worker's memory grows with the distinct data, not with
+the number of devices. Each round, a worker
 gets the weights that train (the suffix, with a frozen prefix) and its devices' embeddings and
 seeds, runs the SDK's own `train_local` per device, and streams back deltas in its task order; the
 simulator reads them in the round's device order, so the strategy sees the same sequence as in
@@ -35,10 +38,11 @@ from facecore.models.checkpoint import load_backbone, save_backbone
 @dataclass(frozen=True)
 class DeviceTask:
     index: int
+    data: int  # names the device's photos; devices that share them share one copy in a worker
     embedding: np.ndarray
     seed: int
     n_faces: int
-    faces: np.ndarray | None = None  # only the first time this worker trains the device (full backbone)
+    faces: np.ndarray | None = None  # only the first time this worker gets these photos (full backbone)
     cache: tuple[np.ndarray, np.ndarray] | None = None  # likewise, prefix activations (plain, mirrored)
     template_length: float = 1.0  # train_local's
 
@@ -73,13 +77,13 @@ class DeviceWorker:
                 entries[key].copy_(torch.tensor(value))  # in place, so the workspace's view of the model stays live
         for task in tasks:
             if task.faces is not None:
-                self.faces[task.index] = task.faces
+                self.faces[task.data] = task.faces
             if task.cache is not None:
                 plain, flipped = (torch.from_numpy(a if a.flags.writeable else a.copy()) for a in task.cache)  # Ray hands read-only arrays
-                self.caches[task.index] = PrefixCache(plain, flipped, self.config.trainable_blocks or 0)
+                self.caches[task.data] = PrefixCache(plain, flipped, self.config.trainable_blocks or 0)
             # with cached activations train_local only counts the photos
-            photos = self.faces.get(task.index, np.empty((task.n_faces, 0), np.uint8))
-            update = train_local(self.model, task.embedding, photos, self.config, seed=task.seed, cache=self.caches.get(task.index), workspace=self.workspace,
+            photos = self.faces.get(task.data, np.empty((task.n_faces, 0), np.uint8))
+            update = train_local(self.model, task.embedding, photos, self.config, seed=task.seed, cache=self.caches.get(task.data), workspace=self.workspace,
                                  template_length=task.template_length)
             # Against the live entries, which hold this round's `weights` exactly (copied in above).
             moved = {k: v.numpy() for k, v in delta(update.state_dict, entries).items()}
@@ -106,7 +110,7 @@ def contiguous(weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 class Assignment:
-    """Devices pinned to workers by index; a device's photos or activations go to its worker once."""
+    """Devices pinned to workers by index; a set of photos or activations goes to each worker that needs it once."""
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
@@ -116,9 +120,9 @@ class Assignment:
         shares: list[list[DeviceTask]] = [[] for _ in range(self.workers)]
         for task in tasks:
             w = task.index % self.workers
-            if task.index in self._known[w]:
+            if task.data in self._known[w]:
                 task = dataclasses.replace(task, faces=None, cache=None)
-            self._known[w].add(task.index)
+            self._known[w].add(task.data)
             shares[w].append(task)
         return shares
 
@@ -143,7 +147,7 @@ class DevicePool:
         self._busy = False  # a round's shares are out and not all answered
 
     def train(self, weights: Mapping[str, np.ndarray], tasks: Sequence[DeviceTask]) -> Iterator[DeviceResult]:
-        """Results in the order of `tasks`. Faces and caches are dropped from a task its worker has seen."""
+        """Results in the order of `tasks`. Faces and caches are dropped from a task whose data its worker has."""
         n = len(self._conns)
         plain = contiguous(weights)
         self._busy = True
