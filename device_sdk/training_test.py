@@ -161,6 +161,19 @@ def test_a_reused_workspace_gives_the_same_update_as_a_fresh_copy(owner, trainab
     assert torch.equal(fresh.embedding, reused.embedding) and fresh.loss_after == reused.loss_after
 
 
+def test_a_workspace_moving_between_cuts_gives_the_updates_of_fresh_copies(owner) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: one workspace trains the whole model, then the last 2 blocks, then the whole model again
+    model, faces, embedding = owner
+    configs = [LocalTrainingConfig(batch=4, trainable_blocks=blocks) for blocks in (None, 2, None)]
+    workspace = Workspace(copy.deepcopy(model))
+    # Execute
+    reused = [train_local(model, embedding, faces, config, seed=9, workspace=workspace) for config in configs]
+    fresh = [train_local(model, embedding, faces, config, seed=9) for config in configs]
+    # Assert
+    for a, b in zip(reused, fresh, strict=True):
+        assert list(a.state_dict) == list(b.state_dict) and all(torch.equal(a.state_dict[k], b.state_dict[k]) for k in a.state_dict)
+
+
 def test_training_losses_come_from_the_first_and_last_epoch_without_extra_passes(owner) -> None:  # type: ignore[no-untyped-def]
     # Prepare
     model, faces, embedding = owner

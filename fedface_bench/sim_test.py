@@ -28,7 +28,7 @@ def test_bench_reports_both_timings_and_their_ratio() -> None:
     torch.manual_seed(0)
     model = get_backbone("mobilefacenet_s").eval()
     # Execute
-    results = bench_sim(_population(), model, device_counts=(2, 4), trainable_blocks=1, repeats=1)
+    results = bench_sim(_population(), model, device_counts=(2, 4), trainable_blocks=1, repeats=1, workers=2)
     # Assert
     assert [r["devices"] for r in results] == [2, 4]
     for r in results:
