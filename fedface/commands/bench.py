@@ -180,7 +180,7 @@ def _sim(args: argparse.Namespace) -> int:
     progress = _progress(args)
     if len(counts) > 1:  # each count in a process of its own, so that each peak RSS is its own
         options = ["--trainable-blocks", str(args.trainable_blocks), "--repeats", str(args.repeats), "--model", args.model,
-                   *(["--workers", str(args.workers)] if args.workers else []), *(["--data", args.data] if args.data else []),
+                   *(["--workers", str(args.workers)] if args.workers else []), *(["--data", str(Path(args.data).resolve())] if args.data else []),
                    *(["--flower"] if args.flower else []), *(["--ray"] if args.ray else [])]
         try:
             results = bench_sim_each(counts, options, progress)

@@ -3,16 +3,16 @@ reused workspace, and the photos or prefix activations of the devices it trains,
 
 On 2 cores, one process with 2 torch threads leaves most of each small device step to thread
 hand-offs; two single-threaded processes each train whole devices. A device always goes to the
-same worker (index mod workers), and a worker keeps one copy of each set of photos or activations it was sent,
-named by `DeviceTask.data`: devices that share their photos (a benchmark's devices reusing real identities)
-cross the pipe and take memory once per worker, so a worker's memory grows with the distinct data, not with
-the number of devices. Each round, a worker
-gets the weights that train (the suffix, with a frozen prefix) and its devices' embeddings and
-seeds, runs the SDK's own `train_local` per device, and streams back deltas in its task order; the
-simulator reads them in the round's device order, so the strategy sees the same sequence as in
-process. Updates match the in-process ones to float rounding (thread counts change summation order).
-Workers end when the pool closes, at once if a round is still out (nobody wants it any more), and on
-their own within a second of the simulator's death, however it died (facecore.lifetime.exit_with_parent).
+same worker (index mod workers), and a worker keeps one copy of each set of photos or activations
+it was sent, named by `DeviceTask.data`: devices that share their photos (a benchmark's devices
+reusing real identities) cross the pipe and take memory once per worker, so a worker's memory grows
+with the distinct data, not with the number of devices. Each round, a worker gets the weights that
+train (the suffix, with a frozen prefix) and its devices' embeddings and seeds, runs the SDK's own
+`train_local` per device, and streams back deltas in its task order; the simulator reads them in
+the round's device order, so the strategy sees the same sequence as in process. Updates match the
+in-process ones to float rounding (thread counts change summation order). Workers end when the pool
+closes, at once if a round is still out (nobody wants it any more), and on their own within a second
+of the simulator's death, however it died (facecore.lifetime.exit_with_parent).
 """
 from __future__ import annotations
 
