@@ -221,7 +221,8 @@ def _parse_meta(header: TensorFileHeader) -> UpdateMeta:
 
 def _quantized_squared_norm(handle: BinaryIO, header: TensorFileHeader, spec: dict[str, Any]) -> float:
     """Sum of squares of the quantised entries as aggregation reads them (code x its row's scale), refusing
-    a scale that is negative, NaN or Inf; codes are integers, so they are finite."""
+    a scale that is negative, NaN or Inf; codes are integers, so they are finite. A row's sum of squared codes
+    is an integer, summed exactly in int16 squares (127² fits) and an int64 total instead of float64 copies."""
     squared = 0.0
     for key in header.tensors:
         if not key.startswith(SCALE_PREFIX):
@@ -230,8 +231,9 @@ def _quantized_squared_norm(handle: BinaryIO, header: TensorFileHeader, spec: di
         scale = read_tensor(handle, header, key).astype(np.float64)
         if not (np.isfinite(scale).all() and (scale >= 0).all()):
             raise InvalidInput(f"{key} holds a negative, NaN or Inf scale")
-        codes = codes_of(read_tensor(handle, header, BACKBONE_PREFIX + name), tuple(spec[name][1]))
-        squared += float(np.dot(np.square(codes.reshape(len(scale), -1).astype(np.float64)).sum(axis=1), np.square(scale)))
+        codes = codes_of(read_tensor(handle, header, BACKBONE_PREFIX + name), tuple(spec[name][1])).reshape(len(scale), -1).astype(np.int16)
+        np.multiply(codes, codes, out=codes)
+        squared += float(np.dot(codes.sum(axis=1, dtype=np.int64).astype(np.float64), np.square(scale)))
     return squared
 
 

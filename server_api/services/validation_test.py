@@ -122,3 +122,23 @@ def test_a_quantised_update_is_measured_as_aggregation_reads_it_and_a_bad_scale_
         parse(tensors | {"scale.b.weight": -tensors["scale.b.weight"]})
     with pytest.raises(InvalidInput, match="I8 or U8"):
         parse(tensors | {"backbone.b.weight": deltas["b.weight"]})
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_the_largest_codes_in_long_rows_are_measured_exactly(bits: int) -> None:
+    # Prepare: every code at its top (127 or 7) in rows of 100,000, the square sums an int16 would overflow
+    from facecore.federation.quantize import quantized_update
+
+    spec = {"w": ("float32", [3, 100_000])}
+    top = 127 if bits == 8 else 7
+    tensors, received, _ = quantized_update({"w": np.full((3, 100_000), -0.25, "<f4")}, bits)
+    body = tensorfile.dumps(tensors | {"class_embedding": np.full(4, 0.5, "<f4")},
+                            {"fedface": json.dumps({"base_version": BASE, "n_samples": 3, "metrics": {}})})
+
+    # Execute
+    norm = parse_update(io.BytesIO(body), len(body), spec, 4, BASE, 1e30).delta_norm
+
+    # Assert: 300,000 codes of top x scale, with scale = 0.25 / top as the device chose it
+    scale = float(np.float32(0.25) / np.float32(top))
+    assert norm == pytest.approx(np.sqrt(300_000 * (top * scale) ** 2), rel=1e-12)
+    assert norm == pytest.approx(np.sqrt(np.square(received["w"].astype(np.float64)).sum()), rel=1e-6)  # received: float32 products
