@@ -196,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
                              "the centre (what a device trains towards, device_sdk.training.train_local's template_length); "
                              "the unit template less the centre (what devices trained towards before)")
     parser.add_argument("--rehearse-clean", action="store_true", help="devices also train on their clean enrolment photos")
+    parser.add_argument("--anchor-clean", type=float, default=0.0,
+                        help="fedface: weight of a term holding each clean enrolment photo's centred feature where the pretrained model put it")
     parser.add_argument("--loss", choices=("cosface", "positive"), default="cosface",
                         help="central: CosFace over every device's class, or the devices' own positive-only loss pooled")
     parser.add_argument("--server-momentum", type=float, default=0.0, help="fedface: the server's momentum on the averaged update")
@@ -230,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.templates != "centred":  # a template the centre moves as the devices' loss moves it
             mean = torch.stack([F.normalize(suffix(enrolled[sets["labels"] == d]), dim=1).mean(0) for d in range(devices)])
             W = centred(mean if args.templates == "mean" else F.normalize(mean, dim=1))
+    with torch.no_grad():  # the anchor's reference: the pretrained model's centred feature of each clean enrolment photo
+        anchors = features(suffix, sets["train_clean"]) if args.anchor_clean else None
     rng = np.random.default_rng(args.seed)
     history = [{"round": 0, **score(suffix, sets)}]
     print(json.dumps(history[-1]), flush=True)
@@ -273,6 +277,10 @@ def main(argv: list[str] | None = None) -> int:
                 for start in [s for _ in range(args.local_epochs) for s in range(0, len(own), args.device_batch)]:
                     cosine = features(local, batch(own[start : start + args.device_batch])) @ F.normalize(embedding, dim=0)
                     loss = (args.margin - cosine).clamp_min(0).pow(2).mean()
+                    if anchors is not None:
+                        clean_rows = torch.nonzero(sets["labels"] == device).ravel()
+                        held = (features(local, sets["train_clean"][clean_rows]) * anchors[clean_rows]).sum(1)
+                        loss = loss + args.anchor_clean * (1 - held).mean()
                     opt.zero_grad()
                     loss.backward()
                     opt.step()
