@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+
+Process = tuple[int, str, list[str]]  # pid, command name, the stat fields after the name
 
 
 def status_kb(pid: int, field: str) -> int:
@@ -19,7 +21,7 @@ def status_kb(pid: int, field: str) -> int:
     return 0
 
 
-def processes() -> Iterator[tuple[int, str, list[str]]]:
+def processes() -> Iterator[Process]:
     """(pid, command name, the stat fields after the name: state, ppid, pgrp, ...) of every process."""
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
@@ -31,15 +33,17 @@ def processes() -> Iterator[tuple[int, str, list[str]]]:
             yield int(entry.name), name, rest.split()
 
 
-def group_pids(pgid: int) -> list[int]:
-    """Every process in a process group (a server started in its own session: its whole tree)."""
-    return [pid for pid, _, fields in processes() if int(fields[2]) == pgid]
+def group_pids(pgid: int, running: Iterable[Process] | None = None) -> list[int]:
+    """Every process in a process group (a server started in its own session: its whole tree), of `running`
+    (one scan of /proc) or of a new scan."""
+    return [pid for pid, _, fields in (processes() if running is None else running) if int(fields[2]) == pgid]
 
 
-def tree_pids(root: int) -> list[int]:
-    """`root` and every process descended from it (worker processes, and a local Ray's daemons and actors)."""
+def tree_pids(root: int, running: Iterable[Process] | None = None) -> list[int]:
+    """`root` and every process descended from it (worker processes, and a local Ray's daemons and actors), of
+    `running` (one scan of /proc) or of a new scan."""
     children: dict[int, list[int]] = {}
-    for pid, _, fields in processes():
+    for pid, _, fields in processes() if running is None else running:
         children.setdefault(int(fields[1]), []).append(pid)
     tree, pending = [], [root]
     while pending:
@@ -49,31 +53,43 @@ def tree_pids(root: int) -> list[int]:
     return tree
 
 
-class TreePeak(threading.Thread):
-    """Peak summed RSS of a process tree, and of its root alone, until stop(). Samples every `interval` seconds
-    catch processes that end before stop() (a scan of /proc costs a few ms, so the interval is long); at stop() the
-    kernel's high-water mark (VmHWM) of each process still there catches the spikes between samples. Those marks
-    are lifetime peaks: the figures are the tree's since start() only for processes started after it, and for a
-    root that starts it first thing (`fedface bench sim` runs each device count in a process of its own)."""
+class PeakRss(threading.Thread):
+    """Peak summed RSS of a set of processes, and of one of them (`root`) alone, until stop(). Each sample scans
+    /proc once and sums the RSS of the processes `members` picks from that scan; `scanned` lets a subclass read
+    more from the same scan. Samples every `interval` seconds catch processes that end before stop(); at stop()
+    the kernel's high-water mark (VmHWM) of each process still there catches the spikes between samples. Those
+    marks are lifetime peaks: the figures are the set's since start() only for processes started after it, and
+    for a root that starts it first thing (`fedface bench sim` runs each device count in a process of its own)."""
 
-    def __init__(self, root: int | None = None, interval: float = 0.5) -> None:
+    def __init__(self, members: Callable[[list[Process]], list[int]], root: int, interval: float) -> None:
         super().__init__(daemon=True)
-        self.root = os.getpid() if root is None else root
-        self.interval = interval
+        self.members, self.root, self.interval = members, root, interval
         self.peak_kb = self.root_peak_kb = 0
-        self._stopped = threading.Event()
+        self.stopped = threading.Event()
 
-    def _sample(self, field: str) -> None:
-        self.peak_kb = max(self.peak_kb, sum(status_kb(pid, field) for pid in tree_pids(self.root)))
+    def _sample(self, field: str) -> list[Process]:
+        running = list(processes())
+        self.peak_kb = max(self.peak_kb, sum(status_kb(pid, field) for pid in self.members(running)))
         self.root_peak_kb = max(self.root_peak_kb, status_kb(self.root, field))
+        return running
+
+    def scanned(self, running: list[Process]) -> None:
+        """What a subclass also reads from each sample's scan of /proc."""
 
     def run(self) -> None:
-        while not self._stopped.wait(self.interval):
-            self._sample("VmRSS")
+        while not self.stopped.wait(self.interval):
+            self.scanned(self._sample("VmRSS"))
 
     def stop(self) -> tuple[float, float]:
-        """(tree, root) peaks in MiB; call it while the tree's processes still run."""
-        self._stopped.set()
+        """(the set's, the root's) peaks in MiB; call it while the processes still run."""
+        self.stopped.set()
         self.join()
         self._sample("VmHWM")
         return self.peak_kb / 1024, self.root_peak_kb / 1024
+
+
+def tree_peak(root: int | None = None, interval: float = 0.5) -> PeakRss:
+    """The peak RSS of `root` (this process by default) and its descendants. A scan of /proc costs a few ms, so
+    the default interval is long."""
+    pid = os.getpid() if root is None else root
+    return PeakRss(lambda running: tree_pids(pid, running), pid, interval)

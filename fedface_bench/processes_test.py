@@ -30,8 +30,8 @@ def test_the_tree_is_the_root_and_its_descendants() -> None:
 # test worker that was bigger before would report its own earlier peak.
 PEAK_OF_TWO_CHILDREN = f"""
 import subprocess, sys, time
-from fedface_bench.processes import TreePeak
-peak = TreePeak(interval=0.05)
+from fedface_bench.processes import tree_peak
+peak = tree_peak(interval=0.05)
 peak.start()
 subprocess.run([sys.executable, "-c", {HOLD.format(mb=400, seconds=1)!r}], check=True)
 running = subprocess.Popen([sys.executable, "-c", {HOLD.format(mb=200, seconds=30)!r}])

@@ -15,7 +15,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,7 +24,7 @@ from facecore.errors import FaceCoreError
 from facecore.federation.status import RoundStatus
 from facecore.lifetime import Lifeline
 from fedface_bench.goals import at_least, at_most, verdict, with_goals
-from fedface_bench.processes import group_pids, processes, status_kb
+from fedface_bench.processes import PeakRss, Process, group_pids
 from fedface_bench.progress import QUIET, Progress
 from server_api.errors import LaunchFailed
 from server_api.launcher import MANY_DEVICES_ON_LOOPBACK, LocalServer, scratch_database, share_dev_secrets
@@ -48,31 +47,19 @@ def _cpu_ticks(fields: list[str]) -> int:
     return int(fields[11]) + int(fields[12])  # utime + stime
 
 
-class RssSampler(threading.Thread):
+class RssSampler(PeakRss):
     """Peak summed VmRSS of the server's process group, sampled every SAMPLE_INTERVAL_S, with the CPU time of
     that group and of PostgreSQL's processes at each sample (a process's ticks go with it when it exits)."""
 
     def __init__(self, pgid: int) -> None:
-        super().__init__(daemon=True)
-        self.pgid, self.peak_kb, self.stopped = pgid, 0, threading.Event()
+        super().__init__(lambda running: group_pids(pgid, running), pgid, SAMPLE_INTERVAL_S)
         self.cpu: list[tuple[float, int, int]] = []  # (wall time, server ticks, PostgreSQL ticks)
 
-    def run(self) -> None:
-        while not self.stopped.is_set():
-            running = list(processes())
-            group = [(pid, fields) for pid, _, fields in running if int(fields[2]) == self.pgid]
-            postgres = sum(_cpu_ticks(fields) for _, name, fields in running if name == "postgres")
-            self.cpu.append((time.time(), sum(_cpu_ticks(fields) for _, fields in group), postgres))
-            self.peak_kb = max(self.peak_kb, sum(status_kb(pid, "VmRSS") for pid, _ in group))
-            self.stopped.wait(SAMPLE_INTERVAL_S)
-
-    def stop(self) -> float:
-        """Peak in MiB. The kernel's own high-water mark (VmHWM) of each process catches a spike
-        between two samples; per process it is exact, so the larger of the two is reported."""
-        hwm = sum(status_kb(pid, "VmHWM") for pid in group_pids(self.pgid))
-        self.stopped.set()
-        self.join()
-        return max(self.peak_kb, hwm) / 1024
+    def scanned(self, running: list[Process]) -> None:
+        group = set(self.members(running))
+        server = sum(_cpu_ticks(fields) for pid, _, fields in running if pid in group)
+        postgres = sum(_cpu_ticks(fields) for _, name, fields in running if name == "postgres")
+        self.cpu.append((time.time(), server, postgres))
 
     def cpu_seconds(self, start: float, end: float) -> tuple[float, float]:
         """(server, PostgreSQL) CPU seconds between two wall times, from the samples nearest them."""
@@ -152,7 +139,7 @@ def bench_round(
             except LaunchFailed as error:
                 raise BenchRoundFailed(f"{error}\n{failure_report(server)}") from None
             stdout, _ = client.communicate()
-            peak_mb = sampler.stop()
+            peak_mb, _ = sampler.stop()
             progress(f"round of {devices} devices: client done, stopping the server")
             if client.returncode != 0:
                 raise BenchRoundFailed(f"bench client failed ({client.returncode}); server log:\n{failure_report(server)}")

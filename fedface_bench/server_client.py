@@ -72,9 +72,10 @@ async def resend(method: str, send: Callable[[], Awaitable[httpx.Response]]) -> 
 
 
 class BenchDevice:
-    http: httpx.AsyncClient  # the replica this device talks to, given once the round's clients exist
+    """A signing device of the bench, bound to the replica it talks to (`http`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, http: httpx.AsyncClient) -> None:
+        self.http = http
         self.drops = False
         self.key = Ed25519PrivateKey.generate()
         self.public_key = base64.b64encode(self.key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)).decode()
@@ -85,13 +86,13 @@ class BenchDevice:
         signed = signature_headers(self.key, self.id, method, path, body_sha256)
         return signed if self.id == REGISTER_SUBJECT else {**signed, DEVICE_ID_HEADER: self.id}
 
-    async def call(self, http: httpx.AsyncClient, method: str, path: str, payload: Any = None, extra: dict[str, str] | None = None,
+    async def call(self, method: str, path: str, payload: Any = None, extra: dict[str, str] | None = None,
                    raw: bytes | None = None, body_sha256: str | None = None) -> httpx.Response:
         """A signed request; each attempt is signed afresh (a nonce is single use)."""
         body = raw if raw is not None else (b"" if payload is None else json.dumps(payload).encode())
         digest = body_sha256 or hashlib.sha256(body).hexdigest()
         kind = {"Content-Type": "application/json"} if payload is not None else {}
-        return await resend(method, lambda: http.request(method, path, content=body, headers=self.headers(method, path, digest) | kind | (extra or {})))
+        return await resend(method, lambda: self.http.request(method, path, content=body, headers=self.headers(method, path, digest) | kind | (extra or {})))
 
 
 def expect(response: httpx.Response, *codes: int) -> Any:
@@ -208,11 +209,11 @@ async def current_model(http: httpx.AsyncClient) -> tuple[int, str, dict[str, np
     registers but never enrolls, so it is not in W."""
     import torch  # only to read the backbone file (torch.load, weights_only=True) for the tensor spec
 
-    probe = BenchDevice()
-    probe.id = expect(await probe.call(http, "POST", "/v1/devices", {"public_key": probe.public_key}), 201)["device_id"]
-    model = expect(await probe.call(http, "GET", "/v1/models/current"), 200)
+    probe = BenchDevice(http)
+    probe.id = expect(await probe.call("POST", "/v1/devices", {"public_key": probe.public_key}), 201)["device_id"]
+    model = expect(await probe.call("GET", "/v1/models/current"), 200)
     dim, version = int(model["embedding_dim"]), str(model["version"])
-    raw = await probe.call(http, "GET", f"/v1/models/{version}/backbone?dtype=fp16")
+    raw = await probe.call("GET", f"/v1/models/{version}/backbone?dtype=fp16")
     state = {k: v.numpy() for k, v in torch.load(io.BytesIO(expect(raw, 200)), map_location="cpu", weights_only=True)["state_dict"].items()}
     return dim, version, state
 
@@ -225,21 +226,19 @@ async def run(
     as a load balancer would spread them; the operator's calls go to the first."""
     admin, limits = await connect(urls, data_dir, concurrency)
     rng = np.random.default_rng(1)
-    devices = [BenchDevice() for _ in range(n_devices)]
     async with contextlib.AsyncExitStack() as stack:
         clients = [await stack.enter_async_context(httpx.AsyncClient(base_url=url, timeout=REQUEST_TIMEOUT_S, limits=limits)) for url in urls]
         http = clients[0]
-        for index, device in enumerate(devices):
-            device.http = clients[index % len(clients)]
+        devices = [BenchDevice(clients[index % len(clients)]) for index in range(n_devices)]
         dim, version, state = await current_model(http)
         prefix = update_template(state, dim, version, local)
         prefix_hash = hashlib.sha256(prefix)  # copied per device: hash 2 MB once, not 1,000 times
 
         # Setup, untimed for the goals: register and enroll every device.
         async def enroll(device: BenchDevice) -> None:
-            device.id = expect(await device.call(device.http, "POST", "/v1/devices", {"public_key": device.public_key}), 201, 200)["device_id"]
+            device.id = expect(await device.call("POST", "/v1/devices", {"public_key": device.public_key}), 201, 200)["device_id"]
             vector = [float(x) for x in unit(rng, dim)]
-            expect(await device.call(device.http, "PUT", f"/v1/devices/{device.id}/embedding", {"embedding": vector}), 201)
+            expect(await device.call("PUT", f"/v1/devices/{device.id}/embedding", {"embedding": vector}), 201)
 
         setup_s = await bounded(devices, concurrency, "register+enroll", enroll)
         # Devices that drop mid-upload: selected, they start sending and vanish. The round then
@@ -253,7 +252,7 @@ async def run(
         statuses: Counter[str] = Counter()
 
         async def checkin(device: BenchDevice) -> None:
-            statuses[expect(await device.call(device.http, "POST", "/v1/rounds/current/checkin"), 200)["status"]] += 1
+            statuses[expect(await device.call("POST", "/v1/rounds/current/checkin"), 200)["status"]] += 1
 
         checkin_s = await bounded(devices, concurrency, "check-in", checkin)
 
@@ -280,7 +279,7 @@ async def run(
                     codes[0] += 1  # 0: no response, the device is gone
                     return
                 raise RuntimeError("a dropped upload got a response")
-            response = await device.call(device.http, "POST", path, extra=extra, raw=body, body_sha256=digest.hexdigest())
+            response = await device.call("POST", path, extra=extra, raw=body, body_sha256=digest.hexdigest())
             done = time.perf_counter()
             latencies.append(done - sent)
             codes[response.status_code] += 1

@@ -42,16 +42,16 @@ N_SAMPLES = 32
 
 
 class SecureBenchDevice(BenchDevice):
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, http: httpx.AsyncClient) -> None:
+        super().__init__(http)
         self.secagg = SecAggClient(0, 0)
         self.bytes_up = self.bytes_down = 0
         self.body = b""
         self.sharers: list[int] = []  # from the masked-input step: who shared keys, and the fixed point
         self.bound = self.scale = 0.0
 
-    async def counted(self, http: httpx.AsyncClient, method: str, path: str, payload: Any = None, **kwargs: Any) -> httpx.Response:
-        response = await self.call(http, method, path, payload, **kwargs)
+    async def counted(self, method: str, path: str, payload: Any = None, **kwargs: Any) -> httpx.Response:
+        response = await self.call(method, path, payload, **kwargs)
         raw = kwargs.get("raw")
         self.bytes_up += len(raw) if raw is not None else len(json.dumps(payload).encode()) if payload is not None else 0
         self.bytes_down += len(response.content)
@@ -65,17 +65,17 @@ def _b64(raw: bytes) -> str:
 async def run_secure(url: str, data_dir: Path, n_devices: int, concurrency: int, drop_fraction: float) -> dict[str, Any]:
     admin, limits = await connect([url], data_dir, concurrency)
     rng = np.random.default_rng(1)
-    devices = [SecureBenchDevice() for _ in range(n_devices)]
     dropping = set(rng.choice(n_devices, int(drop_fraction * n_devices), replace=False).tolist())
     timings: dict[str, float] = {}
     async with httpx.AsyncClient(base_url=url, timeout=REQUEST_TIMEOUT_S, limits=limits) as http:
+        devices = [SecureBenchDevice(http) for _ in range(n_devices)]
         dim, version, state = await current_model(http)
         delta = {k: (rng.standard_normal(v.shape) * DELTA_SCALE).astype(np.float32) for k, v in state.items() if v.dtype.kind == "f"}
         vector = weighted_update(delta, N_SAMPLES)
 
         async def enroll(device: SecureBenchDevice) -> None:
-            device.id = expect(await device.call(http, "POST", "/v1/devices", {"public_key": device.public_key}), 201, 200)["device_id"]
-            expect(await device.call(http, "PUT", f"/v1/devices/{device.id}/embedding", {"embedding": [float(x) for x in unit(rng, dim)]}), 201)
+            device.id = expect(await device.call("POST", "/v1/devices", {"public_key": device.public_key}), 201, 200)["device_id"]
+            expect(await device.call("PUT", f"/v1/devices/{device.id}/embedding", {"embedding": [float(x) for x in unit(rng, dim)]}), 201)
 
         await bounded(devices, concurrency, "register+enroll", enroll)
         config = {
@@ -90,22 +90,22 @@ async def run_secure(url: str, data_dir: Path, n_devices: int, concurrency: int,
             timings[label] = round(await bounded(who, concurrency, label, job), 3)
 
         async def checkin(device: SecureBenchDevice) -> None:
-            expect(await device.counted(http, "POST", "/v1/rounds/current/checkin"), 200)
+            expect(await device.counted("POST", "/v1/rounds/current/checkin"), 200)
 
         async def advertise(device: SecureBenchDevice) -> None:
             advert = device.secagg.advertise()
             body = {"c_public": _b64(advert.c_public), "s_public": _b64(advert.s_public)}
-            device.secagg.index = expect(await device.counted(http, "POST", f"{url_}/advert", body), 201)["index"]
+            device.secagg.index = expect(await device.counted("POST", f"{url_}/advert", body), 201)["index"]
 
         async def share(device: SecureBenchDevice) -> None:
-            got = expect(await device.counted(http, "GET", url_), 200)
+            got = expect(await device.counted("GET", url_), 200)
             device.secagg.threshold = got["threshold"]
             adverts = {m["index"]: Advert(m["index"], base64.b64decode(m["c_public"]), base64.b64decode(m["s_public"])) for m in got["members"]}
             shares = {str(v): _b64(blob) for v, blob in device.secagg.share_keys(adverts).items()}
-            expect(await device.counted(http, "POST", f"{url_}/shares", {"shares": shares}), 200)
+            expect(await device.counted("POST", f"{url_}/shares", {"shares": shares}), 200)
 
         async def receive(device: SecureBenchDevice) -> None:
-            got = expect(await device.counted(http, "GET", url_), 200)
+            got = expect(await device.counted("GET", url_), 200)
             device.secagg.receive_shares({int(k): base64.b64decode(v) for k, v in got["shares"].items()})
             device.sharers, device.bound, device.scale = got["key_sharers"], got["bound"], got["scale"]
 
@@ -125,7 +125,7 @@ async def run_secure(url: str, data_dir: Path, n_devices: int, concurrency: int,
 
         async def upload(device: SecureBenchDevice) -> None:
             extra = {"Content-Type": "application/octet-stream", "Idempotency-Key": hashlib.sha256(device.id.encode()).hexdigest()[:32]}
-            expect(await device.counted(http, "POST", f"/v1/rounds/{round_id}/updates", extra=extra, raw=device.body), 201)
+            expect(await device.counted("POST", f"/v1/rounds/{round_id}/updates", extra=extra, raw=device.body), 201)
             device.body = b""
 
         await step("upload_s", upload, senders)
@@ -135,10 +135,10 @@ async def run_secure(url: str, data_dir: Path, n_devices: int, concurrency: int,
             await asyncio.sleep(0.1)
 
         async def answer(device: SecureBenchDevice) -> None:
-            got = expect(await device.counted(http, "GET", url_), 200)
+            got = expect(await device.counted("GET", url_), 200)
             shares = device.secagg.unmask_shares(got["dropped"], got["survived"])
             body = {part: {str(v): str(s[1]) for v, s in shares[part].items()} for part in ("s", "b")}
-            expect(await device.counted(http, "POST", f"{url_}/unmask", body), 200)
+            expect(await device.counted("POST", f"{url_}/unmask", body), 200)
 
         await step("unmask_answers_s", answer, senders)
         final: dict[str, Any] = {}

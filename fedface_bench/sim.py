@@ -39,7 +39,7 @@ from facecore.losses import positive_loss
 from facecore.models.checkpoint import save_backbone
 from facecore.models.registry import embedding_dim_of
 from fedface_bench.goals import Goal, at_least, at_most, verdict, with_goals
-from fedface_bench.processes import TreePeak
+from fedface_bench.processes import tree_peak
 from fedface_bench.progress import QUIET, Progress
 from simulator.cross_device.config import CrossDeviceConfig
 from simulator.cross_device.engine import CrossDeviceSimulation, SimulationState
@@ -157,7 +157,7 @@ def bench_sim(
     results = []
     for number, count in enumerate(device_counts, 1):
         progress(f"{number} of {len(device_counts)}: {count} devices: caching their prefix activations")
-        memory = TreePeak()
+        memory = tree_peak()
         memory.start()
         with tempfile.TemporaryDirectory(prefix="fedface-bench-sim-") as scratch:
             simulation, state = _simulation(tile_population(population, count), model, local, Path(scratch))

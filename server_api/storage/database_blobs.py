@@ -27,23 +27,22 @@ from server_api.storage.blobs import CHUNK, BlobNotFound, BlobStore, LocalBlobSt
 from server_api.tables import Blob, table_of
 
 BLOBS = table_of(Blob)
+REST_OF_BLOB = 2**31 - 1  # a substr length past any bytea's end (1 GB at most): the rest of the blob
 
 
 def select_bytes(engine: Engine, digest: str, start: int = 1, count: int | None = None) -> bytes:
     """A blob's bytes from ``start`` (1-based, as SQL's substr), ``count`` of them or all the rest."""
+    length = REST_OF_BLOB if count is None else count
     if is_postgres(engine):
         # psycopg reads bytea as hex text (twice the bytes, decoded in Python) unless the cursor asks for binary results.
-        sql = "SELECT substr(data, %s, %s) FROM blobs WHERE digest = %s" if count is not None else "SELECT substr(data, %s) FROM blobs WHERE digest = %s"
-        params = (start, count, digest) if count is not None else (start, digest)
         with engine.connect() as connection:
             cursor = connection.connection.driver_connection.cursor(binary=True)  # type: ignore[union-attr]
-            cursor.execute(sql, params)
+            cursor.execute("SELECT substr(data, %s, %s) FROM blobs WHERE digest = %s", (start, length, digest))
             row = cursor.fetchone()
         data = None if row is None else row[0]
     else:
-        column = func.substr(BLOBS.c.data, start, count) if count is not None else func.substr(BLOBS.c.data, start)
         with engine.connect() as connection:
-            data = connection.scalar(select(column).where(BLOBS.c.digest == digest))
+            data = connection.scalar(select(func.substr(BLOBS.c.data, start, length)).where(BLOBS.c.digest == digest))
     if data is None:
         raise BlobNotFound(digest)
     return bytes(data)
