@@ -25,6 +25,7 @@ class DistillConfig(PretrainConfig):
     jitter_scale: float = 0.08
     shift_px: float = 4.0
     flip: bool = True
+    mix: float = 0.0  # the chance that a cached jittered view blends two photos (pretrain.distill_views.ViewJitter.mix)
     colour_jitter: float = 0.2  # brightness and contrast factors in 1 ± this, per face, on the fly
     distill_weight: float = 1.0  # cosine distance to the teacher embedding
     centered: bool = False  # measure that distance about the teacher's mean embedding (distill_loss.centered_cosine_distance)
@@ -43,6 +44,8 @@ class DistillConfig(PretrainConfig):
             "width must be in (0, 1]": 0 < self.width <= 1,
             "depth must be full or short": self.depth in ("full", "short"),
             "cut_by must be energy or l1": self.cut_by in ("energy", "l1"),
+            "mix must be in [0, 1]": 0 <= self.mix <= 1,
+            "a blend of two photos has no label: mix needs cosface_weight 0": self.mix == 0 or self.cosface_weight == 0,
         }
         failed = [message for message, ok in checks.items() if not ok]
         if failed:
@@ -50,7 +53,7 @@ class DistillConfig(PretrainConfig):
 
     @property
     def jitter(self) -> ViewJitter:
-        return ViewJitter(self.rotation_deg, self.jitter_scale, self.shift_px, self.flip)
+        return ViewJitter(self.rotation_deg, self.jitter_scale, self.shift_px, self.flip, self.mix)
 
     def resume_key(self) -> dict[str, Any]:
         same = set(asdict(self)) - set(asdict(PretrainConfig())) | {"lr", "warmup_epochs", "weight_decay", "momentum"}

@@ -60,7 +60,7 @@ def config_from_args(args: argparse.Namespace) -> DistillConfig:
         warmup_epochs=args.warmup_epochs, optimizer=args.optimizer, schedule=args.schedule, seed=args.seed, workers=args.workers,
         compile=args.compile, device=args.device,
         eval_every=args.eval_every, max_steps_per_epoch=args.max_steps_per_epoch, scale=args.scale, margin=args.margin,
-        teacher=args.teacher, init=args.init, views=args.views, view_seed=args.view_seed, colour_jitter=args.colour_jitter,
+        teacher=args.teacher, init=args.init, views=args.views, view_seed=args.view_seed, mix=args.mix, colour_jitter=args.colour_jitter,
         distill_weight=args.distill_weight, centered=args.centered, relational_weight=args.relational_weight, cosface_weight=args.cosface_weight,
         width=args.width, depth=args.depth, cut_by=args.cut_by,
         rotate_teacher=args.rotate_teacher and not cut,  # a cut already speaks the teacher's space

@@ -2,6 +2,7 @@
 exact resume. Synthetic data never backs an accuracy claim."""
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -147,6 +148,34 @@ def test_the_view_cache_is_built_once_and_reused(tmp_path: Path) -> None:
     assert second.cache.student.shape == (24, 112, 112, 3) and second.cache.teacher.shape == (24, 16)
     np.testing.assert_allclose(np.linalg.norm(np.asarray(first.cache.teacher), axis=1), 1.0, atol=1e-5)
     assert [p.name for p in (tmp_path / "cache").iterdir() if p.name.startswith(".")] == []  # no unfinished folders
+
+
+def test_blended_views_mix_two_photos_in_both_crops_and_leave_plain_views_as_they_were(tmp_path: Path) -> None:
+    # Prepare: the same photos cached with and without blends
+    teacher, photos = TinyTeacher(), _photos()
+    plain = build_view_cache(photos, teacher, "tiny-teacher", ARCFACE_112, tmp_path / "cache", views=4, progress=False)
+    # Execute
+    mixed = build_view_cache(photos, teacher, "tiny-teacher", ARCFACE_112, tmp_path / "cache", views=4, jitter=ViewJitter(mix=1.0), progress=False)
+    reordered = build_view_cache(photos[::-1], teacher, "tiny-teacher", ARCFACE_112, tmp_path / "cache", views=4, jitter=ViewJitter(mix=1.0), progress=False)
+    # Assert: view 0 is the photo itself; every jittered view is the pixel blend its draw names, of the same jitter
+    assert mixed.folder != plain.folder
+    for index, photo in enumerate(photos):
+        for v in range(4):
+            row, drawn = index * 4 + v, draw_view(0, photo.key, v, ViewJitter(mix=1.0))
+            assert replace(drawn, own=1.0, partner_draw=0.0) == draw_view(0, photo.key, v, ViewJitter())  # blends do not move the jitter
+            if v == 0:
+                np.testing.assert_array_equal(mixed.student[row], plain.student[row])
+                continue
+            assert 0 <= drawn.own < 1
+            own = view_crops(photo.load(), photo.landmarks, drawn, (ARCFACE_112,), ARCFACE_112)[0].astype(np.float32)
+            others = [view_crops(p.load(), p.landmarks, drawn, (ARCFACE_112,), ARCFACE_112)[0].astype(np.float32) for p in photos if p is not photo]
+            errors = [np.abs(drawn.own * own + (1 - drawn.own) * o - mixed.student[row]).max() for o in others]
+            assert min(errors) <= 0.5  # one other photo, blended at the drawn weight, rounded to uint8
+            np.testing.assert_array_equal(reordered.student[(len(photos) - 1 - index) * 4 + v], mixed.student[row])
+    # Assert: the teacher embedded the blends, not the plain views
+    assert np.abs(np.asarray(mixed.teacher) - np.asarray(plain.teacher))[1::4].max() > 1e-3
+    with pytest.raises(ValueError, match="no label"):
+        _config(mix=0.5, cosface_weight=0.1)
 
 
 @pytest.mark.parametrize("recipe", [{}, {"optimizer": "adamw", "lr": 1e-3, "centered": True}], ids=["sgd", "adamw-centred"])

@@ -7,6 +7,10 @@ Invariants:
   crops always show the same face region: only the templates' fixed scale/offset differs.
 * A view is a pure function of (view seed, the photo's content hash, view number): rebuilding the
   cache, or building it for another photo order, draws the same jitter for the same photo.
+* With `mix`, a jittered view may blend its photo with another photo of the list (its partner is
+  drawn over the sorted content hashes, so it too does not depend on the order): both crops are the
+  same pixel blend of the two photos under the same jitter, so the teacher embeds what the student
+  sees. A blend is a face nobody photographed; it has no label (distillation alone may train on it).
 * The cache folder is named by teacher name, a digest of the teacher's weights, the teacher's and
   student's geometry keys, the jitter, the number of views, the view seed and a digest of the photo
   list. It is written under a temporary name and renamed when complete, so it is either complete
@@ -40,9 +44,11 @@ class ViewJitter:
     scale: float = 0.08  # uniform factor in 1 ± scale
     shift_px: float = 4.0  # uniform in ±shift_px, in pixels of the student's crop
     flip: bool = True  # mirror both crops with probability 1/2
+    mix: float = 0.0  # the chance that a jittered view blends its photo with another one
 
     def tag(self) -> str:
-        return f"r{self.rotation_deg:g}-s{self.scale:g}-t{self.shift_px:g}-f{int(self.flip)}"
+        blend = f"-m{self.mix:g}" if self.mix else ""
+        return f"r{self.rotation_deg:g}-s{self.scale:g}-t{self.shift_px:g}-f{int(self.flip)}{blend}"
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,8 @@ class View:
     scale: float
     shift: tuple[float, float]
     flip: bool
+    own: float = 1.0  # the photo's weight in a blend (1: no blend), the partner's is 1 - own
+    partner_draw: float = 0.0  # uniform in [0, 1): which photo of the sorted list is the partner
 
 
 @dataclass(frozen=True)
@@ -71,7 +79,10 @@ def draw_view(seed: int, key: str, view: int, jitter: ViewJitter) -> View:
     angle, scale = rng.uniform(-1, 1) * jitter.rotation_deg, 1.0 + rng.uniform(-1, 1) * jitter.scale
     shift = rng.uniform(-1, 1, 2) * jitter.shift_px
     flip = bool(jitter.flip and rng.random() < 0.5)
-    return View(float(angle), float(scale), (float(shift[0]), float(shift[1])), flip)
+    own, partner_draw = 1.0, 0.0
+    if jitter.mix and rng.random() < jitter.mix:  # drawn after the jitter, so a view without blends is unchanged
+        own, partner_draw = float(rng.uniform()), float(rng.random())
+    return View(float(angle), float(scale), (float(shift[0]), float(shift[1])), flip, own, partner_draw)
 
 
 def jitter_landmarks(landmarks: np.ndarray, view: View, reference: FaceGeometry) -> np.ndarray:
@@ -138,6 +149,26 @@ def open_view_cache(folder: Path) -> ViewCache:
     return ViewCache(folder, tuple(meta["keys"]), meta["views"], student, teacher)
 
 
+def _partner(by_key: dict[str, Photo], ordered: Sequence[str], key: str, draw: float) -> Photo:
+    """The photo a blend of `key` mixes in: the draw's place in the sorted hashes, the next one if that is `key` itself."""
+    place = min(int(draw * len(ordered)), len(ordered) - 1)
+    if ordered[place] == key:
+        place = (place + 1) % len(ordered)
+    return by_key[ordered[place]]
+
+
+def _blended(
+    crops: tuple[np.ndarray, np.ndarray], partner: Photo, view: View, geometries: Sequence[FaceGeometry], frame: FaceGeometry,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each crop blended with the partner's crop at the same geometry, jitter and mirror."""
+    image = partner.load()
+    if image is None:
+        raise ValueError(f"photo {partner.key[:12]} is unreadable: drop it before building views")
+    others = view_crops(image, partner.landmarks, view, geometries, frame)
+    mixed = [np.rint(view.own * c.astype(np.float32) + (1 - view.own) * o.astype(np.float32)).astype(np.uint8) for c, o in zip(crops, others, strict=True)]
+    return mixed[0], mixed[1]
+
+
 @torch.inference_mode()
 def _embed(teacher: torch.nn.Module, crops: list[np.ndarray]) -> np.ndarray:
     return torch.nn.functional.normalize(teacher(faces_to_tensor(np.stack(crops))).float(), dim=1).numpy()
@@ -151,6 +182,8 @@ def build_view_cache(
 
     Every photo must be readable: callers drop undetected or unreadable photos beforehand."""
     keys = [p.key for p in photos]
+    by_key = {p.key: p for p in photos}
+    ordered = sorted(by_key)
     folder = cache_folder(root, teacher, teacher_name, student_geometry, views, seed, jitter, keys)
     if (folder / "meta.json").is_file():
         return open_view_cache(folder)
@@ -170,7 +203,11 @@ def build_view_cache(
             if image is None:
                 raise ValueError(f"photo {photo.key[:12]} is unreadable: drop it before building views")
             for v in range(views):
-                teacher_crop, student_crop = view_crops(image, photo.landmarks, draw_view(seed, photo.key, v, jitter), geometries, student_geometry)
+                view = draw_view(seed, photo.key, v, jitter)
+                teacher_crop, student_crop = view_crops(image, photo.landmarks, view, geometries, student_geometry)
+                if view.own < 1.0:
+                    teacher_crop, student_crop = _blended(
+                        (teacher_crop, student_crop), _partner(by_key, ordered, photo.key, view.partner_draw), view, geometries, student_geometry)
                 student[index * views + v] = student_crop
                 pending.append(teacher_crop)
             if len(pending) >= batch or index == len(photos) - 1:

@@ -57,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          help="--from-teacher: rank the teacher's channels by activation energy on public faces or by filter L1 norm")
     distill.add_argument("--views", type=int, default=8, help="cached jittered views per public photo")
     distill.add_argument("--view-seed", type=int, default=0, help="seed of the cached jittered views")
+    distill.add_argument("--mix", type=float, default=0.0,
+                         help="chance that a cached jittered view blends its photo with another one, a face the teacher "
+                              "embeds and nobody photographed (needs --cosface-weight 0; default: 0)")
     distill.add_argument("--distill-weight", type=float, default=1.0, help="weight of the cosine distance to the teacher")
     distill.add_argument("--centered", action="store_true",
                          help="measure the cosine distance about the teacher's mean embedding, where faces differ")
