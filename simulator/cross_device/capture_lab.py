@@ -196,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
                              "the centre (what a device trains towards, device_sdk.training.train_local's template_length); "
                              "the unit template less the centre (what devices trained towards before)")
     parser.add_argument("--rehearse-clean", action="store_true", help="devices also train on their clean enrolment photos")
+    parser.add_argument("--rehearse-weight", type=float, default=None,
+                        help="with --rehearse-clean: the loss is the camera photos' mean plus this times the clean photos' mean, "
+                             "instead of one mean over both (which halves the camera photos' step)")
     parser.add_argument("--anchor-clean", type=float, default=0.0,
                         help="fedface: weight of a term holding each clean enrolment photo's centred feature where the pretrained model put it")
     parser.add_argument("--loss", choices=("cosface", "positive"), default="cosface",
@@ -275,8 +278,13 @@ def main(argv: list[str] | None = None) -> int:
                 opt = torch.optim.SGD([*local.parameters(), *([] if args.fixed_embeddings else [embedding])], lr=args.lr, momentum=0.9)
                 own = torch.nonzero(labels == device).ravel()
                 for start in [s for _ in range(args.local_epochs) for s in range(0, len(own), args.device_batch)]:
-                    cosine = features(local, batch(own[start : start + args.device_batch])) @ F.normalize(embedding, dim=0)
-                    loss = (args.margin - cosine).clamp_min(0).pow(2).mean()
+                    rows = own[start : start + args.device_batch]
+                    per_photo = (args.margin - features(local, batch(rows)) @ F.normalize(embedding, dim=0)).clamp_min(0).pow(2)
+                    loss = per_photo.mean()
+                    if args.rehearse_weight is not None:  # rows past the camera's photos are the clean ones
+                        clean = rows >= len(sets["labels"])
+                        loss = sum((w * per_photo[m].mean() for w, m in ((1.0, ~clean), (args.rehearse_weight, clean)) if m.any()),
+                                   torch.zeros(()))
                     if anchors is not None:
                         clean_rows = torch.nonzero(sets["labels"] == device).ravel()
                         held = (features(local, sets["train_clean"][clean_rows]) * anchors[clean_rows]).sum(1)
