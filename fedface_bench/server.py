@@ -31,7 +31,7 @@ from server_api.launcher import MANY_DEVICES_ON_LOOPBACK, LocalServer, scratch_d
 
 REPO = Path(__file__).resolve().parents[1]
 BASELINE_DEVICES = 10
-INGEST_GOAL_S = 8.0  # 1,000 updates into one process on SQLite, as a horizontal deployment sizes its replicas from it
+INGEST_GOAL_S = 8.0  # 1,000 updates into one process on SQLite: the scaling goal
 RSS_GROWTH_GOAL_MB = 300.0
 GOAL_DEVICES = 1000
 REPLICA_RATE_GOAL = 2.5

@@ -216,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="JSON lines of every evaluated round")
     args = parser.parse_args(argv)
+    if args.rehearse_weight is not None and not args.rehearse_clean:
+        parser.error("--rehearse-weight weighs the clean photos that --rehearse-clean adds: give both")
     torch.manual_seed(args.seed)
     model = load_backbone("default").eval()
     sets = prepare(model, args.capture, args.blocks, args.seed) | {"yale_b": yale_b(model, args.blocks)}
