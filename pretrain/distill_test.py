@@ -19,7 +19,7 @@ from facecore.errors import CheckpointError
 from pretrain.distill import DistillData, Distiller, init_targets, unseen_people_tar
 from pretrain.distill_config import DistillConfig
 from pretrain.distill_loss import centered_cosine_distance, cosine_distance, procrustes_rotation, relational_loss
-from pretrain.distill_views import Photo, ViewJitter, build_view_cache, draw_view, view_crops
+from pretrain.distill_views import Photo, View, ViewJitter, build_view_cache, draw_view, view_crops
 
 TEACHER_GEOMETRY = scaled_arcface(150, scale=1.1, shift_y=15.0)  # a dlib-like crop: another size, scale and offset
 
@@ -150,6 +150,12 @@ def test_the_view_cache_is_built_once_and_reused(tmp_path: Path) -> None:
     assert [p.name for p in (tmp_path / "cache").iterdir() if p.name.startswith(".")] == []  # no unfinished folders
 
 
+def _student_crop(photo: Photo, view: View) -> np.ndarray:
+    image = photo.load()
+    assert image is not None
+    return view_crops(image, photo.landmarks, view, (ARCFACE_112,), ARCFACE_112)[0].astype(np.float32)
+
+
 def test_blended_views_mix_two_photos_in_both_crops_and_leave_plain_views_as_they_were(tmp_path: Path) -> None:
     # Prepare: the same photos cached with and without blends
     teacher, photos = TinyTeacher(), _photos()
@@ -167,8 +173,8 @@ def test_blended_views_mix_two_photos_in_both_crops_and_leave_plain_views_as_the
                 np.testing.assert_array_equal(mixed.student[row], plain.student[row])
                 continue
             assert 0 <= drawn.own < 1
-            own = view_crops(photo.load(), photo.landmarks, drawn, (ARCFACE_112,), ARCFACE_112)[0].astype(np.float32)
-            others = [view_crops(p.load(), p.landmarks, drawn, (ARCFACE_112,), ARCFACE_112)[0].astype(np.float32) for p in photos if p is not photo]
+            own = _student_crop(photo, drawn)
+            others = [_student_crop(p, drawn) for p in photos if p is not photo]
             errors = [np.abs(drawn.own * own + (1 - drawn.own) * o - mixed.student[row]).max() for o in others]
             assert min(errors) <= 0.5  # one other photo, blended at the drawn weight, rounded to uint8
             np.testing.assert_array_equal(reordered.student[(len(photos) - 1 - index) * 4 + v], mixed.student[row])
