@@ -279,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
                 local, embedding = copy.deepcopy(received), nn.Parameter(W[device].clone())
                 opt = torch.optim.SGD([*local.parameters(), *([] if args.fixed_embeddings else [embedding])], lr=args.lr, momentum=0.9)
                 own = torch.nonzero(labels == device).ravel()
+                if anchors is not None:  # the device's clean enrolment photos and where the pretrained model put them
+                    clean_rows = torch.nonzero(sets["labels"] == device).ravel()
+                    clean_photos, clean_anchors = sets["train_clean"][clean_rows], anchors[clean_rows]
                 for start in [s for _ in range(args.local_epochs) for s in range(0, len(own), args.device_batch)]:
                     rows = own[start : start + args.device_batch]
                     per_photo = (args.margin - features(local, batch(rows)) @ F.normalize(embedding, dim=0)).clamp_min(0).pow(2)
@@ -288,8 +291,7 @@ def main(argv: list[str] | None = None) -> int:
                         loss = sum((w * per_photo[m].mean() for w, m in ((1.0, ~clean), (args.rehearse_weight, clean)) if m.any()),
                                    torch.zeros(()))
                     if anchors is not None:
-                        clean_rows = torch.nonzero(sets["labels"] == device).ravel()
-                        held = (features(local, sets["train_clean"][clean_rows]) * anchors[clean_rows]).sum(1)
+                        held = (features(local, clean_photos) * clean_anchors).sum(1)
                         loss = loss + args.anchor_clean * (1 - held).mean()
                     opt.zero_grad()
                     loss.backward()
