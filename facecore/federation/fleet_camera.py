@@ -18,12 +18,17 @@ never on LFW folds 6-10):
   half as much (simulator/REPORT.md, section 10);
 - one small step a round, every device counted once, and server momentum: the loss is sharp, and a
   larger device step raises it.
+- the last 8 blocks and the head train (5.34M of the default model's 5.61M weights). A device trains on its
+  clean enrolment photos as well as its camera's, which holds the clean faces but halves the camera photos'
+  share of each step; with 4 blocks that path gained too little under the camera, and with 8 it gains as
+  much as camera-only training did, real side light included (simulator/REPORT.md, section 10).
 - Plain uploads cross in 4 bits a weight with a scale a row, each device carrying what the codes miss to its
   next update (facecore.federation.quantize): a quarter of fp16's bytes, and the rounds lose nothing to it
   (simulator/REPORT.md, section 11). Secure aggregation keeps its own fixed point instead.
-- Those steps are small (a device's delta is about 1e-3 long in L2): secure aggregation's fixed point
-  takes 22 bits for them (at its default 14 most coordinates round to zero, and the sum is 30% off),
-  and its bound on each delta, which the server checks the unmasked sum against, is 0.05.
+- Secure aggregation's bound on each delta (devices clip to it, and the server checks the unmasked sum
+  against it) sits above every honest delta: a delta's length grows with the device's photos, and a bound
+  that clips the largest devices moves the photo-weighted sum they dominate (SECURITY.md, *Bounded inputs*).
+  Its fixed point takes 22 bits, so that the small deltas of devices with few photos do not round to zero.
 """
 from __future__ import annotations
 
@@ -33,10 +38,10 @@ from typing import Any
 from facecore.federation.config import is_unit_vector
 
 LOCAL_LR = 0.002
-TRAINABLE_BLOCKS = 4
+TRAINABLE_BLOCKS = 8
 SERVER_MOMENTUM = 0.9
 SECURE_SCALE_BITS = 22
-SECURE_MAX_UPDATE_NORM = 0.05
+SECURE_MAX_UPDATE_NORM = 0.25
 UPLOAD_BITS = 4
 
 

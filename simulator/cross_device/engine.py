@@ -56,6 +56,21 @@ if TYPE_CHECKING:
 Evaluator = Callable[[torch.nn.Module], dict[str, Any]]
 
 
+@dataclass
+class RoundTally:
+    """What a round's updates report as they stream past the strategy: each device's loss after training,
+    and the L2 length of its backbone delta as the server reads it (what a secure round's bound must clear)."""
+
+    losses: list[float] = field(default_factory=list)
+    update_lengths: list[float] = field(default_factory=list)
+
+    def update_length_summary(self) -> dict[str, float] | None:
+        if not self.update_lengths:
+            return None
+        lengths = np.asarray(self.update_lengths)
+        return {"median": float(np.median(lengths)), "p90": float(np.quantile(lengths, 0.9)), "max": float(lengths.max())}
+
+
 def mean_pairwise_cosine(W: np.ndarray) -> float:
     """Spread of the class embeddings: 1.0 means every identity collapsed onto one direction. The sum of all
     pairs' cosines is |sum of the unit rows|² less the n self-pairs, so no (n, n) matrix is built."""
@@ -231,9 +246,9 @@ class CrossDeviceSimulation:
             return training_seed(round_number, self.config.seed)
         return self.config.seed * 1_000_003 + round_number * 10_007 + index
 
-    def _updates(self, round_number: int, chosen: list[int], state: SimulationState, losses: list[float]) -> Iterator[ClientUpdate]:
+    def _updates(self, round_number: int, chosen: list[int], state: SimulationState, tally: RoundTally) -> Iterator[ClientUpdate]:
         if self.config.workers > 1 or self.config.backend == "ray":
-            yield from self._pooled_updates(round_number, chosen, state, losses)
+            yield from self._pooled_updates(round_number, chosen, state, tally)
             return
         base = self.received.state_dict()
         public = None if self.negatives is None else self.negatives.for_round(
@@ -246,9 +261,9 @@ class CrossDeviceSimulation:
             update = train_local(self.received, state.W[index], faces, self.local, seed=self._seed(round_number, index), cache=cache,
                                  workspace=self.workspace, public=public, template_length=self._template_length(state, index))
             sent = wire_arrays(delta(update.state_dict, base), self._upload_precision)
-            yield self._received(round_number, index, sent, update.embedding.numpy(), update.n_samples, update.loss_before, update.loss_after, state, losses)
+            yield self._received(round_number, index, sent, update.embedding.numpy(), update.n_samples, update.loss_before, update.loss_after, state, tally)
 
-    def _pooled_updates(self, round_number: int, chosen: list[int], state: SimulationState, losses: list[float]) -> Iterator[ClientUpdate]:
+    def _pooled_updates(self, round_number: int, chosen: list[int], state: SimulationState, tally: RoundTally) -> Iterator[ClientUpdate]:
         if self.pool is None:
             if self.config.backend == "ray":
                 from simulator.cross_device.ray_backend import RayDevicePool
@@ -272,11 +287,11 @@ class CrossDeviceSimulation:
         for r in tqdm(self.pool.train(weights, tasks), total=len(tasks), desc=f"round {round_number}", unit="device", leave=False):
             # Workers send fp32; Ray's come read-only, which torch refuses to wrap without a warning, so those are copied.
             sent = wire_arrays({k: torch.from_numpy(np.require(v, requirements="W")) for k, v in r.delta.items()}, self._upload_precision)
-            yield self._received(round_number, r.index, sent, r.embedding, r.n_samples, r.loss_before, r.loss_after, state, losses)
+            yield self._received(round_number, r.index, sent, r.embedding, r.n_samples, r.loss_before, r.loss_after, state, tally)
 
     def _received(
         self, round_number: int, index: int, sent: dict[str, np.ndarray], embedding: np.ndarray, n_samples: int, loss_before: float,
-        loss_after: float, state: SimulationState, losses: list[float],
+        loss_after: float, state: SimulationState, tally: RoundTally,
     ) -> ClientUpdate:
         shared = self._shared(embedding, round_number, index)
         if self.config.upload_bits is None:
@@ -285,7 +300,8 @@ class CrossDeviceSimulation:
             tensors, _, state.residuals[index] = quantized_update(sent, self.config.upload_bits, state.residuals.get(index))
         deltas = received_deltas(tensors, {k: v.shape for k, v in sent.items()})  # as the server reads it back
         state.W[index] = np.asarray(shared, np.float32)
-        losses.append(loss_after)
+        tally.losses.append(loss_after)
+        tally.update_lengths.append(math.sqrt(sum(float(np.square(d, dtype=np.float64).sum()) for d in deltas.values() if d.dtype.kind == "f")))
         device = self.population.devices[index]
         return ClientUpdate(deltas, n_samples, {"loss_before": loss_before, "loss_after": loss_after}, device.identity, kind="delta")
 
@@ -309,18 +325,19 @@ class CrossDeviceSimulation:
         chosen = self._chosen(rng, state)
         for index in chosen:
             state.last_selected[index] = round_number
-        losses: list[float] = []
+        tally = RoundTally()
         current = self.model.state_dict()
         base = to_numpy({k: current[k] for k in self.trained_keys})
-        result = aggregate_in_shards(self.strategy, round_number, base, self._updates(round_number, chosen, state, losses))
+        result = aggregate_in_shards(self.strategy, round_number, base, self._updates(round_number, chosen, state, tally))
         self.model.load_state_dict({**current, **{k: torch.from_numpy(np.asarray(v)) for k, v in result.weights.items()}})
         if self.config.uses_spreadout:
             state.W = self.strategy.aggregate_embeddings(state.W, self.config.server_spreadout).astype(np.float32)
         state.round = round_number
         state.model_state = {k: v.clone() for k, v in self.model.state_dict().items()}
         record = {
-            "round": round_number, "participants": len(chosen), "train_loss": float(np.mean(losses)) if losses else None,
-            "loss_before": result.metrics.get("loss_before"), "embedding_mean_cos": mean_pairwise_cosine(state.W),
+            "round": round_number, "participants": len(chosen), "train_loss": float(np.mean(tally.losses)) if tally.losses else None,
+            "loss_before": result.metrics.get("loss_before"), "update_length": tally.update_length_summary(),
+            "embedding_mean_cos": mean_pairwise_cosine(state.W),
             "seconds": time.perf_counter() - started,
         }
         if self.dp is not None:

@@ -69,7 +69,10 @@ def test_a_simulated_round_is_sdk_updates_through_the_wire_aggregated_by_the_ser
         updates.append(ClientUpdate(received_deltas(tensors, {k: v.shape for k, v in base.items()}), u.n_samples))
         np.testing.assert_allclose(state.W[i], u.embedding.numpy(), rtol=1e-6)
     expected = FedAvg(weighting).aggregate_train(1, base, updates).weights
+    lengths = [np.sqrt(sum(np.square(d, dtype=np.float64).sum() for d in u.weights.values() if d.dtype.kind == "f")) for u in updates]
     assert len({u.n_samples for u in updates}) == 2  # the weightings differ on this round
+    assert state.history[1]["update_length"] == pytest.approx({"median": np.median(lengths), "p90": np.quantile(lengths, 0.9), "max": max(lengths)})
+    assert min(lengths) > 0  # the devices trained
     assert state.last_selected == [1 if i in chosen else None for i in range(4)]
     for key, value in expected.items():
         np.testing.assert_allclose(sim.model.state_dict()[key].numpy(), value, rtol=1e-5, atol=1e-7)

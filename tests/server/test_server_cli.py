@@ -252,7 +252,7 @@ def test_round_open_takes_the_fleet_camera_settings_on_the_centre_model_center_p
     config = json.loads(opened.stdout)["config"]
     assert opened.returncode == 0, opened.stderr
     assert config["local"] | {"feature_center": None} == config["local"] | {
-        "lr": 0.005, "trainable_blocks": 4, "train_embedding": False, "epochs": 2, "feature_center": None}
+        "lr": 0.005, "trainable_blocks": 8, "train_embedding": False, "epochs": 2, "feature_center": None}
     np.testing.assert_allclose(config["local"]["feature_center"], expected, atol=1e-6)
     assert (config["spreadout"]["steps"], config["aggregation"]["weighting"], config["aggregation"]["server_momentum"]) == (0, "devices", 0.9)
 
