@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import numpy as np
 
 FAR_MIN = 1e-5
 FAR_MARKS = (1e-3, 1e-4)
+LEGEND_WIDTH = 70  # characters a legend line holds below a 6-inch plot
 
 
 def _pyplot() -> Any:
@@ -96,8 +98,10 @@ def save_line_plot(
         ax.set_ylabel(ylabel)
         ax.set_title(title)
         ax.grid(True, alpha=0.3)
-        if series:
-            ax.legend()
+        if series:  # below the axes, wrapped: a run's label is often wider than the plot, and inside it would hide the lines
+            handles, labels = ax.get_legend_handles_labels()
+            ax.legend(handles, [textwrap.fill(label, LEGEND_WIDTH) for label in labels], loc="upper center",
+                      bbox_to_anchor=(0.5, -0.14), fontsize="small", frameon=False)
         return _save_atomic(fig, path)
     finally:
         plt.close(fig)

@@ -35,3 +35,17 @@ def test_save_line_plot_overwrites_atomically(tmp_path: Path) -> None:
     # Assert
     assert target.read_bytes().startswith(PNG_SIGNATURE)
     assert [p.name for p in tmp_path.iterdir()] == ["loss.png"]
+
+
+def test_a_long_label_goes_below_the_plot_without_widening_it(tmp_path: Path) -> None:
+    # Prepare: a simulator run's label, wider than the axes
+    from PIL import Image
+
+    label = "fedface-no-spreadout (mean init, last 8 blocks, clean enrolment, trained on, templates fixed) [camera: lowlight-ir]"
+    rounds = np.arange(3)
+    # Execute
+    save_line_plot(tmp_path / "short.png", {"train": (rounds, rounds)}, "round", "TAR", "TAR")
+    save_line_plot(tmp_path / "long.png", {label: (rounds, rounds), "seed 1": (rounds, rounds + 1)}, "round", "TAR", "TAR")
+    # Assert: the figure keeps its width (a legend placed beside or across the axes widens the saved image)
+    short, long = (Image.open(tmp_path / f"{name}.png").size for name in ("short", "long"))
+    assert long[0] <= short[0] * 1.05 and long[1] > short[1]  # wrapped below, so only taller
