@@ -228,6 +228,7 @@ def _run(argv: Sequence[str] | None) -> tuple[int, bool]:
     command = "fedface"
     try:
         args = build_parser().parse_args(argv)
+        args._argv = list(sys.argv[1:] if argv is None else argv)  # a command that starts itself again passes them on
         command = f"fedface {args.command}"
         _export_detector(args)
         module = importlib.import_module(args._module)

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -208,14 +209,22 @@ def bench_sim(
     return results
 
 
-def bench_sim_each(device_counts: tuple[int, ...], options: list[str], progress: Progress = QUIET) -> list[dict[str, Any]]:
-    """`fedface bench sim --devices N --json` with `options`, in a process of its own for each count, so that
-    each count's peak RSS is its own; then the memory goal across the counts (:func:`with_memory_goal`)."""
+def count_command(command_line: Sequence[str], count: int) -> list[str]:
+    """One device count's process: `fedface` with the parent's own arguments, then `--devices COUNT --json`,
+    which win over the parent's (argparse keeps an option's last value), so every other flag reaches the
+    child as given. It runs in the parent's folder, so that a relative path means what it meant there."""
+    return [sys.executable, "-m", "fedface", *command_line, "--devices", str(count), "--json"]
+
+
+def bench_sim_each(device_counts: tuple[int, ...], command_line: Sequence[str], progress: Progress = QUIET) -> list[dict[str, Any]]:
+    """`fedface bench sim` as `command_line` gave it, in a process of its own for each count (:func:`count_command`),
+    so that each count's peak RSS is its own; then the memory goal across the counts (:func:`with_memory_goal`)."""
     results = []
     for number, count in enumerate(device_counts, 1):
         progress(f"{number} of {len(device_counts)}: {count} devices, in a process of their own")
-        command = [sys.executable, "-m", "fedface", "bench", "sim", "--devices", str(count), "--json", *options]
-        done = subprocess.run(command, cwd=REPO, stdout=subprocess.PIPE, text=True, check=False)  # progress stays on stderr
+        source = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)  # this process's fedface, from any folder
+        done = subprocess.run(count_command(command_line, count), env={**os.environ, "PYTHONPATH": source}, stdout=subprocess.PIPE,
+                              text=True, check=False)  # progress stays on stderr
         if done.returncode != 0:
             raise RuntimeError(f"the {count}-device run failed ({done.returncode}); its error is above")
         results.append(json.loads(done.stdout.strip().splitlines()[-1]))

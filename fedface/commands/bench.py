@@ -179,11 +179,8 @@ def _sim(args: argparse.Namespace) -> int:
 
     progress = _progress(args)
     if len(counts) > 1:  # each count in a process of its own, so that each peak RSS is its own
-        options = ["--trainable-blocks", str(args.trainable_blocks), "--repeats", str(args.repeats), "--model", args.model,
-                   *(["--workers", str(args.workers)] if args.workers else []), *(["--data", str(Path(args.data).resolve())] if args.data else []),
-                   *(["--flower"] if args.flower else []), *(["--ray"] if args.ray else [])]
         try:
-            results = bench_sim_each(counts, options, progress)
+            results = bench_sim_each(counts, args._argv, progress)
         except RuntimeError as error:
             raise FaceCoreError(str(error)) from None
         print(json.dumps(results) if args.json else describe(results))
