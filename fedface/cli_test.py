@@ -439,3 +439,17 @@ def test_only_the_device_actions_that_leave_nothing_open_skip_the_teardown(actio
     skips = device.skips_teardown(argparse.Namespace(action=action))
     # Assert: the four that open no aligner, pool or torch; every other action ends as any program does
     assert skips == (action in ("register", "verify", "status", "unenroll"))
+
+
+def test_each_count_runs_the_parents_command_with_its_own_count() -> None:
+    # Prepare: what the parent process was given, a relative data folder among it
+    from fedface_bench.sim import count_command
+
+    parent = ["bench", "sim", "--devices", "10,100", "--trainable-blocks", "3", "--flower", "--data", "../data", "--repeats", "2"]
+    # Execute
+    command = count_command(parent, 100)
+    child = cli.build_parser().parse_args(command[3:])
+    # Assert: the count and --json are the child's, every other flag the parent's, the path as given (same folder)
+    assert command[1:3] == ["-m", "fedface"]
+    assert (child.devices, child.json) == ("100", True)
+    assert (child.trainable_blocks, child.flower, child.data, child.repeats) == (3, True, "../data", 2)

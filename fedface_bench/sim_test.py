@@ -5,7 +5,7 @@ import torch
 
 from facecore.data.synthetic import synthetic_faces
 from facecore.models import get_backbone
-from fedface_bench.sim import GOAL_DEVICES, RSS_RATIO_GOAL, bench_sim, count_command, flower_python, tile_population, with_memory_goal
+from fedface_bench.sim import GOAL_DEVICES, RSS_RATIO_GOAL, bench_sim, flower_python, tile_population, with_memory_goal
 from simulator.conftest import one_torch_thread  # noqa: F401  the simulator tests' autouse fixture, here too
 from simulator.cross_device.population import Population, SimDevice
 
@@ -21,20 +21,6 @@ def test_tiling_reuses_real_identities_cyclically() -> None:
     # Assert
     assert [d.index for d in tiled.devices] == list(range(7))
     assert [d.identity for d in tiled.devices] == ["syn:0", "syn:1", "syn:2", "syn:0", "syn:1", "syn:2", "syn:0"]
-
-
-def test_each_count_runs_the_parents_command_with_its_own_count() -> None:
-    # Prepare: what the parent process was given, a relative data folder among it
-    from fedface.cli import build_parser
-
-    parent = ["bench", "sim", "--devices", "10,100", "--trainable-blocks", "3", "--flower", "--data", "../data", "--repeats", "2"]
-    # Execute
-    command = count_command(parent, 100)
-    child = build_parser().parse_args(command[3:])
-    # Assert: the count and --json are the child's, every other flag the parent's, the path as given (same folder)
-    assert command[1:3] == ["-m", "fedface"]
-    assert (child.devices, child.json) == ("100", True)
-    assert (child.trainable_blocks, child.flower, child.data, child.repeats) == (3, True, "../data", 2)
 
 
 def test_bench_reports_both_timings_and_their_ratio() -> None:
