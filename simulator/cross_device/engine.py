@@ -17,7 +17,7 @@ import dataclasses
 import json
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -69,6 +69,14 @@ class RoundTally:
             return None
         lengths = np.asarray(self.update_lengths)
         return {"median": float(np.median(lengths)), "p90": float(np.quantile(lengths, 0.9)), "max": float(lengths.max())}
+
+
+def update_length(deltas: Mapping[str, np.ndarray]) -> float:
+    """The L2 length of an update's float deltas. torch sums fp16 and fp32 in fp32 without a widened copy,
+    an order of magnitude faster than numpy's float64 square, which would cost each device more than its bookkeeping."""
+    squares = (torch.linalg.vector_norm(torch.from_numpy(np.require(d, requirements="W")), dtype=torch.float32).item() ** 2
+               for d in deltas.values() if d.dtype.kind == "f")
+    return math.sqrt(sum(squares))
 
 
 def mean_pairwise_cosine(W: np.ndarray) -> float:
@@ -301,7 +309,7 @@ class CrossDeviceSimulation:
         deltas = received_deltas(tensors, {k: v.shape for k, v in sent.items()})  # as the server reads it back
         state.W[index] = np.asarray(shared, np.float32)
         tally.losses.append(loss_after)
-        tally.update_lengths.append(math.sqrt(sum(float(np.square(d, dtype=np.float64).sum()) for d in deltas.values() if d.dtype.kind == "f")))
+        tally.update_lengths.append(update_length(deltas))
         device = self.population.devices[index]
         return ClientUpdate(deltas, n_samples, {"loss_before": loss_before, "loss_after": loss_after}, device.identity, kind="delta")
 
