@@ -70,6 +70,13 @@ class Photo:
     landmarks: np.ndarray  # (5, 2)
     load: Callable[[], np.ndarray | None]  # RGB uint8 image, None if unreadable
 
+    def image(self) -> np.ndarray:
+        """The RGB image: callers drop unreadable photos before building views, so one here is an error."""
+        image = self.load()
+        if image is None:
+            raise ValueError(f"photo {self.key[:12]} is unreadable: drop it before building views")
+        return image
+
 
 def draw_view(seed: int, key: str, view: int, jitter: ViewJitter) -> View:
     """The jitter of view `view` of the photo whose content hash is `key` (view 0 is no jitter)."""
@@ -161,10 +168,7 @@ def _blended(
     crops: tuple[np.ndarray, np.ndarray], partner: Photo, view: View, geometries: Sequence[FaceGeometry], frame: FaceGeometry,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Each crop blended with the partner's crop at the same geometry, jitter and mirror."""
-    image = partner.load()
-    if image is None:
-        raise ValueError(f"photo {partner.key[:12]} is unreadable: drop it before building views")
-    others = view_crops(image, partner.landmarks, view, geometries, frame)
+    others = view_crops(partner.image(), partner.landmarks, view, geometries, frame)
     mixed = [np.rint(view.own * c.astype(np.float32) + (1 - view.own) * o.astype(np.float32)).astype(np.uint8) for c, o in zip(crops, others, strict=True)]
     return mixed[0], mixed[1]
 
@@ -199,9 +203,7 @@ def build_view_cache(
     bar = tqdm(total=rows, desc=f"teacher views ({teacher_name})", unit="view", disable=not progress)
     try:
         for index, photo in enumerate(photos):
-            image = photo.load()
-            if image is None:
-                raise ValueError(f"photo {photo.key[:12]} is unreadable: drop it before building views")
+            image = photo.image()
             for v in range(views):
                 view = draw_view(seed, photo.key, v, jitter)
                 teacher_crop, student_crop = view_crops(image, photo.landmarks, view, geometries, student_geometry)
