@@ -34,6 +34,7 @@ EMBEDDING_NORM_RANGE = (1e-3, 1e3)
 _FLOAT_WIRE = {"F16", "F32"}
 _INT_WIRE = {"I32", "I64"}
 _F16_EXPONENT = 0x7C00
+_EXACT_FLOAT32_WIDTH = 2**18
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,8 @@ class _Scratch(threading.local):
         self.raw = bytearray()
         self.wide = np.empty(0, np.float32)
         self.half = np.empty(0, np.float16)
+        self.buffers: dict[type, np.ndarray] = {}
+        self.ones: dict[type, np.ndarray] = {}
 
     def read(self, handle: BinaryIO, size: int) -> memoryview:
         if len(self.raw) < size:
@@ -155,6 +158,38 @@ class _Scratch(threading.local):
         else:
             np.concatenate(runs, out=wide, casting="same_kind")
         return wide
+
+    def row_squared_codes(self, sent: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        """Each row's sum of squared codes (float64, exact) of one quantised entry as sent: squared in
+        reused buffers: 8-bit codes in int16, summed in int64; 4-bit codes in float32, summed by a product with
+        ones, whose integer partial sums stay exact (at most 64 a code: within 2**24 for rows up to 2**18)."""
+        rows = rows_of(shape)
+        width = math.prod(shape) // rows
+        if sent.dtype == np.int8:
+            codes = sent.reshape(rows, width)
+            squares = self._buffer(np.int16, sent.size).reshape(rows, width)  # 128² fits
+            return np.multiply(codes, codes, out=squares, dtype=np.int16).sum(axis=1, dtype=np.int64).astype(np.float64)
+        if width % 2 or width > _EXACT_FLOAT32_WIDTH:  # a byte holds the end of one row and the start of the next
+            codes = codes_of(sent, shape).reshape(rows, width).astype(np.int64)
+            return np.square(codes).sum(axis=1).astype(np.float64)
+        nibbles, values = self._buffer(np.uint8, sent.size), self._buffer(np.float32, sent.size)
+        sums = np.zeros(rows)
+        for shift in (0, 4):  # the low nibbles, then the high ones: a code is its nibble minus 8
+            np.bitwise_and(np.right_shift(sent, shift, out=nibbles), 15, out=nibbles)
+            np.subtract(nibbles, 8, out=values, dtype=np.float32)
+            np.multiply(values, values, out=values)
+            sums += values.reshape(rows, width // 2) @ self._ones(np.float32, width // 2)
+        return sums
+
+    def _buffer(self, dtype: type, size: int) -> np.ndarray:
+        if self.buffers.get(dtype, np.empty(0)).size < size:
+            self.buffers[dtype] = np.empty(size, dtype)
+        return self.buffers[dtype][:size]
+
+    def _ones(self, dtype: type, size: int) -> np.ndarray:
+        if self.ones.get(dtype, np.empty(0)).size < size:
+            self.ones[dtype] = np.ones(size, dtype)
+        return self.ones[dtype][:size]
 
 
 _scratch = _Scratch()
@@ -221,19 +256,27 @@ def _parse_meta(header: TensorFileHeader) -> UpdateMeta:
 
 def _quantized_squared_norm(handle: BinaryIO, header: TensorFileHeader, spec: dict[str, Any]) -> float:
     """Sum of squares of the quantised entries as aggregation reads them (code x its row's scale), refusing
-    a scale that is negative, NaN or Inf; codes are integers, so they are finite. A row's sum of squared codes
-    is an integer, summed exactly in int16 squares (127² fits) and an int64 total instead of float64 copies."""
+    a scale that is negative, NaN or Inf; codes are integers, so they are finite. One read of the entries'
+    bytes into the reused buffer; each row's squared codes are summed exactly (_Scratch.row_squared_codes)."""
+    names = [key[len(SCALE_PREFIX):] for key in header.tensors if key.startswith(SCALE_PREFIX)]
+    if not names:
+        return 0.0
+    infos = [header.tensors[prefix + name] for name in names for prefix in (SCALE_PREFIX, BACKBONE_PREFIX)]
+    first = min(info.begin for info in infos)
+    handle.seek(header.data_start + first)
+    buffer = _scratch.read(handle, max(info.end for info in infos) - first)
+
+    def view(key: str) -> np.ndarray:
+        info = header.tensors[key]
+        dtype = DTYPES[info.dtype]
+        return np.frombuffer(buffer, dtype, count=(info.end - info.begin) // dtype.itemsize, offset=info.begin - first)
+
     squared = 0.0
-    for key in header.tensors:
-        if not key.startswith(SCALE_PREFIX):
-            continue
-        name = key[len(SCALE_PREFIX):]
-        scale = read_tensor(handle, header, key).astype(np.float64)
+    for name in names:
+        scale = view(SCALE_PREFIX + name).astype(np.float64)
         if not (np.isfinite(scale).all() and (scale >= 0).all()):
-            raise InvalidInput(f"{key} holds a negative, NaN or Inf scale")
-        codes = codes_of(read_tensor(handle, header, BACKBONE_PREFIX + name), tuple(spec[name][1])).reshape(len(scale), -1).astype(np.int16)
-        np.multiply(codes, codes, out=codes)
-        squared += float(np.dot(codes.sum(axis=1, dtype=np.int64).astype(np.float64), np.square(scale)))
+            raise InvalidInput(f"{SCALE_PREFIX}{name} holds a negative, NaN or Inf scale")
+        squared += float(np.dot(_scratch.row_squared_codes(view(BACKBONE_PREFIX + name), tuple(spec[name][1])), np.square(scale)))
     return squared
 
 

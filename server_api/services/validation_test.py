@@ -142,3 +142,30 @@ def test_the_largest_codes_in_long_rows_are_measured_exactly(bits: int) -> None:
     scale = float(np.float32(0.25) / np.float32(top))
     assert norm == pytest.approx(np.sqrt(300_000 * (top * scale) ** 2), rel=1e-12)
     assert norm == pytest.approx(np.sqrt(np.square(received["w"].astype(np.float64)).sum()), rel=1e-6)  # received: float32 products
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_any_codes_an_attacker_packs_are_measured_as_aggregation_dequantizes_them(bits: int) -> None:
+    # Prepare: codes no device sends (-128 at 8 bits, the nibble 0 = -8 at 4), in rows of even and odd width
+    # (odd: a byte holds the end of one row and the start of the next), over reused buffers of other sizes
+    from facecore.federation.quantize import dequantize
+
+    rng = np.random.default_rng(bits)
+    spec = {"even": ("float32", [5, 6]), "odd": ("float32", [3, 5]), "long": ("float32", [2, 4096])}
+    tensors: dict[str, np.ndarray] = {}
+    reference = 0.0
+    for name, (_, shape) in spec.items():
+        count = int(np.prod(shape))
+        sent = (rng.integers(-128, 128, count, dtype=np.int8).reshape(shape) if bits == 8
+                else rng.integers(0, 256, (count + 1) // 2, dtype=np.uint8))
+        scale = rng.uniform(0.5, 2.0, shape[0]).astype("<f4")
+        tensors |= {f"backbone.{name}": sent, f"scale.{name}": scale}
+        reference += float(np.square(dequantize(sent, scale, tuple(shape)).astype(np.float64)).sum())
+    body = tensorfile.dumps(tensors | {"class_embedding": np.full(4, 0.5, "<f4")},
+                            {"fedface": json.dumps({"base_version": BASE, "n_samples": 3, "metrics": {}})})
+
+    # Execute: twice, so the second reads through buffers the first sized
+    norms = [parse_update(io.BytesIO(body), len(body), spec, 4, BASE, 1e30).delta_norm for _ in range(2)]
+
+    # Assert: float32 products of code and scale, as aggregation reads them, against exact integer sums
+    assert norms[0] == norms[1] == pytest.approx(np.sqrt(reference), rel=1e-6)
