@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 Process = tuple[int, str, list[str]]  # pid, command name, the stat fields after the name
@@ -31,6 +31,22 @@ def processes() -> Iterator[Process]:
                 continue  # the process ended between listing and reading
             name, rest = stat.split("(", 1)[1].rsplit(")", 1)
             yield int(entry.name), name, rest.split()
+
+
+def cpu_ticks(fields: list[str]) -> int:
+    """A process's CPU ticks so far (user + system), from its stat fields after the name."""
+    return int(fields[11]) + int(fields[12])
+
+
+def ticks_spent(samples: Sequence[Mapping[int, int]]) -> int:
+    """CPU ticks a changing set of processes spent from the first sample to the last (each a pid's ticks so far):
+    each pid's last reading less its first, or all of it for a pid started after the first sample. A process that
+    ends in between counts up to its last reading; a sum of the totals would lose everything it spent before."""
+    first = samples[0] if samples else {}
+    latest: dict[int, int] = {}
+    for sample in samples:
+        latest.update(sample)
+    return sum(ticks - first.get(pid, 0) for pid, ticks in latest.items())
 
 
 def group_pids(pgid: int, running: Iterable[Process] | None = None) -> list[int]:

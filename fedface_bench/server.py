@@ -24,7 +24,7 @@ from facecore.errors import FaceCoreError
 from facecore.federation.status import RoundStatus
 from facecore.lifetime import Lifeline
 from fedface_bench.goals import at_least, at_most, verdict, with_goals
-from fedface_bench.processes import PeakRss, Process, group_pids
+from fedface_bench.processes import PeakRss, Process, cpu_ticks, group_pids, ticks_spent
 from fedface_bench.progress import QUIET, Progress
 from server_api.errors import LaunchFailed
 from server_api.launcher import MANY_DEVICES_ON_LOOPBACK, LocalServer, scratch_database, share_dev_secrets
@@ -43,32 +43,32 @@ class BenchRoundFailed(FaceCoreError):
     is and its errors, so the command reports it in its error line rather than as a traceback."""
 
 
-def _cpu_ticks(fields: list[str]) -> int:
-    return int(fields[11]) + int(fields[12])  # utime + stime
-
-
 class RssSampler(PeakRss):
-    """Peak summed VmRSS of the server's process group, sampled every SAMPLE_INTERVAL_S, with the CPU time of
-    that group and of PostgreSQL's processes at each sample (a process's ticks go with it when it exits)."""
+    """Peak summed VmRSS of the server's process group, sampled every SAMPLE_INTERVAL_S, with the CPU ticks of
+    each process of that group and of PostgreSQL's at each sample, so that one ending mid-window (a backend whose
+    connection closed, an autovacuum worker) neither takes its earlier ticks with it nor is counted twice."""
 
     def __init__(self, pgid: int) -> None:
         super().__init__(lambda running: group_pids(pgid, running), pgid, SAMPLE_INTERVAL_S)
-        self.cpu: list[tuple[float, int, int]] = []  # (wall time, server ticks, PostgreSQL ticks)
+        self.cpu: list[tuple[float, dict[int, int], dict[int, int]]] = []  # (wall time, server ticks, PostgreSQL ticks) by pid
 
     def scanned(self, running: list[Process]) -> None:
         group = set(self.members(running))
-        server = sum(_cpu_ticks(fields) for pid, _, fields in running if pid in group)
-        postgres = sum(_cpu_ticks(fields) for _, name, fields in running if name == "postgres")
+        server = {pid: cpu_ticks(fields) for pid, _, fields in running if pid in group}
+        postgres = {pid: cpu_ticks(fields) for pid, name, fields in running if name == "postgres"}
         self.cpu.append((time.time(), server, postgres))
 
     def cpu_seconds(self, start: float, end: float) -> tuple[float, float]:
-        """(server, PostgreSQL) CPU seconds between two wall times, from the samples nearest them."""
+        """(server, PostgreSQL) CPU seconds between two wall times, over the samples from the one nearest
+        `start` to the one nearest `end`."""
         if not self.cpu:
             return float("nan"), float("nan")
-        first = min(self.cpu, key=lambda sample: abs(sample[0] - start))
-        last = min(self.cpu, key=lambda sample: abs(sample[0] - end))
+        times = [sample[0] for sample in self.cpu]
+        first = min(range(len(times)), key=lambda i: abs(times[i] - start))
+        last = min(range(len(times)), key=lambda i: abs(times[i] - end))
+        window = self.cpu[first : last + 1]
         tick = os.sysconf("SC_CLK_TCK")
-        return (last[1] - first[1]) / tick, (last[2] - first[2]) / tick
+        return ticks_spent([s[1] for s in window]) / tick, ticks_spent([s[2] for s in window]) / tick
 
 
 def bench_server(data_dir: Path, backbone: str, workers: int = 1, db_url: str | None = None, blob_store: str = "local",
