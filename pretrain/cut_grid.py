@@ -53,7 +53,7 @@ def measure(widths: Sequence[float], depths: Sequence[str], criteria: Sequence[s
         for depth in depths:
             for criterion in criteria:
                 config = DistillConfig(backbone=cut_name(width, depth), init="cut", width=width, depth=depth, cut_by=criterion)
-                student = cut_student(teacher, data, config)
+                student, _ = cut_student(teacher, data, config)
                 cosine = float(np.mean(np.sum(embed_faces(student, faces) * targets, axis=1)))
                 record = {"model": cut_name(width, depth), "width": width, "depth": depth, "cut_by": criterion,
                           "parameters": sum(p.numel() for p in student.parameters()), "cosine_to_teacher": cosine, **monitor(student)}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import cast
 
@@ -27,8 +28,9 @@ from facecore.eval.metrics import all_pairs_scores, threshold_at_far
 from facecore.models.checkpoint import save_backbone
 from facecore.models.preprocess import PIXEL_MEAN, PIXEL_STD, embed_faces
 from pretrain.distill_config import DistillConfig
-from pretrain.distill_loss import centered_cosine_distance, cosine_distance, relational_loss
+from pretrain.distill_loss import centered_cosine_distance, cosine_distance, relational_loss, stage_loss
 from pretrain.distill_views import ViewCache
+from pretrain.teacher_cut import StageTeacher
 from pretrain.trainer import EvalFn, Pretrainer
 
 MONITOR_KEY = "lfw_1_5_accuracy"
@@ -69,11 +71,18 @@ class Distiller(Pretrainer):
     def __init__(
         self, config: DistillConfig, data: DistillData, out_dir: str | Path, evaluate: EvalFn | None = None,
         init_state: dict[str, torch.Tensor] | None = None, init_head: torch.Tensor | None = None,
-        rotation: np.ndarray | None = None,
+        rotation: np.ndarray | None = None, stages: StageTeacher | None = None,
     ) -> None:
         super().__init__(config, data, out_dir, evaluate=evaluate, init_state=init_state, init_head=init_head)  # type: ignore[arg-type]
         dim = data.cache.teacher.shape[1]
         self._set_rotation(np.eye(dim, dtype=np.float32) if rotation is None else rotation)
+        if (stages is None) != (config.stage_weight == 0):
+            raise ValueError("a stage weight needs the teacher's stages, and the teacher's stages need a stage weight")
+        self.stages = stages
+        self._stage_maps: dict[int, torch.Tensor] = {}
+        blocks = cast(torch.nn.Sequential, self.model.blocks) if stages is not None else torch.nn.Sequential()
+        for end in stages.ends if stages is not None else []:
+            blocks[end.student_block].register_forward_hook(partial(_keep_output, self._stage_maps, end.student_block))
 
     def _set_rotation(self, rotation: np.ndarray) -> None:
         self.rotation = np.asarray(rotation, dtype=np.float32)
@@ -121,6 +130,9 @@ class Distiller(Pretrainer):
             loss = loss + c.relational_weight * relational_loss(embeddings, targets)
         if c.cosface_weight:
             loss = loss + c.cosface_weight * self.head(embeddings, labels)
+        if self.stages is not None:
+            student_maps = [self._stage_maps[end.student_block].float() for end in self.stages.ends]
+            loss = loss + c.stage_weight * stage_loss(student_maps, [m.float() for m in self.stages.maps(x)])
         return loss, len(labels)
 
     def _on_record(self, record: dict[str, float]) -> None:
@@ -130,6 +142,10 @@ class Distiller(Pretrainer):
         if not earlier or record[MONITOR_KEY] > max(earlier):
             meta = {"config": self.config.to_dict(), "epoch": self.epoch, "selected_by": MONITOR_KEY, "record": record}
             save_backbone(self.model, self.out / "best.pt", meta=meta)
+
+
+def _keep_output(store: dict[int, torch.Tensor], key: int, _module: torch.nn.Module, _inputs: object, output: torch.Tensor) -> None:
+    store[key] = output
 
 
 def init_targets(

@@ -31,13 +31,14 @@ class DistillConfig(PretrainConfig):
     centered: bool = False  # measure that distance about the teacher's mean embedding (distill_loss.centered_cosine_distance)
     relational_weight: float = 0.0  # batch cosine-matrix match
     cosface_weight: float = 0.0  # CosFace on the public labels
+    stage_weight: float = 0.0  # init 'cut': its stream at each stage end against the teacher's there (distill_loss.stage_loss)
     rotate_teacher: bool = True  # turn the teacher's space onto the init student's (orthogonal Procrustes)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         checks = {
             "views must be >= 1": self.views >= 1,
-            "loss weights must be >= 0": min(self.distill_weight, self.relational_weight, self.cosface_weight) >= 0,
+            "loss weights must be >= 0": min(self.distill_weight, self.relational_weight, self.cosface_weight, self.stage_weight) >= 0,
             "at least one loss weight must be > 0": max(self.distill_weight, self.relational_weight, self.cosface_weight) > 0,
             "colour_jitter must be in [0, 1)": 0 <= self.colour_jitter < 1,
             "distillation trains on the public role only": self.role == "public",
@@ -46,6 +47,8 @@ class DistillConfig(PretrainConfig):
             "cut_by must be energy or l1": self.cut_by in ("energy", "l1"),
             "mix must be in [0, 1]": 0 <= self.mix <= 1,
             "a blend of two photos has no label: mix needs cosface_weight 0": self.mix == 0 or self.cosface_weight == 0,
+            "stage matching needs a student cut from the teacher (init 'cut')": self.stage_weight == 0 or self.init == "cut",
+            "stage matching reads the student's blocks through hooks, which a compiled model skips": self.stage_weight == 0 or not self.compile,
         }
         failed = [message for message, ok in checks.items() if not ok]
         if failed:

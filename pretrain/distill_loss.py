@@ -3,9 +3,13 @@
 Invariants: the losses compare directions only (every embedding is L2-normalised first), are
 zero when the student's embeddings equal the teacher's (up to scale), and are never negative.
 The relational loss depends on the batch's pairwise cosines only, so it is unchanged by any
-rotation of either embedding space.
+rotation of either embedding space. The stage loss compares feature maps, not embeddings: zero when the
+student's stream equals the teacher's at the channels it kept, never negative, and unchanged by the scale
+of the teacher's stream (each stage's error is relative to the teacher's mean square there).
 """
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -35,6 +39,13 @@ def relational_loss(student: Tensor, teacher: Tensor) -> Tensor:
         return student.sum() * 0.0
     off = ~torch.eye(n, dtype=torch.bool, device=s.device)
     return ((s @ s.T - t @ t.T)[off] ** 2).mean()
+
+
+def stage_loss(student: Sequence[Tensor], teacher: Sequence[Tensor]) -> Tensor:
+    """Mean over stages of mean((s - t)^2) / mean(t^2): the student's stream at each stage end against the
+    teacher's at the channels the student kept (pretrain.teacher_cut.StageTeacher)."""
+    errors = [(s - t).pow(2).mean() / t.pow(2).mean().clamp_min(1e-12) for s, t in zip(student, teacher, strict=True)]
+    return torch.stack(errors).mean()
 
 
 def procrustes_rotation(student: np.ndarray, teacher: np.ndarray) -> np.ndarray:

@@ -34,7 +34,7 @@ from pretrain.distill import MONITOR_KEY, UNSEEN_KEY, DistillData, Distiller, in
 from pretrain.distill_config import DistillConfig
 from pretrain.distill_views import Photo, build_view_cache, weights_digest
 from pretrain.evaluation import check_disjoint_from_evaluation
-from pretrain.teacher_cut import Criterion, cut_from_teacher
+from pretrain.teacher_cut import Criterion, StageEnd, StageTeacher, cut_with_stages
 
 
 def public_photos(manifest: SplitManifest, root: Path) -> tuple[list[Photo], tuple[str, ...], int]:
@@ -62,6 +62,7 @@ def config_from_args(args: argparse.Namespace) -> DistillConfig:
         eval_every=args.eval_every, max_steps_per_epoch=args.max_steps_per_epoch, scale=args.scale, margin=args.margin,
         teacher=args.teacher, init=args.init, views=args.views, view_seed=args.view_seed, mix=args.mix, colour_jitter=args.colour_jitter,
         distill_weight=args.distill_weight, centered=args.centered, relational_weight=args.relational_weight, cosface_weight=args.cosface_weight,
+        stage_weight=args.stage_weight,
         width=args.width, depth=args.depth, cut_by=args.cut_by,
         rotate_teacher=args.rotate_teacher and not cut,  # a cut already speaks the teacher's space
     )
@@ -75,12 +76,13 @@ def ranking_photos(data: DistillData) -> np.ndarray:
     return np.linspace(0, len(data) - 1, min(RANKING_PHOTOS, len(data))).astype(np.int64)
 
 
-def cut_student(teacher: torch.nn.Module, data: DistillData, config: DistillConfig) -> torch.nn.Module:
-    """The teacher cut to the config's width and depth, its channels ranked on the view 0 of `ranking_photos`."""
+def cut_student(teacher: torch.nn.Module, data: DistillData, config: DistillConfig) -> tuple[torch.nn.Module, list[StageEnd]]:
+    """The teacher cut to the config's width and depth, its channels ranked on the view 0 of `ranking_photos`,
+    and where its stages end in it and in the teacher."""
     if not isinstance(teacher, DlibResNet):
         raise FaceCoreError(f"--from-teacher cuts the dlib ResNet; {config.teacher!r} is a {type(teacher).__name__}")
     faces = np.asarray(data.cache.student[ranking_photos(data) * data.cache.views])
-    return cut_from_teacher(teacher, faces, config.width, config.depth, cast(Criterion, config.cut_by))
+    return cut_with_stages(teacher, faces, config.width, config.depth, cast(Criterion, config.cut_by))
 
 
 def run_distill(args: argparse.Namespace) -> int:
@@ -105,24 +107,32 @@ def run_distill(args: argparse.Namespace) -> int:
     cache_seconds = time.time() - cache_started
     print(f"views: {cache.folder} ({len(cache) * cache.views} rows, {cache_seconds:.0f} s)")
     data = DistillData(cache, np.array([p.label for p in photos], dtype=np.int64), classes)
+    stages: list[StageEnd] = []
     if student is None:
-        # A resumed run's weights come from its checkpoint; only a new one ranks the teacher's channels.
-        student = get_backbone(config.backbone) if args.resume else cut_student(teacher, data, config)
+        # A resumed run's weights come from its checkpoint; only a new one ranks the teacher's channels, and a resumed
+        # one that matches stages ranks them again for the same channels (the cut is a function of the teacher and the views).
+        if args.resume and not config.stage_weight:
+            student = get_backbone(config.backbone)
+        else:
+            cut_model, stages = cut_student(teacher, data, config)
+            student = get_backbone(config.backbone) if args.resume else cut_model
         print(f"student: {config.backbone}, {sum(p.numel() for p in student.parameters()):,} parameters cut from {config.teacher} "
               f"by {config.cut_by}", flush=True)
+    stage_teacher = StageTeacher(cast(DlibResNet, teacher), stages) if config.stage_weight else None
     del teacher
     monitor = lfw_folds_monitor(root, geometry=geometry_of(student), trained_on=manifest.sets["public"])
     # A student file (a cut trained before, continued) brings its own architecture
     config = DistillConfig(**{**config.to_dict(), "backbone": student.name, "embedding_dim": student.embedding_dim})
     if args.resume:
-        trainer = Distiller(config, data, out, evaluate=monitor, init_state=student.state_dict())
+        trainer = Distiller(config, data, out, evaluate=monitor, init_state=student.state_dict(), stages=stage_teacher)
         trainer.resume()
         print(f"resumed after epoch {trainer.epoch}")
     else:
         embeddings = _first_view_embeddings(student, data)
         rotation, head, distances = init_targets(student, data, config.rotate_teacher and config.init != "random", embeddings)
         print("init student vs teacher (view 0): " + json.dumps(distances), flush=True)
-        trainer = Distiller(config, data, out, evaluate=monitor, init_state=student.state_dict(), init_head=head, rotation=rotation)
+        trainer = Distiller(config, data, out, evaluate=monitor, init_state=student.state_dict(), init_head=head, rotation=rotation,
+                            stages=stage_teacher)
         (out / "metrics.jsonl").unlink(missing_ok=True)
         baseline = {"epoch": 0, **distances, **(monitor(trainer.model) if args.init_eval else {})}
         with open(out / "metrics.jsonl", "a") as log:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pytest
@@ -236,3 +237,43 @@ def test_unseen_people_tar_counts_each_person_once() -> None:
     tar = unseen_people_tar(embeddings, identities)
     # Assert: each person weighs one half; pooled over pairs, "small" would be 1 pair in 781
     assert 0.49 <= tar <= 0.51
+
+
+def test_stage_matching_pulls_a_cuts_stream_towards_the_teachers_and_needs_its_stages(tmp_path: Path) -> None:
+    # Prepare: a random dlib ResNet as the teacher of its own cut (their crops: the view cache's 112 px student
+    # crops, which both embed); the same recipe with and without the stage term
+    from facecore.models.dlib_resnet import DlibResNet
+    from facecore.models.preprocess import faces_to_tensor
+    from pretrain.distill_loss import stage_loss
+    from pretrain.teacher_cut import StageTeacher, cut_with_stages
+
+    torch.manual_seed(3)
+    teacher = DlibResNet().eval()
+    data = _data(tmp_path, teacher=teacher)
+    student, ends = cut_with_stages(teacher, data.first_views(), 0.25, "short", refit_head=False)
+    stages = StageTeacher(teacher, ends)
+    x = faces_to_tensor(data.first_views())
+
+    def stage_loss_after(weight: float) -> float:
+        config = _config(backbone=student.name, embedding_dim=128, init="cut", stage_weight=weight, relational_weight=0.0,
+                         cosface_weight=0.0, optimizer="adamw", lr=3e-3, epochs=3, warmup_epochs=0)
+        trainer = Distiller(config, data, tmp_path / f"stage{weight}", init_state=student.state_dict(), stages=stages if weight else None)
+        trainer.fit()
+        maps: dict[int, torch.Tensor] = {}
+        blocks = cast(nn.Sequential, trainer.model.blocks)
+        hooks = [blocks[e.student_block].register_forward_hook(lambda _m, _i, out, key=e.student_block: maps.__setitem__(key, out)) for e in ends]
+        with torch.no_grad():
+            trainer.model(x)
+        for hook in hooks:
+            hook.remove()
+        return float(stage_loss([maps[e.student_block] for e in ends], stages.maps(x)))
+
+    # Execute
+    with_stages, without = stage_loss_after(10.0), stage_loss_after(0.0)
+
+    # Assert
+    assert with_stages < 0.8 * without
+    with pytest.raises(ValueError, match="stage weight needs the teacher's stages"):
+        Distiller(_config(backbone=student.name, embedding_dim=128, init="cut", stage_weight=1.0), data, tmp_path / "other")
+    with pytest.raises(ValueError, match="init 'cut'"):
+        _config(stage_weight=1.0)

@@ -130,13 +130,58 @@ def _cut_conv(target: nn.Conv2d, source: nn.Conv2d, outputs: Tensor, inputs: Ten
     target.bias.data.copy_(_folded_bias(source, outputs, inputs, input_mean))
 
 
-@torch.no_grad()  # not inference mode: the student's parameters must stay trainable
+@dataclass(frozen=True)
+class StageEnd:
+    """Where a stage of the cut ends (the block before a down block) and which of the teacher's stream channels
+    it keeps there: the cut's output of `student_block` is the teacher's output of `teacher_block` at `channels`."""
+
+    student_block: int
+    teacher_block: int
+    channels: Tensor
+
+
+class StageTeacher:
+    """The teacher's stream at a cut's stage ends, at the channels the cut kept, for a batch of the student's
+    inputs (the same tensor: the cut embeds the teacher's crops). Only the blocks up to the last stage end run."""
+
+    def __init__(self, teacher: DlibResNet, ends: Sequence[StageEnd]) -> None:
+        if not ends:
+            raise ValueError("a stage teacher needs at least one stage end")
+        self.teacher, self.ends = teacher.eval(), list(ends)
+        for parameter in self.teacher.parameters():
+            parameter.requires_grad_(False)
+
+    @torch.no_grad()
+    def maps(self, x: Tensor) -> list[Tensor]:
+        wanted = {end.teacher_block: end.channels.to(x.device) for end in self.ends}
+        found: dict[int, Tensor] = {}
+        h = self.teacher.stem(x)
+        for index, block in enumerate(cast(Sequence[ResidualBlock], self.teacher.blocks)[: max(wanted) + 1]):
+            h = block(h)
+            if index in wanted:
+                found[index] = h.index_select(1, wanted[index])
+        return [found[end.teacher_block] for end in self.ends]
+
+
+def stage_ends(downs: Sequence[bool]) -> list[int]:
+    """Indices of the blocks that end a stage: each one followed by a down block (`downs`: each block's)."""
+    return [i for i in range(len(downs) - 1) if downs[i + 1]]
+
+
 def cut_from_teacher(
     teacher: DlibResNet, faces: np.ndarray, width: float, depth: str = "full", criterion: Criterion = "energy", refit_head: bool = True,
 ) -> DlibResNet:
     """The `width`/`depth` cut of `teacher`, started from its channels that `criterion` ranks highest
     on `faces` (public faces, (N, s, s, 3) uint8, at the teacher's crop); `refit_head=False` keeps the
     teacher's head weights at the kept channels instead of solving for them."""
+    return cut_with_stages(teacher, faces, width, depth, criterion, refit_head)[0]
+
+
+@torch.no_grad()  # not inference mode: the student's parameters must stay trainable
+def cut_with_stages(
+    teacher: DlibResNet, faces: np.ndarray, width: float, depth: str = "full", criterion: Criterion = "energy", refit_head: bool = True,
+) -> tuple[DlibResNet, list[StageEnd]]:
+    """`cut_from_teacher`, and where each of the cut's stages ends in it and in the teacher (`StageEnd`)."""
     if criterion not in CRITERIA:
         raise ValueError(f"criterion must be one of {', '.join(CRITERIA)}, got {criterion!r}")
     if teacher.shape != TEACHER_SHAPE:
@@ -148,8 +193,10 @@ def cut_from_teacher(
     stream = _top(stream_rank[: teacher.shape.stem_channels], student.shape.stem_channels)
     _cut_conv(student.stem.conv, teacher.stem.conv, stream, torch.arange(3), torch.zeros(3))
     student_blocks = iter(cast(Sequence[ResidualBlock], student.blocks))
+    stream_after: dict[str, Tensor] = {}
     for index, (block, shape) in enumerate(zip(teacher_blocks, teacher.shape.blocks)):
         if shape.name in DEPTHS[depth]:
+            stream_after[shape.name] = stream
             continue  # an identity block: dropping it passes its input on unchanged
         cut = next(student_blocks)
         grown = cut.conv2.out_channels - len(stream)
@@ -157,11 +204,12 @@ def cut_from_teacher(
         inner = _top(inner_scores(block, stats.inner_square[index], criterion), cut.conv1.out_channels)
         _cut_conv(cut.conv1, block.conv1, inner, stream, stats.stream_mean[index])
         _cut_conv(cut.conv2, block.conv2, outputs, inner, stats.inner_mean[index])
-        stream = outputs
+        stream = stream_after[shape.name] = outputs
     student.head.fc.weight.data.copy_(teacher.head.fc.weight.detach()[:, stream])
     if refit_head:
         student.head.fc.weight.data.copy_(_fitted_head(student, stats.embeddings, faces))
-    return student
+    ends = zip(stage_ends([b.down for b in student.shape.blocks]), stage_ends([b.down for b in teacher.shape.blocks]), strict=True)
+    return student, [StageEnd(s, t, stream_after[teacher.shape.blocks[t].name]) for s, t in ends]
 
 
 def _fitted_head(student: DlibResNet, targets: Tensor, faces: np.ndarray, batch: int = 64, ridge: float = 1e-3) -> Tensor:

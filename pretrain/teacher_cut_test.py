@@ -10,7 +10,8 @@ import torch
 from facecore.models.dlib_cut import DEPTHS, cut_shape
 from facecore.models.dlib_resnet import DlibResNet, ResidualBlock
 from facecore.models.preprocess import faces_to_tensor
-from pretrain.teacher_cut import CRITERIA, Criterion, cut_from_teacher
+from pretrain.distill_loss import stage_loss
+from pretrain.teacher_cut import CRITERIA, Criterion, StageTeacher, cut_from_teacher, cut_with_stages
 
 
 def _faces(n: int = 8, seed: int = 0) -> np.ndarray:
@@ -136,3 +137,35 @@ def test_only_the_full_teacher_is_cut() -> None:
     # Execute / Assert
     with pytest.raises(ValueError, match="cuts the full dlib ResNet"):
         cut_from_teacher(cut, _faces(2), 0.5)
+
+
+@pytest.mark.parametrize(("width", "depth", "names"), [
+    (0.5, "full", [("conv32_3", "conv32_3"), ("conv64_3", "conv64_3"), ("conv128_2", "conv128_2"), ("conv256_2", "conv256_2")]),
+    (0.375, "short", [("conv32_2", "conv32_3"), ("conv64_2", "conv64_3"), ("conv128_1", "conv128_2"), ("conv256_1", "conv256_2")]),
+])
+def test_the_cuts_stream_at_each_stage_end_is_the_teachers_at_the_channels_it_kept(width: float, depth: str, names: list[tuple[str, str]]) -> None:
+    # Prepare: a teacher whose removed channels carry nothing, so its cut computes its stream exactly
+    teacher = _teacher_with_dead_channels(width, depth)
+    faces = _faces()
+    x = faces_to_tensor(faces)
+
+    # Execute
+    student, ends = cut_with_stages(teacher, faces, width, depth, "energy", refit_head=False)
+    maps: dict[int, torch.Tensor] = {}
+    blocks = cast(torch.nn.Sequential, student.blocks)
+    hooks = [blocks[end.student_block].register_forward_hook(lambda _m, _i, out, key=end.student_block: maps.__setitem__(key, out)) for end in ends]
+    with torch.no_grad():
+        student(x)
+    for hook in hooks:
+        hook.remove()
+    expected = StageTeacher(teacher, ends).maps(x)
+    got = [maps[end.student_block] for end in ends]
+
+    # Assert: the stage ends pair the blocks before each down block; the cut's streams are the teacher's, and the
+    # loss is zero for them and not for a stream that differs
+    assert [(student.shape.blocks[e.student_block].name, teacher.shape.blocks[e.teacher_block].name) for e in ends] == names
+    for mine, theirs in zip(got, expected, strict=True):
+        assert mine.shape == theirs.shape and theirs.abs().max() > 0
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5)
+    assert stage_loss(got, expected) < 1e-8
+    assert stage_loss([2 * m for m in got], expected) == pytest.approx(1.0, rel=1e-4)

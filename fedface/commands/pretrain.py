@@ -64,6 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     distill.add_argument("--centered", action="store_true",
                          help="measure the cosine distance about the teacher's mean embedding, where faces differ")
     distill.add_argument("--relational-weight", type=float, default=0.0, help="weight of the batch similarity-matrix loss")
+    distill.add_argument("--stage-weight", type=float, default=0.0,
+                         help="--from-teacher: weight of the cut's stream at each stage end against the teacher's (a teacher pass a step)")
     distill.add_argument("--cosface-weight", type=float, default=0.0, help="weight of CosFace on the public labels")
     distill.add_argument("--no-init-eval", dest="init_eval", action="store_false", help="skip the LFW folds 1-5 check of the init")
     distill.add_argument("--colour-jitter", type=float, default=0.2, help="per-face brightness/contrast jitter")
