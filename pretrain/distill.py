@@ -79,10 +79,11 @@ class Distiller(Pretrainer):
         if (stages is None) != (config.stage_weight == 0):
             raise ValueError("a stage weight needs the teacher's stages, and the teacher's stages need a stage weight")
         self.stages = stages
-        self._stage_maps: dict[int, torch.Tensor] = {}
-        blocks = cast(torch.nn.Sequential, self.model.blocks) if stages is not None else torch.nn.Sequential()
-        for end in stages.ends if stages is not None else []:
-            blocks[end.student_block].register_forward_hook(partial(_keep_output, self._stage_maps, end.student_block))
+        self._stage_maps: dict[int, torch.Tensor] = {}  # the student's stream at each stage end, from its last forward pass
+        if stages is not None:
+            blocks = cast(torch.nn.Sequential, self.model.blocks)
+            for end in stages.ends:
+                blocks[end.student_block].register_forward_hook(partial(_keep_output, self._stage_maps, end.student_block))
 
     def _set_rotation(self, rotation: np.ndarray) -> None:
         self.rotation = np.asarray(rotation, dtype=np.float32)

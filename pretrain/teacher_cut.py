@@ -14,6 +14,9 @@ Invariants:
   its residual branch gone the block is exactly the identity and nothing else moves.
 * The head is refitted (least squares, the teacher's embeddings from the cut's pooled features on the
   same public faces): the one layer whose best weights for the cut can be solved for exactly.
+* A stage's stream is the same set of teacher channels at every block of the stage, so where a stage ends
+  (the block before a down block) the cut's stream is comparable, channel for channel, with the teacher's at
+  the channels it kept (`StageEnd`, `StageTeacher`): no regressor is needed to match the two.
 * Criteria: `energy`, a channel's mean square activation on public faces (a block's inner channel
   weighted by the squared norm of the filters that read it); `l1`, the L1 norm of the filters that
   write the channel. Both are normalised per layer, so stages of different scale compare fairly.
