@@ -4,8 +4,9 @@ Invariants: the losses compare directions only (every embedding is L2-normalised
 zero when the student's embeddings equal the teacher's (up to scale), and are never negative.
 The relational loss depends on the batch's pairwise cosines only, so it is unchanged by any
 rotation of either embedding space. The stage loss compares feature maps, not embeddings: zero when the
-student's stream equals the teacher's at the channels it kept, never negative, and unchanged by the scale
-of the teacher's stream (each stage's error is relative to the teacher's mean square there).
+student's stream equals the teacher's at the channels it kept, never negative, and unchanged when both
+streams are scaled alike (each stage's error is relative to the teacher's mean square there), so stages of
+different magnitude weigh the same.
 """
 from __future__ import annotations
 
