@@ -62,13 +62,14 @@ def test_concurrent_requests_get_exactly_the_burst(postgres_engine: Engine, seco
 
 def test_a_bucket_refills_at_its_rate_and_refilled_buckets_are_pruned(postgres_engine: Engine) -> None:
     # Prepare
-    limiter = SharedRateLimiter(postgres_engine, rate_per_s=20.0, burst=2, what="device")
+    # 2/s: a token takes 0.5 s to come back, far longer than three takes last even on a loaded machine
+    limiter = SharedRateLimiter(postgres_engine, rate_per_s=2.0, burst=2, what="device")
     spent = [limiter.take("a"), limiter.take("a"), limiter.take("a")]
     limiter.take("b")
     # Execute
-    time.sleep(0.2)  # 20/s: both tokens back
+    time.sleep(1.1)  # both tokens back
     refilled = [limiter.take("a"), limiter.take("a")]
-    time.sleep(0.2)
+    time.sleep(1.1)
     pruned = limiter.prune()
     with postgres_engine.connect() as connection:
         left = connection.scalar(text("SELECT count(*) FROM rate_buckets"))
