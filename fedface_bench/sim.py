@@ -220,9 +220,9 @@ def bench_sim_each(device_counts: tuple[int, ...], command_line: Sequence[str], 
     """`fedface bench sim` as `command_line` gave it, in a process of its own for each count (:func:`count_command`),
     so that each count's peak RSS is its own; then the memory goal across the counts (:func:`with_memory_goal`)."""
     results = []
+    source = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)  # this process's fedface, from any folder
     for number, count in enumerate(device_counts, 1):
         progress(f"{number} of {len(device_counts)}: {count} devices, in a process of their own")
-        source = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)  # this process's fedface, from any folder
         done = subprocess.run(count_command(command_line, count), env={**os.environ, "PYTHONPATH": source}, stdout=subprocess.PIPE,
                               text=True, check=False)  # progress stays on stderr
         if done.returncode != 0:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import io
 import math
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO, cast
 
@@ -132,9 +132,7 @@ class _Scratch(threading.local):
 
     def __init__(self) -> None:
         self.raw = bytearray()
-        self.wide = np.empty(0, np.float32)
-        self.half = np.empty(0, np.float16)
-        self.buffers: dict[type, np.ndarray] = {}
+        self.buffers: dict[type, np.ndarray] = {}  # one per dtype, its contents whatever its last user left
         self.ones: dict[type, np.ndarray] = {}
 
     def read(self, handle: BinaryIO, size: int) -> memoryview:
@@ -149,11 +147,9 @@ class _Scratch(threading.local):
     def widened(self, runs: list[np.ndarray]) -> np.ndarray:
         """The runs (all float16 or all float32) concatenated as one float32 array, exactly."""
         total = sum(r.size for r in runs)
-        if self.wide.size < total:
-            self.wide, self.half = np.empty(total, np.float32), np.empty(total, np.float16)
-        wide = self.wide[:total]
+        wide = self._buffer(np.float32, total)
         if runs[0].dtype == np.float16:
-            half = np.concatenate(runs, out=self.half[:total])
+            half = np.concatenate(runs, out=self._buffer(np.float16, total))
             widened(half, out=wide)
         else:
             np.concatenate(runs, out=wide, casting="same_kind")
@@ -182,14 +178,17 @@ class _Scratch(threading.local):
         return sums
 
     def _buffer(self, dtype: type, size: int) -> np.ndarray:
-        if self.buffers.get(dtype, np.empty(0)).size < size:
-            self.buffers[dtype] = np.empty(size, dtype)
-        return self.buffers[dtype][:size]
+        return _grown(self.buffers, dtype, size, np.empty)
 
     def _ones(self, dtype: type, size: int) -> np.ndarray:
-        if self.ones.get(dtype, np.empty(0)).size < size:
-            self.ones[dtype] = np.ones(size, dtype)
-        return self.ones[dtype][:size]
+        return _grown(self.ones, dtype, size, np.ones)
+
+
+def _grown(store: dict[type, np.ndarray], dtype: type, size: int, make: Callable[..., np.ndarray]) -> np.ndarray:
+    """The first `size` elements of `store`'s array of `dtype`, made anew by `make` only when it is too small."""
+    if store.get(dtype, np.empty(0)).size < size:
+        store[dtype] = make(size, dtype)
+    return store[dtype][:size]
 
 
 _scratch = _Scratch()
