@@ -76,13 +76,13 @@ def ranking_photos(data: DistillData) -> np.ndarray:
     return np.linspace(0, len(data) - 1, min(RANKING_PHOTOS, len(data))).astype(np.int64)
 
 
-def cut_student(teacher: torch.nn.Module, data: DistillData, config: DistillConfig) -> tuple[torch.nn.Module, list[StageEnd]]:
+def cut_student(teacher: torch.nn.Module, data: DistillData, config: DistillConfig, refit_head: bool = True) -> tuple[torch.nn.Module, list[StageEnd]]:
     """The teacher cut to the config's width and depth, its channels ranked on the view 0 of `ranking_photos`,
-    and where its stages end in it and in the teacher."""
+    and where its stages end in it and in the teacher (`refit_head=False`: only those are wanted)."""
     if not isinstance(teacher, DlibResNet):
         raise FaceCoreError(f"--from-teacher cuts the dlib ResNet; {config.teacher!r} is a {type(teacher).__name__}")
     faces = np.asarray(data.cache.student[ranking_photos(data) * data.cache.views])
-    return cut_with_stages(teacher, faces, config.width, config.depth, cast(Criterion, config.cut_by))
+    return cut_with_stages(teacher, faces, config.width, config.depth, cast(Criterion, config.cut_by), refit_head)
 
 
 def run_distill(args: argparse.Namespace) -> int:
@@ -111,11 +111,12 @@ def run_distill(args: argparse.Namespace) -> int:
     if student is None:
         # A resumed run's weights come from its checkpoint; only a new one ranks the teacher's channels, and a resumed
         # one that matches stages ranks them again for the same channels (the cut is a function of the teacher and the views).
-        if args.resume and not config.stage_weight:
+        if args.resume:
             student = get_backbone(config.backbone)
+            if config.stage_weight:
+                stages = cut_student(teacher, data, config, refit_head=False)[1]
         else:
-            cut_model, stages = cut_student(teacher, data, config)
-            student = get_backbone(config.backbone) if args.resume else cut_model
+            student, stages = cut_student(teacher, data, config)
         print(f"student: {config.backbone}, {sum(p.numel() for p in student.parameters()):,} parameters cut from {config.teacher} "
               f"by {config.cut_by}", flush=True)
     stage_teacher = StageTeacher(cast(DlibResNet, teacher), stages) if config.stage_weight else None
