@@ -14,7 +14,7 @@ from __future__ import annotations
 import io
 import math
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO, cast
 
@@ -178,16 +178,17 @@ class _Scratch(threading.local):
         return sums
 
     def _buffer(self, dtype: type, size: int) -> np.ndarray:
-        return _grown(self.buffers, dtype, size, np.empty)
+        return _grown(self.buffers, dtype, size, ones=False)
 
     def _ones(self, dtype: type, size: int) -> np.ndarray:
-        return _grown(self.ones, dtype, size, np.ones)
+        return _grown(self.ones, dtype, size, ones=True)
 
 
-def _grown(store: dict[type, np.ndarray], dtype: type, size: int, make: Callable[..., np.ndarray]) -> np.ndarray:
-    """The first `size` elements of `store`'s array of `dtype`, made anew by `make` only when it is too small."""
+def _grown(store: dict[type, np.ndarray], dtype: type, size: int, ones: bool) -> np.ndarray:
+    """The first `size` elements of `store`'s array of `dtype`, made anew (of ones, or left as memory gives it)
+    only when it is too small."""
     if store.get(dtype, np.empty(0)).size < size:
-        store[dtype] = make(size, dtype)
+        store[dtype] = np.ones(size, dtype) if ones else np.empty(size, dtype)
     return store[dtype][:size]
 
 
