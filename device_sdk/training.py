@@ -16,6 +16,7 @@ import time
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,7 @@ from torch import Tensor, nn
 # Re-exported: the simulator and the personal verifier take the template's start from here, with the training.
 from facecore.errors import FaceCoreError
 from facecore.federation.config import is_unit_vector
+from facecore.federation.packed import Layout
 from facecore.federation.wire import trained_entries
 from facecore.losses import cosface_loss, impostor_loss, positive_loss, public_negatives_loss
 from facecore.models.preprocess import faces_to_tensor
@@ -92,15 +94,28 @@ class LocalTrainingConfig:
 
 @dataclass(frozen=True)
 class LocalUpdate:
-    # The trained entries of the backbone's state_dict: all of them, or with trainable_blocks only
-    # the suffix's (trainable_keys); the frozen rest is the round's base, unchanged.
-    state_dict: dict[str, Tensor]
+    # The trained entries of the backbone's state_dict: all of them, or with trainable_blocks only the
+    # suffix's (trainable_keys); the frozen rest is the round's base, unchanged. The floating ones are
+    # `packed` in one flat buffer in `layout`'s order, the others (BatchNorm's step counts) are `rest`,
+    # and `state_dict` views both in the model's `order`.
+    packed: Tensor
+    layout: Layout
+    rest: dict[str, Tensor]
+    order: tuple[str, ...]
     embedding: Tensor  # (D,) the trained class embedding, L2-normalised
     n_samples: int
     loss_before: float
     loss_after: float
     steps: int
     seconds: float
+
+    @cached_property
+    def state_dict(self) -> dict[str, Tensor]:
+        """Every trained entry by name, the floating ones as views of `packed`. Made on first use: a
+        simulator reads `packed` only, and one view per entry costs it more than the whole buffer's delta."""
+        parts = torch.split(self.packed, list(self.layout.sizes))
+        floating = {k: part.view(shape) for k, part, shape in zip(self.layout.keys, parts, self.layout.shapes, strict=True)}
+        return {k: floating[k] if k in floating else self.rest[k] for k in self.order}
 
 
 def split_backbone(model: nn.Module, trainable_blocks: int | None) -> tuple[nn.Module, nn.Module]:
@@ -161,20 +176,22 @@ def prefix_cache(backbone: nn.Module, faces: np.ndarray, trainable_blocks: int, 
 
 # Per trained module, its submodules and batch norms: a simulator trains one module for thousands of devices,
 # and walking the tree for each costs more than a small suffix's step. Modules do not change shape while they train.
-_MODULES: weakref.WeakKeyDictionary[nn.Module, tuple[list[nn.Module], list[nn.Module]]] = weakref.WeakKeyDictionary()
+_MODULES: weakref.WeakKeyDictionary[nn.Module, tuple[list[nn.Module], list[bool]]] = weakref.WeakKeyDictionary()
 
 
 def _set_mode(model: nn.Module, bn_mode: str) -> None:
-    """model.train(), with its batch norms in eval mode when `bn_mode` is "frozen"."""
+    """model.train(), with its batch norms in eval mode when `bn_mode` is "frozen". Only the modules
+    not yet in their mode are set: a module's attribute write costs more than reading the flag, and a
+    simulator's workspace keeps its modes from one device to the next."""
     if model not in _MODULES:
         modules = list(model.modules())
-        _MODULES[model] = (modules, [m for m in modules if isinstance(m, nn.modules.batchnorm._BatchNorm)])
-    modules, norms = _MODULES[model]
-    for module in modules:
-        module.training = True
-    if bn_mode == "frozen":
-        for module in norms:
-            module.training = False
+        _MODULES[model] = (modules, [isinstance(m, nn.modules.batchnorm._BatchNorm) for m in modules])
+    modules, is_norm = _MODULES[model]
+    frozen = bn_mode == "frozen"
+    for module, norm in zip(modules, is_norm, strict=True):
+        training = not (frozen and norm)
+        if module.training is not training:
+            module.training = training
 
 
 def centred_positive_loss(features: Tensor, embedding: Tensor, margin: float, center: Tensor | None) -> Tensor:
@@ -288,6 +305,7 @@ class Workspace:
         self.model = model
         self.entries = model.state_dict(keep_vars=True)
         self._cuts: dict[int | None, tuple[list[str], nn.Module, list[nn.Parameter]]] = {}
+        self._packings: dict[int | None, tuple[Layout, list[Tensor], list[str]]] = {}
         self._source: tuple[weakref.ref[nn.Module], dict[str, Tensor]] | None = None
 
     def cut(self, trainable_blocks: int | None) -> tuple[list[str], nn.Module, list[nn.Parameter]]:
@@ -296,6 +314,20 @@ class Workspace:
             _, suffix = split_backbone(self.model, trainable_blocks)
             self._cuts[trainable_blocks] = (trainable_keys(self.model, trainable_blocks, list(self.entries)), suffix, list(suffix.parameters()))
         return self._cuts[trainable_blocks]
+
+    def packing(self, trainable_blocks: int | None) -> tuple[Layout, list[Tensor], list[str]]:
+        """For a prefix cut: the layout of its floating trainable entries (LocalUpdate.packed), flat views
+        of those live entries, which one torch.cat packs, and the other trainable keys."""
+        if trainable_blocks not in self._packings:
+            keys = self.cut(trainable_blocks)[0]
+            floating = [k for k in keys if self.entries[k].is_floating_point()]
+            dtypes = {self.entries[k].dtype for k in floating}
+            if len(dtypes) > 1:
+                raise TypeError(f"a workspace trains in one floating dtype, got {sorted(map(str, dtypes))}")
+            layout = Layout.of({k: tuple(self.entries[k].shape) for k in floating})
+            views = [self.entries[k].detach().view(-1) for k in floating]
+            self._packings[trainable_blocks] = (layout, views, [k for k in keys if k not in layout.keys])
+        return self._packings[trainable_blocks]
 
     def source_entries(self, backbone: nn.Module) -> dict[str, Tensor]:
         if self._source is None or self._source[0]() is not backbone:
@@ -308,13 +340,6 @@ class Workspace:
         source = self.source_entries(backbone)
         names = list(self.entries) if keys is None else keys
         torch._foreach_copy_([self.entries[k] for k in names], [source[k] for k in names])
-
-
-def _all_finite(tensors: list[Tensor]) -> bool:
-    """One reduction over all tensors instead of two kernel launches per tensor: a norm is
-    finite exactly when its tensor is (short of squares overflowing float32, which is divergence too)."""
-    floating = [t for t in tensors if t.is_floating_point()]
-    return not floating or bool(torch.isfinite(torch.stack(torch._foreach_norm(floating))).all())
 
 
 def train_local(
@@ -361,8 +386,13 @@ def train_local(
     scale = template_length if config.feature_center is not None else 1.0
     w = nn.Parameter(torch.tensor(np.asarray(embedding) * scale, dtype=dtype))  # a copy (Ray hands read-only arrays)
     loss_before, loss_after, steps = fit_positive(suffix, w, suffix_parameters, plain, flipped, config, seed, public=public)
-    trained = [workspace.entries[k].detach().clone() for k in keys]  # the workspace trains on
-    if not (math.isfinite(loss_after) and _all_finite(trained)):
+    layout, views, rest_keys = workspace.packing(config.trainable_blocks)
+    with torch.no_grad():  # copies: the workspace trains on
+        packed = torch.cat(views) if views else torch.empty(0, dtype=dtype)
+    # One reduction for every entry: a sum is finite exactly when each value is (short of overflowing
+    # float32, which is divergence too). The rest are integers.
+    if not (math.isfinite(loss_after) and math.isfinite(packed.sum().item())):
         raise TrainingDiverged(f"local training diverged (loss {loss_after}); lower the learning rate")
-    state = dict(zip(keys, trained, strict=True))
-    return LocalUpdate(state, torch.nn.functional.normalize(w.detach(), dim=0), len(faces), loss_before, loss_after, steps, time.perf_counter() - started)
+    rest = {k: workspace.entries[k].detach().clone() for k in rest_keys}
+    return LocalUpdate(packed, layout, rest, tuple(keys), torch.nn.functional.normalize(w.detach(), dim=0), len(faces), loss_before,
+                       loss_after, steps, time.perf_counter() - started)

@@ -204,6 +204,40 @@ def test_a_frozen_prefix_update_carries_only_the_trainable_suffix(owner) -> None
     assert trainable_keys(model, None) == list(base)
 
 
+def test_an_update_packs_its_floating_entries_in_one_copy_that_its_state_dict_views(owner) -> None:  # type: ignore[no-untyped-def]
+    # Prepare
+    model, faces, embedding = owner
+    workspace = Workspace(copy.deepcopy(model))
+    # Execute
+    update = train_local(model, embedding, faces, LocalTrainingConfig(batch=4, trainable_blocks=2), seed=5, workspace=workspace)
+    trained = {k: v.detach().clone() for k, v in workspace.entries.items()}
+    train_local(model, -embedding, faces, LocalTrainingConfig(batch=4, trainable_blocks=2), seed=6, workspace=workspace)
+    # Assert: the floating entries lie in the packed buffer in its layout's order, the counters aside; the
+    # update keeps what it trained while the workspace trains on
+    floating = [k for k in trainable_keys(model, 2) if trained[k].is_floating_point()]
+    assert list(update.layout.keys) == floating and set(update.rest) == set(trainable_keys(model, 2)) - set(floating)
+    assert update.packed.shape == (update.layout.size,) and len(update.rest) > 0
+    torch.testing.assert_close(update.packed, torch.cat([trained[k].reshape(-1) for k in floating]), rtol=0, atol=0)
+    for key, value in update.state_dict.items():
+        assert torch.equal(value, trained[key])
+        if key in update.layout.keys:
+            assert value.untyped_storage().data_ptr() == update.packed.untyped_storage().data_ptr()
+
+
+def test_training_sets_only_the_modes_it_needs_from_any_start(owner) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: a workspace whose modules are all in eval mode, then all in train mode
+    model, faces, embedding = owner
+    workspace = Workspace(copy.deepcopy(model))
+    norms = [m for m in workspace.model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    for start in (workspace.model.eval, workspace.model.train):
+        start()
+        # Execute
+        train_local(model, embedding, faces, LocalTrainingConfig(batch=4, exact_losses=False), seed=1, workspace=workspace)
+        # Assert: as it trained (no scoring pass after): frozen batch norms, every other module training
+        assert norms and not any(m.training for m in norms)
+        assert all(m.training for m in workspace.model.modules() if m not in norms)
+
+
 @pytest.mark.parametrize("name", ["dlib-resnet", "mobilefacenet", "iresnet18"])
 def test_the_servers_reading_of_the_trained_entries_is_the_suffix_the_device_trains(name: str) -> None:
     # Prepare: the registry backbone on the meta device (no weights), as the server knows it: by its entry names

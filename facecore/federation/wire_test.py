@@ -8,7 +8,7 @@ import torch
 
 from facecore.federation.protocol import BACKBONE_PREFIX, EMBEDDING_KEY
 from facecore.federation.quantize import received_deltas
-from facecore.federation.wire import as_received, as_sent, delta, update_tensors, widened, wire_arrays
+from facecore.federation.wire import Precision, as_received, as_sent, delta, packed_delta, update_tensors, widened, wire_arrays
 
 
 def test_floats_cross_at_the_wire_precision_and_counters_as_they_are() -> None:
@@ -77,6 +77,20 @@ def test_wire_arrays_cast_like_numpy_bit_for_bit_on_the_tiny_values_of_a_delta()
     np.testing.assert_array_equal(half["w"].view(np.uint16), values.numpy().astype(np.float16).view(np.uint16))
     assert single["w"].dtype == np.float32 and half["n"].dtype == np.int64 and int(half["n"]) == 3
     np.testing.assert_array_equal(half["w"], as_sent({"w": values.numpy()}, "fp16")["w"])
+
+
+@pytest.mark.parametrize("precision", ["fp16", "fp32"])
+def test_a_packed_delta_is_the_entries_deltas_on_the_wire_bit_for_bit(precision: Precision) -> None:
+    # Prepare: two entries' trained and base values, and the same packed end to end
+    rng = np.random.default_rng(2)
+    base = {k: torch.from_numpy(rng.standard_normal(shape).astype(np.float32)) for k, shape in (("a", (30, 4)), ("b", (5,)))}
+    trained = {k: v + torch.from_numpy((rng.standard_normal(v.shape) * 1e-5).astype(np.float32)) for k, v in base.items()}
+    # Execute
+    packed = packed_delta(torch.cat([trained[k].reshape(-1) for k in "ab"]), torch.cat([base[k].reshape(-1) for k in "ab"]), precision)
+    # Assert
+    entries = wire_arrays(delta(trained, base), precision)
+    np.testing.assert_array_equal(packed, np.concatenate([entries[k].reshape(-1) for k in "ab"]))
+    assert packed.dtype == entries["a"].dtype == {"fp16": np.float16, "fp32": np.float32}[precision]
 
 
 def test_importing_the_wire_loads_no_torch() -> None:

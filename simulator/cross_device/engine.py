@@ -28,13 +28,14 @@ from tqdm import tqdm
 
 from device_sdk.training import PrefixCache, Workspace, prefix_cache, train_local, trainable_keys
 from facecore.federation.config import training_seed
+from facecore.federation.packed import PackedArrays
 from facecore.federation.quantize import quantized_update, received_deltas
 from facecore.federation.selection import least_recently_selected
 from facecore.federation.strategies import ClientUpdate, ServerMomentum, Strategy, layer_of, strategy_for
 from facecore.federation.strategies.dp_fedavg import DPFedAvg, dp_epsilon, noise_for_epsilon
 from facecore.federation.strategies.tiers import aggregate_in_shards
 from facecore.federation.template_noise import noisy_template
-from facecore.federation.wire import Precision, as_received, delta, update_tensors, wire_arrays
+from facecore.federation.wire import Precision, as_received, delta, packed_delta, wire_arrays
 from facecore.models.checkpoint import atomic_torch_save
 from facecore.models.preprocess import embed_faces
 from facecore.models.registry import embedding_dim_of
@@ -72,11 +73,23 @@ class RoundTally:
 
 
 def update_length(deltas: Mapping[str, np.ndarray]) -> float:
-    """The L2 length of an update's float deltas. torch sums fp16 and fp32 in fp32 without a widened copy,
-    an order of magnitude faster than numpy's float64 square, which would cost each device more than its bookkeeping."""
-    squares = (torch.linalg.vector_norm(torch.from_numpy(np.require(d, requirements="W")), dtype=torch.float32).item() ** 2
-               for d in deltas.values() if d.dtype.kind == "f")
-    return math.sqrt(sum(squares))
+    """The L2 length of an update's float deltas (a packed update's buffer at once: its other entries are
+    integers). torch sums fp16 and fp32 in fp32 without a widened copy, an order of magnitude faster than
+    numpy's float64 square, which would cost each device more than its bookkeeping; float64 adds the rows'
+    squares, which keeps a long buffer's sum as exact as short entries' are."""
+    floating = [deltas.flat] if isinstance(deltas, PackedArrays) else [d for d in deltas.values() if d.dtype.kind == "f"]
+    return math.sqrt(sum(_squared_length(torch.from_numpy(np.require(d, requirements="W")).reshape(-1)) for d in floating))
+
+
+_ROW = 1024
+
+
+def _squared_length(values: torch.Tensor) -> float:
+    if len(values) <= _ROW:
+        return float(torch.linalg.vector_norm(values, dtype=torch.float32).item() ** 2)
+    whole = len(values) - len(values) % _ROW
+    rows = torch.linalg.vector_norm(values[:whole].view(-1, _ROW), dim=1, dtype=torch.float32).double()
+    return torch.dot(rows, rows).item() + torch.linalg.vector_norm(values[whole:], dtype=torch.float32).item() ** 2
 
 
 def mean_pairwise_cosine(W: np.ndarray) -> float:
@@ -261,6 +274,8 @@ class CrossDeviceSimulation:
         base = self.received.state_dict()
         public = None if self.negatives is None else self.negatives.for_round(
             self.received, self.local.trainable_blocks, self.config.wire, self.config.public_rehearsal)
+        layout = self.workspace.packing(self.local.trainable_blocks)[0]
+        packed_base = torch.cat([base[k].reshape(-1) for k in layout.keys])
         for index in tqdm(chosen, desc=f"round {round_number}", unit="device", leave=False):
             faces = self._training_faces(self.population.devices[index])
             cache = None
@@ -268,7 +283,9 @@ class CrossDeviceSimulation:
                 cache = self.caches.get(index) or self.caches.setdefault(index, prefix_cache(self.received, faces, self.local.trainable_blocks))
             update = train_local(self.received, state.W[index], faces, self.local, seed=self._seed(round_number, index), cache=cache,
                                  workspace=self.workspace, public=public, template_length=self._template_length(state, index))
-            sent = wire_arrays(delta(update.state_dict, base), self._upload_precision)
+            # packed as it trained: one subtraction and one cast for the whole update (facecore.federation.packed)
+            sent = PackedArrays(update.layout, packed_delta(update.packed, packed_base, self._upload_precision),
+                                wire_arrays(delta(update.rest, base), self._upload_precision))
             yield self._received(round_number, index, sent, update.embedding.numpy(), update.n_samples, update.loss_before, update.loss_after, state, tally)
 
     def _pooled_updates(self, round_number: int, chosen: list[int], state: SimulationState, tally: RoundTally) -> Iterator[ClientUpdate]:
@@ -298,15 +315,17 @@ class CrossDeviceSimulation:
             yield self._received(round_number, r.index, sent, r.embedding, r.n_samples, r.loss_before, r.loss_after, state, tally)
 
     def _received(
-        self, round_number: int, index: int, sent: dict[str, np.ndarray], embedding: np.ndarray, n_samples: int, loss_before: float,
+        self, round_number: int, index: int, sent: Mapping[str, np.ndarray], embedding: np.ndarray, n_samples: int, loss_before: float,
         loss_after: float, state: SimulationState, tally: RoundTally,
     ) -> ClientUpdate:
         shared = self._shared(embedding, round_number, index)
         if self.config.upload_bits is None:
-            tensors = update_tensors(sent, shared, self.config.wire)  # what the server receives
-        else:  # as device_sdk.round_files quantises
+            # The update file's backbone tensors are `sent` itself, already at the wire's precision, and the
+            # server reads them back as sent (update_tensors and received_deltas pass them through).
+            deltas: Mapping[str, np.ndarray] = sent
+        else:  # as device_sdk.round_files quantises, and as the server reads it back
             tensors, _, state.residuals[index] = quantized_update(sent, self.config.upload_bits, state.residuals.get(index))
-        deltas = received_deltas(tensors, {k: v.shape for k, v in sent.items()})  # as the server reads it back
+            deltas = received_deltas(tensors, {k: v.shape for k, v in sent.items()})
         state.W[index] = np.asarray(shared, np.float32)
         tally.losses.append(loss_after)
         tally.update_lengths.append(update_length(deltas))

@@ -14,11 +14,12 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import get_args
+from typing import TypeGuard, get_args
 
 import numpy as np
 
 from facecore.federation.config import Weighting
+from facecore.federation.packed import Layout, PackedArrays
 from facecore.federation.strategies.base import (
     AggregateResult,
     ClientUpdate,
@@ -33,6 +34,44 @@ def _wide(value: np.ndarray) -> np.ndarray:
     """float64 of an update's array; fp16 (the wire's) through the exact lookup table, not numpy's slow cast."""
     array = np.asarray(value)
     return (widened(array) if array.dtype == np.float16 else array).astype(np.float64)
+
+
+class _Scratch:
+    """Cache-sized buffers for summing a packed update: its widened and its scaled values, one chunk at a time."""
+
+    CHUNK = 1 << 16
+
+    def __init__(self, size: int) -> None:
+        self.single = np.empty(min(size, self.CHUNK), np.float32)
+        self.double = np.empty(min(size, self.CHUNK), np.float64)
+
+    def scaled(self, values: np.ndarray, weight: float, into: np.ndarray | None = None) -> np.ndarray:
+        """``float64(values) * weight`` as a new buffer, or added to ``into``: the per-entry path's operations."""
+        total = np.empty(len(values), np.float64) if into is None else into
+        for start in range(0, len(values), self.CHUNK):
+            part = values[start : start + self.CHUNK]
+            size = len(part)
+            wide = widened(part, out=self.single[:size]) if part.dtype == np.float16 else part
+            if into is None:
+                np.multiply(wide, weight, out=total[start : start + size], dtype=np.float64)
+            else:
+                product = np.multiply(wide, weight, out=self.double[:size], dtype=np.float64)
+                np.add(total[start : start + size], product, out=total[start : start + size])
+        return total
+
+
+@dataclass(frozen=True)
+class _PackedSum:
+    """The float64 sums of packed entries in their layout (the running sum's dict views ``flat``), and the other keys."""
+
+    layout: Layout
+    rest: frozenset[str]
+    flat: np.ndarray
+    scratch: _Scratch
+
+    def takes(self, weights: Mapping[str, np.ndarray]) -> TypeGuard[PackedArrays]:
+        """Whether ``weights`` is packed alike: the same packed entries and shapes, and the same other keys."""
+        return isinstance(weights, PackedArrays) and weights.layout == self.layout and weights.rest.keys() == self.rest
 
 
 class MetricMeans:
@@ -55,19 +94,34 @@ class MetricMeans:
 
 
 class RunningWeightedSum:
-    """``sum_i w_i * x_i`` and ``sum_i w_i`` over same-shaped weight dicts, added one at a time."""
+    """``sum_i w_i * x_i`` and ``sum_i w_i`` over same-shaped weight dicts, added one at a time.
+
+    Updates packed in one buffer (:class:`~facecore.federation.packed.PackedArrays`) in the first update's
+    layout are added in one pass over that buffer, chunk by chunk through reused scratch that stays in cache,
+    instead of one widened, scaled temporary per entry; every value goes through the same float64 operations
+    either way, so the sums are the same bits. The sums are then views of one float64 buffer."""
 
     def __init__(self) -> None:
         self._sums: dict[str, np.ndarray] = {}
         self._metrics = MetricMeans()
         self.total_weight = 0.0
         self.count = 0
+        self._packed: _PackedSum | None = None  # when the first update came packed
 
     def add(self, weights: Mapping[str, np.ndarray], weight: float, metrics: Mapping[str, float] | None = None) -> None:
         if not weight > 0:
             raise ValueError(f"weight must be positive, got {weight}")
-        if self.count == 0:
+        if self.count == 0 and isinstance(weights, PackedArrays):
+            scratch = _Scratch(weights.layout.size)
+            flat = scratch.scaled(weights.flat, weight)
+            self._packed = _PackedSum(weights.layout, frozenset(weights.rest), flat, scratch)
+            self._sums = {**weights.layout.views(flat), **{k: _wide(v) * weight for k, v in weights.rest.items()}}
+        elif self.count == 0:
             self._sums = {k: _wide(v) * weight for k, v in weights.items()}
+        elif self._packed is not None and self._packed.takes(weights):
+            self._packed.scratch.scaled(weights.flat, weight, into=self._packed.flat)
+            for key, value in weights.rest.items():
+                self._sums[key] += _wide(value) * weight
         else:
             if weights.keys() != self._sums.keys():
                 missing, extra = self._sums.keys() - weights.keys(), weights.keys() - self._sums.keys()

@@ -9,7 +9,9 @@ import pytest
 from pydantic import ValidationError
 
 from facecore.federation.config import AggregationSettings, RoundConfig, SecureAggregationSettings
+from facecore.federation.packed import Layout, PackedArrays
 from facecore.federation.strategies import ClientUpdate, FedAvg, RunningWeightedSum, strategy_for
+from facecore.federation.strategies.fedavg import _Scratch
 
 
 def _weights(rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -128,3 +130,37 @@ def test_devices_weighting_is_refused_where_it_cannot_apply() -> None:
                     secure_aggregation=SecureAggregationSettings(enabled=True))
     with pytest.raises(ValueError, match="samples or devices"):
         FedAvg("photos")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_packed_updates_sum_to_the_bits_of_the_same_updates_entry_by_entry(dtype: type) -> None:
+    # Prepare: delta-sized values (fp16 subnormals among them) over more than one summing chunk, an integer
+    # counter kept aside, weights that are not integers; then one plain update and one of another layout
+    rng = np.random.default_rng(4)
+    layout = Layout.of({"conv": (3, _Scratch.CHUNK // 3 + 5), "bias": (7,)})
+    packs = [PackedArrays(layout, (rng.standard_normal(layout.size) * 1e-5).astype(dtype), {"steps": np.array(i)}) for i in range(4)]
+    plain = {k: v.copy() for k, v in PackedArrays(layout, rng.standard_normal(layout.size).astype(dtype), {"steps": np.array(9)}).items()}
+    other = PackedArrays(Layout.of({"bias": (7,), "conv": layout.shapes[0]}), rng.standard_normal(layout.size).astype(dtype), {"steps": np.array(1)})
+    weights = [0.37, 3.0, 12.5, 1.0, 2.25, 0.5]
+    # Execute
+    packed, unpacked = RunningWeightedSum(), RunningWeightedSum()
+    for update, weight in zip([*packs, plain, other], weights, strict=True):
+        packed.add(update, weight)
+        unpacked.add({k: np.array(v) for k, v in update.items()}, weight)
+    # Assert: the same keys, dtypes and bits; the packed sums are views of one buffer
+    assert packed.sums().keys() == unpacked.sums().keys()
+    for key, value in unpacked.sums().items():
+        assert packed.sums()[key].dtype == value.dtype
+        np.testing.assert_array_equal(packed.sums()[key].view(np.uint64), value.view(np.uint64))
+    assert packed.sums()["conv"].base is packed.sums()["bias"].base is not None
+    assert packed.total_weight == unpacked.total_weight and packed.count == 6
+
+
+def test_a_packed_update_missing_a_counter_is_refused_like_a_plain_one() -> None:
+    # Prepare
+    layout = Layout.of({"w": (3,)})
+    total = RunningWeightedSum()
+    total.add(PackedArrays(layout, np.ones(3, np.float16), {"steps": np.array(1)}), 1.0)
+    # Execute, Assert
+    with pytest.raises(ValueError, match="missing"):
+        total.add(PackedArrays(layout, np.ones(3, np.float16)), 1.0)
