@@ -120,19 +120,21 @@ class RunningWeightedSum:
             self._sums = {k: _wide(v) * weight for k, v in weights.items()}
         elif self._packed is not None and self._packed.takes(weights):
             self._packed.scratch.scaled(weights.flat, weight, into=self._packed.flat)
-            for key, value in weights.rest.items():
-                self._sums[key] += _wide(value) * weight
+            self._add_each(weights.rest, weight)
         else:
             if weights.keys() != self._sums.keys():
                 missing, extra = self._sums.keys() - weights.keys(), weights.keys() - self._sums.keys()
                 raise ValueError(f"update keys differ from the first update (missing {sorted(missing)[:3]}, extra {sorted(extra)[:3]})")
-            for key, value in weights.items():
-                if np.shape(value) != self._sums[key].shape:
-                    raise ValueError(f"{key}: shape {np.shape(value)} differs from {self._sums[key].shape}")
-                self._sums[key] += _wide(value) * weight
+            self._add_each(weights, weight)
         self._metrics.add(metrics or {}, weight)
         self.total_weight += weight
         self.count += 1
+
+    def _add_each(self, weights: Mapping[str, np.ndarray], weight: float) -> None:
+        for key, value in weights.items():
+            if np.shape(value) != self._sums[key].shape:
+                raise ValueError(f"{key}: shape {np.shape(value)} differs from {self._sums[key].shape}")
+            self._sums[key] += _wide(value) * weight
 
     def mean(self) -> dict[str, np.ndarray]:
         if self.count == 0:

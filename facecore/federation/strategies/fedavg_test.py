@@ -156,11 +156,13 @@ def test_packed_updates_sum_to_the_bits_of_the_same_updates_entry_by_entry(dtype
     assert packed.total_weight == unpacked.total_weight and packed.count == 6
 
 
-def test_a_packed_update_missing_a_counter_is_refused_like_a_plain_one() -> None:
+def test_a_packed_update_with_a_counter_missing_or_misshapen_is_refused_like_a_plain_one() -> None:
     # Prepare
     layout = Layout.of({"w": (3,)})
     total = RunningWeightedSum()
-    total.add(PackedArrays(layout, np.ones(3, np.float16), {"steps": np.array(1)}), 1.0)
-    # Execute, Assert
+    total.add(PackedArrays(layout, np.ones(3, np.float16), {"steps": np.array([1, 2])}), 1.0)
+    # Execute, Assert: a counter missing, or of another shape (which numpy would broadcast into the sum)
     with pytest.raises(ValueError, match="missing"):
         total.add(PackedArrays(layout, np.ones(3, np.float16)), 1.0)
+    with pytest.raises(ValueError, match="shape"):
+        total.add(PackedArrays(layout, np.ones(3, np.float16), {"steps": np.array(1)}), 1.0)
