@@ -390,8 +390,8 @@ def train_local(
     with torch.no_grad():  # copies: the workspace trains on
         packed = torch.cat(views) if views else torch.empty(0, dtype=dtype)
     # One reduction for every entry: a sum is finite exactly when each value is (short of overflowing
-    # float32, which is divergence too). The rest are integers.
-    if not (math.isfinite(loss_after) and math.isfinite(packed.sum().item())):
+    # float32, which is divergence too; fp16 training sums in float32, where its values cannot). The rest are integers.
+    if not (math.isfinite(loss_after) and math.isfinite(packed.sum(dtype=torch.float32).item())):
         raise TrainingDiverged(f"local training diverged (loss {loss_after}); lower the learning rate")
     rest = {k: workspace.entries[k].detach().clone() for k in rest_keys}
     return LocalUpdate(packed, layout, rest, tuple(keys), torch.nn.functional.normalize(w.detach(), dim=0), len(faces), loss_before,
