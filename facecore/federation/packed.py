@@ -68,6 +68,10 @@ class PackedArrays(Mapping[str, np.ndarray]):
         self.rest = rest
         self._entries: dict[str, np.ndarray] | None = None
 
+    def __reduce__(self) -> tuple[type[PackedArrays], tuple[Layout, np.ndarray, dict[str, np.ndarray]]]:
+        # The buffer once, not again as the views made by a lookup (pickle copies a view's values).
+        return PackedArrays, (self.layout, self.flat, self.rest)
+
     def _all(self) -> dict[str, np.ndarray]:
         if self._entries is None:
             self._entries = {**self.layout.views(self.flat), **self.rest}

@@ -1,4 +1,5 @@
 """Packed arrays: the layout's offsets, the mapping every consumer reads, and what a pack refuses."""
+import pickle
 import subprocess
 import sys
 
@@ -43,6 +44,20 @@ def test_a_pack_refuses_a_buffer_that_is_not_its_layout_and_an_entry_in_both_par
         PackedArrays(layout, np.zeros(3, np.float32), {"w": np.zeros(3)})
     with pytest.raises(ValueError, match="2 keys but 1 shapes"):
         Layout(("a", "b"), ((1,),))
+
+
+def test_a_pickled_pack_carries_its_buffer_once_and_reads_back_alike() -> None:
+    # Prepare: a pack whose views were made by a lookup, as a worker's could be before it sends the pack
+    layout = Layout.of({"w": (1000,)})
+    packed = PackedArrays(layout, np.ones(1000, np.float32), {"steps": np.array(3)})
+    assert packed["w"].sum() == 1000
+    # Execute
+    sent = pickle.dumps(packed, protocol=5)
+    back = pickle.loads(sent)
+    # Assert
+    assert len(sent) < 2 * 4000 and back.layout == layout and int(back["steps"]) == 3
+    np.testing.assert_array_equal(back.flat, packed.flat)
+    assert np.shares_memory(back["w"], back.flat)
 
 
 def test_importing_packed_arrays_loads_no_torch() -> None:

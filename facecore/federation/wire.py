@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
+from facecore.federation.packed import PackedArrays
 from facecore.federation.protocol import BACKBONE_PREFIX, EMBEDDING_KEY
 
 if TYPE_CHECKING:
@@ -78,7 +79,7 @@ def delta(trained: Mapping[str, Tensor], base: Mapping[str, Tensor], every_entry
     keys = list(trained)
     # No graph: `base` may hold a model's live parameters. One call for every entry: a backbone's state_dict has hundreds of small tensors.
     with torch.no_grad():
-        moved = dict(zip(keys, torch._foreach_sub([trained[k] for k in keys], [base[k] for k in keys]), strict=True))
+        moved = dict(zip(keys, torch._foreach_sub([trained[k] for k in keys], [base[k] for k in keys]), strict=True)) if keys else {}
         if not every_entry:
             return moved
         return {name: moved[name] if name in moved else torch.zeros_like(value) for name, value in base.items()}
@@ -99,6 +100,16 @@ def packed_delta(trained: Tensor, base: Tensor, precision: Precision) -> np.ndar
     _wire_dtype(precision)
     with torch.no_grad():
         return _on_wire(trained - base, precision)
+
+
+def packed_on_wire(moved: PackedArrays, precision: Precision) -> PackedArrays:
+    """A packed delta (a device worker's, in float32) at the wire's precision: one cast for its floating
+    entries, the others as they are, to the bits `wire_arrays` gives entry by entry."""
+    import torch
+
+    _wire_dtype(precision)
+    flat = torch.from_numpy(np.require(moved.flat, requirements="W"))  # Ray hands read-only arrays, which torch will not wrap quietly
+    return PackedArrays(moved.layout, _on_wire(flat, precision), moved.rest)
 
 
 def _wire_dtype(precision: Precision) -> type[np.floating]:

@@ -57,6 +57,14 @@ def test_a_delta_is_trained_minus_base_and_an_update_files_is_zero_where_trainin
     assert carried["bn.num_batches_tracked"].dtype == torch.int64
 
 
+def test_a_delta_of_no_entries_is_empty_or_all_zeros() -> None:
+    # Prepare: a trained part with no integer entries leaves a packed update nothing aside
+    base = {"w": torch.ones(3)}
+    # Execute, Assert
+    assert delta({}, base) == {}
+    assert torch.equal(delta({}, base, every_entry=True)["w"], torch.zeros(3))
+
+
 def test_a_delta_by_torch_is_numpys_difference_bit_for_bit() -> None:
     # Prepare: the values the simulator's worker processes once subtracted with numpy
     rng = np.random.default_rng(1)

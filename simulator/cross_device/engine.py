@@ -35,7 +35,7 @@ from facecore.federation.strategies import ClientUpdate, ServerMomentum, Strateg
 from facecore.federation.strategies.dp_fedavg import DPFedAvg, dp_epsilon, noise_for_epsilon
 from facecore.federation.strategies.tiers import aggregate_in_shards
 from facecore.federation.template_noise import noisy_template
-from facecore.federation.wire import Precision, as_received, delta, packed_delta, wire_arrays
+from facecore.federation.wire import Precision, as_received, delta, packed_delta, packed_on_wire, wire_arrays
 from facecore.models.checkpoint import atomic_torch_save
 from facecore.models.preprocess import embed_faces
 from facecore.models.registry import embedding_dim_of
@@ -310,8 +310,7 @@ class CrossDeviceSimulation:
         received = self.received.state_dict()
         weights = {k: received[k].numpy() for k in self.trained_keys}
         for r in tqdm(self.pool.train(weights, tasks), total=len(tasks), desc=f"round {round_number}", unit="device", leave=False):
-            # Workers send fp32; Ray's come read-only, which torch refuses to wrap without a warning, so those are copied.
-            sent = wire_arrays({k: torch.from_numpy(np.require(v, requirements="W")) for k, v in r.delta.items()}, self._upload_precision)
+            sent = packed_on_wire(r.delta, self._upload_precision)  # workers send fp32
             yield self._received(round_number, r.index, sent, r.embedding, r.n_samples, r.loss_before, r.loss_after, state, tally)
 
     def _received(

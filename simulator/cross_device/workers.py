@@ -30,7 +30,8 @@ import numpy as np
 import torch
 
 from device_sdk.training import LocalTrainingConfig, PrefixCache, Workspace, train_local
-from facecore.federation.wire import delta
+from facecore.federation.packed import PackedArrays
+from facecore.federation.wire import delta, packed_delta, wire_arrays
 from facecore.lifetime import exit_with_parent
 from facecore.models.checkpoint import load_backbone, save_backbone
 
@@ -50,7 +51,7 @@ class DeviceTask:
 @dataclass(frozen=True)
 class DeviceResult:
     index: int
-    delta: dict[str, np.ndarray]
+    delta: PackedArrays  # float32
     embedding: np.ndarray
     n_samples: int
     loss_before: float
@@ -75,6 +76,8 @@ class DeviceWorker:
         with torch.no_grad():
             for key, value in weights.items():
                 entries[key].copy_(torch.tensor(value))  # in place, so the workspace's view of the model stays live
+        layout = self.workspace.packing(self.config.trainable_blocks)[0]
+        packed_base = torch.cat([entries[k].reshape(-1) for k in layout.keys])  # this round's `weights`, packed like each update
         for task in tasks:
             if task.faces is not None:
                 self.faces[task.data] = task.faces
@@ -85,8 +88,8 @@ class DeviceWorker:
             photos = self.faces.get(task.data, np.empty((task.n_faces, 0), np.uint8))
             update = train_local(self.model, task.embedding, photos, self.config, seed=task.seed, cache=self.caches.get(task.data), workspace=self.workspace,
                                  template_length=task.template_length)
-            # Against the live entries, which hold this round's `weights` exactly (copied in above).
-            moved = {k: v.numpy() for k, v in delta(update.state_dict, entries).items()}
+            # Against this round's `weights` exactly (copied in above), packed: one array crosses the pipe, not one per entry.
+            moved = PackedArrays(update.layout, packed_delta(update.packed, packed_base, "fp32"), wire_arrays(delta(update.rest, entries), "fp32"))
             yield DeviceResult(task.index, moved, update.embedding.numpy(), update.n_samples, update.loss_before, update.loss_after)
 
     def train_all(self, weights: Mapping[str, np.ndarray], tasks: Sequence[DeviceTask]) -> list[DeviceResult]:
