@@ -47,6 +47,13 @@ def as_sent(weights: Mapping[str, np.ndarray], precision: Precision) -> dict[str
 _HALF_TO_SINGLE = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
 
 
+def widened_table() -> np.ndarray:
+    """Every half-precision value as float32, indexed by its bits (read-only)."""
+    view = _HALF_TO_SINGLE.view()
+    view.flags.writeable = False
+    return view
+
+
 def widened(values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """`values` as float32, exactly; float16 through the lookup table, anything else by numpy."""
     if values.dtype == np.float16:
