@@ -26,8 +26,8 @@ from torch import Tensor, nn
 # Re-exported: the simulator and the personal verifier take the template's start from here, with the training.
 from facecore.errors import FaceCoreError
 from facecore.federation.config import is_unit_vector
-from facecore.federation.packed import Layout
-from facecore.federation.wire import trained_entries
+from facecore.federation.packed import Layout, PackedArrays
+from facecore.federation.wire import Precision, delta, packed_delta, trained_entries, wire_arrays
 from facecore.losses import cosface_loss, impostor_loss, positive_loss, public_negatives_loss
 from facecore.models.preprocess import faces_to_tensor
 
@@ -116,6 +116,17 @@ class LocalUpdate:
         parts = torch.split(self.packed, list(self.layout.sizes))
         floating = {k: part.view(shape) for k, part, shape in zip(self.layout.keys, parts, self.layout.shapes, strict=True)}
         return {k: floating[k] if k in floating else self.rest[k] for k in self.order}
+
+    def delta(self, base: Mapping[str, Tensor], packed_base: Tensor, precision: Precision) -> PackedArrays:
+        """This update minus `base` (the model the device trained from) at the wire's precision, packed like
+        `packed`; `packed_base` is `base` packed in the same layout (`packed_entries`), once for many updates."""
+        return PackedArrays(self.layout, packed_delta(self.packed, packed_base, precision), wire_arrays(delta(self.rest, base), precision))
+
+
+def packed_entries(entries: Mapping[str, Tensor], layout: Layout) -> Tensor:
+    """`layout`'s entries of a state_dict in one flat buffer, as LocalUpdate.packed holds its own."""
+    with torch.no_grad():
+        return torch.cat([entries[k].reshape(-1) for k in layout.keys])
 
 
 def split_backbone(model: nn.Module, trainable_blocks: int | None) -> tuple[nn.Module, nn.Module]:

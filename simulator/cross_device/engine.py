@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from device_sdk.training import PrefixCache, Workspace, prefix_cache, train_local, trainable_keys
+from device_sdk.training import PrefixCache, Workspace, packed_entries, prefix_cache, train_local, trainable_keys
 from facecore.federation.config import training_seed
 from facecore.federation.packed import PackedArrays
 from facecore.federation.quantize import quantized_update, received_deltas
@@ -35,7 +35,7 @@ from facecore.federation.strategies import ClientUpdate, ServerMomentum, Strateg
 from facecore.federation.strategies.dp_fedavg import DPFedAvg, dp_epsilon, noise_for_epsilon
 from facecore.federation.strategies.tiers import aggregate_in_shards
 from facecore.federation.template_noise import noisy_template
-from facecore.federation.wire import Precision, as_received, delta, packed_delta, packed_on_wire, wire_arrays
+from facecore.federation.wire import Precision, as_received, packed_on_wire
 from facecore.models.checkpoint import atomic_torch_save
 from facecore.models.preprocess import embed_faces
 from facecore.models.registry import embedding_dim_of
@@ -274,8 +274,7 @@ class CrossDeviceSimulation:
         base = self.received.state_dict()
         public = None if self.negatives is None else self.negatives.for_round(
             self.received, self.local.trainable_blocks, self.config.wire, self.config.public_rehearsal)
-        layout = self.workspace.packing(self.local.trainable_blocks)[0]
-        packed_base = torch.cat([base[k].reshape(-1) for k in layout.keys])
+        packed_base = packed_entries(base, self.workspace.packing(self.local.trainable_blocks)[0])
         for index in tqdm(chosen, desc=f"round {round_number}", unit="device", leave=False):
             faces = self._training_faces(self.population.devices[index])
             cache = None
@@ -283,9 +282,7 @@ class CrossDeviceSimulation:
                 cache = self.caches.get(index) or self.caches.setdefault(index, prefix_cache(self.received, faces, self.local.trainable_blocks))
             update = train_local(self.received, state.W[index], faces, self.local, seed=self._seed(round_number, index), cache=cache,
                                  workspace=self.workspace, public=public, template_length=self._template_length(state, index))
-            # packed as it trained: one subtraction and one cast for the whole update (facecore.federation.packed)
-            sent = PackedArrays(update.layout, packed_delta(update.packed, packed_base, self._upload_precision),
-                                wire_arrays(delta(update.rest, base), self._upload_precision))
+            sent = update.delta(base, packed_base, self._upload_precision)  # one subtraction and one cast for the whole update
             yield self._received(round_number, index, sent, update.embedding.numpy(), update.n_samples, update.loss_before, update.loss_after, state, tally)
 
     def _pooled_updates(self, round_number: int, chosen: list[int], state: SimulationState, tally: RoundTally) -> Iterator[ClientUpdate]:

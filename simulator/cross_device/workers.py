@@ -29,9 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from device_sdk.training import LocalTrainingConfig, PrefixCache, Workspace, train_local
+from device_sdk.training import LocalTrainingConfig, PrefixCache, Workspace, packed_entries, train_local
 from facecore.federation.packed import PackedArrays
-from facecore.federation.wire import delta, packed_delta, wire_arrays
 from facecore.lifetime import exit_with_parent
 from facecore.models.checkpoint import load_backbone, save_backbone
 
@@ -76,8 +75,7 @@ class DeviceWorker:
         with torch.no_grad():
             for key, value in weights.items():
                 entries[key].copy_(torch.tensor(value))  # in place, so the workspace's view of the model stays live
-        layout = self.workspace.packing(self.config.trainable_blocks)[0]
-        packed_base = torch.cat([entries[k].reshape(-1) for k in layout.keys])  # this round's `weights`, packed like each update
+        packed_base = packed_entries(entries, self.workspace.packing(self.config.trainable_blocks)[0])
         for task in tasks:
             if task.faces is not None:
                 self.faces[task.data] = task.faces
@@ -89,7 +87,7 @@ class DeviceWorker:
             update = train_local(self.model, task.embedding, photos, self.config, seed=task.seed, cache=self.caches.get(task.data), workspace=self.workspace,
                                  template_length=task.template_length)
             # Against this round's `weights` exactly (copied in above), packed: one array crosses the pipe, not one per entry.
-            moved = PackedArrays(update.layout, packed_delta(update.packed, packed_base, "fp32"), wire_arrays(delta(update.rest, entries), "fp32"))
+            moved = update.delta(entries, packed_base, "fp32")
             yield DeviceResult(task.index, moved, update.embedding.numpy(), update.n_samples, update.loss_before, update.loss_after)
 
     def train_all(self, weights: Mapping[str, np.ndarray], tasks: Sequence[DeviceTask]) -> list[DeviceResult]:
