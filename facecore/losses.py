@@ -243,10 +243,14 @@ def spreadout_optimize(
     SpreadoutConfig(nu=nu, steps=steps, lr=lr, momentum=momentum, center=center)  # validates
     current = center_embeddings(W) if center else W.detach().clone()
     velocity: Tensor | None = None
-    for _ in range(steps):
-        grad = spreadout_gradient(current, nu)
-        velocity = grad if velocity is None else momentum * velocity + grad
-        current = current - lr * velocity
+    step = torch.empty_like(current)
+    # In place, with the same operations in the same order as `v = m * v + g; W = W - lr * v`: the same bits in a
+    # fixed number of (C, D) buffers, which a server step over many classes would otherwise allocate anew each step.
+    with torch.no_grad():
+        for _ in range(steps):
+            grad = spreadout_gradient(current, nu)
+            velocity = grad if velocity is None else velocity.mul_(momentum).add_(grad)
+            current.sub_(torch.mul(velocity, lr, out=step))
     return current
 
 
@@ -270,11 +274,14 @@ def spreadout_gradient(W: Tensor, nu: float = 0.3, block_values: int = SPREADOUT
     unit = W / lengths
     grad = torch.empty_like(W)
     rows = max(1, block_values // classes)
+    cosines = torch.empty(min(rows, classes), classes, dtype=W.dtype, device=W.device)  # one block's, reused by every block
     for start in range(0, classes, rows):
         block = unit[start : start + rows]
-        hinge = (block @ unit.T - nu).clamp_min_(0)
+        hinge = torch.matmul(block, unit.T, out=cosines[: len(block)]).sub_(nu).clamp_min_(0)
         own = torch.arange(len(block))
         hinge[own, start + own] = 0  # a class is not its own neighbour
         torch.matmul(hinge, unit, out=grad[start : start + rows])
     grad *= 4.0 / (classes * (classes - 1))
-    return (grad - (grad * unit).sum(dim=1, keepdim=True) * unit) / lengths
+    along = torch.mul(grad, unit)  # then reused for the part of grad along unit, removed in place: the same operations as
+    torch.mul(along.sum(dim=1, keepdim=True), unit, out=along)  # (grad - (grad * unit).sum(1) * unit) / lengths
+    return grad.sub_(along).div_(lengths)

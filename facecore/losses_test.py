@@ -232,6 +232,30 @@ def test_spreadout_optimize_reduces_loss_and_keeps_input(dtype: torch.dtype) -> 
     torch.testing.assert_close(updated, spreadout_optimize(W, steps=20, lr=0.5, momentum=0.9, nu=0.3), rtol=0, atol=0)
 
 
+def test_the_server_step_in_reused_buffers_is_its_formulas_out_of_place_to_the_bit() -> None:
+    # Prepare: the step written as its formulas, each result a new tensor
+    torch.manual_seed(3)
+    W = torch.randn(1, 8) + 0.5 * torch.randn(12, 8)
+    steps, lr, momentum, nu = 6, 0.5, 0.9, 0.2
+    current, velocity = W.clone(), None
+    for _ in range(steps):
+        lengths = current.norm(dim=1, keepdim=True).clamp_min(1e-12)
+        unit = current / lengths
+        hinge = (unit @ unit.T - nu).clamp_min(0)
+        hinge.fill_diagonal_(0)
+        grad = (hinge @ unit) * (4.0 / (len(W) * (len(W) - 1)))
+        grad = (grad - (grad * unit).sum(dim=1, keepdim=True) * unit) / lengths
+        velocity = grad if velocity is None else momentum * velocity + grad
+        current = current - lr * velocity
+
+    # Execute
+    updated = spreadout_optimize(W, steps=steps, lr=lr, momentum=momentum, nu=nu)
+
+    # Assert
+    assert torch.equal(updated, current)
+    assert not torch.equal(updated, W)
+
+
 def test_spreadout_optimize_matches_torch_sgd() -> None:
     # Prepare
     torch.manual_seed(1)
