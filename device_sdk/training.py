@@ -179,10 +179,25 @@ def prefix_cache(backbone: nn.Module, faces: np.ndarray, trainable_blocks: int, 
         # Only then is a copy needed, to leave the caller's model in its own mode and dtype; a
         # simulator calls this once per device on an eval-mode model, where the copy was most of the cost.
         prefix = copy.deepcopy(prefix).to(dtype=dtype).eval()
-    inputs = faces_to_tensor(faces).to(dtype)
-    plain = torch.cat([prefix(inputs[i : i + batch]) for i in range(0, len(inputs), batch)])
-    flipped = torch.cat([prefix(inputs[i : i + batch].flip(3)) for i in range(0, len(inputs), batch)])
+    # Batch by batch into buffers made once, in the activations' own memory format: the peak is one batch's
+    # inputs and activations, not every face's inputs beside every batch's outputs (a simulator caches thousands).
+    if len(faces) == 0:
+        raise ValueError("no faces to cache")
+    plain = flipped = torch.empty(0)
+    for start in range(0, len(faces), batch):
+        inputs = faces_to_tensor(faces[start : start + batch]).to(dtype)
+        ahead, mirrored = prefix(inputs), prefix(inputs.flip(3))
+        if start == 0:
+            plain, flipped = _rows_like(ahead, len(faces)), _rows_like(mirrored, len(faces))
+        plain[start : start + len(inputs)] = ahead
+        flipped[start : start + len(inputs)] = mirrored
     return PrefixCache(plain, flipped, trainable_blocks)
+
+
+def _rows_like(batch: Tensor, rows: int) -> Tensor:
+    """An empty tensor of `rows` items shaped, typed and laid out (channels_last or not) like `batch`'s."""
+    channels_last = batch.dim() == 4 and not batch.is_contiguous() and batch.is_contiguous(memory_format=torch.channels_last)
+    return torch.empty((rows, *batch.shape[1:]), dtype=batch.dtype, memory_format=torch.channels_last if channels_last else torch.contiguous_format)
 
 
 # Per trained module, its submodules and batch norms: a simulator trains one module for thousands of devices,

@@ -146,6 +146,30 @@ def test_prefix_and_suffix_compose_to_the_full_backbone_and_the_cache_matches(ow
     assert all(torch.equal(a.state_dict[k], b.state_dict[k]) for k in a.state_dict)
 
 
+@pytest.mark.parametrize("batch", [1, 4, 64])
+def test_a_prefix_cache_filled_batch_by_batch_holds_each_faces_activations_in_their_layout(owner, batch: int) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: batches that divide the faces, that leave a short last batch, and one batch for all
+    from device_sdk.training import prefix_cache, split_backbone
+
+    model, faces, _ = owner
+    faces = faces[:11]
+    prefix, _ = split_backbone(model.eval(), 3)
+    inputs = faces_to_tensor(faces)
+    with torch.no_grad():
+        plain, mirrored = prefix(inputs), prefix(inputs.flip(3))
+
+    # Execute
+    cache = prefix_cache(model, faces, 3, batch=batch)
+
+    # Assert
+    assert len(faces) % 4 != 0 and len(cache.plain) == len(cache.flipped) == len(faces)
+    torch.testing.assert_close(cache.plain, plain)
+    torch.testing.assert_close(cache.flipped, mirrored)
+    assert cache.plain.stride() == cache.flipped.stride() == plain.stride()  # channels_last, as the prefix gives it
+    with pytest.raises(ValueError, match="no faces"):
+        prefix_cache(model, faces[:0], 3)
+
+
 @pytest.mark.parametrize("trainable_blocks", [None, 2])
 def test_a_reused_workspace_gives_the_same_update_as_a_fresh_copy(owner, trainable_blocks) -> None:  # type: ignore[no-untyped-def]
     # Prepare: the workspace has just trained another device, so stale weights, grads and modes are in it
