@@ -179,8 +179,8 @@ def prefix_cache(backbone: nn.Module, faces: np.ndarray, trainable_blocks: int, 
         # Only then is a copy needed, to leave the caller's model in its own mode and dtype; a
         # simulator calls this once per device on an eval-mode model, where the copy was most of the cost.
         prefix = copy.deepcopy(prefix).to(dtype=dtype).eval()
-    # Batch by batch into buffers made once, in the activations' own memory format: the peak is one batch's
-    # inputs and activations, not every face's inputs beside every batch's outputs (a simulator caches thousands).
+    # Batch by batch into buffers made once, in the activations' own memory format: beside the cache, memory holds
+    # one batch's inputs and activations, not every photo's inputs and a second copy of the outputs to join.
     if len(faces) == 0:
         raise ValueError("no faces to cache")
     plain = flipped = torch.empty(0)
