@@ -79,8 +79,10 @@ def floor_seconds(simulation: CrossDeviceSimulation, state: SimulationState) -> 
     """The same batches and steps as `train_local` makes, as one stream (see module doc)."""
     local = simulation.config.local
     _, suffix = split_backbone(simulation.workspace.model, local.trainable_blocks)
-    W = torch.nn.Parameter(torch.from_numpy(state.W.copy()))
-    optimizer = torch.optim.SGD([*suffix.parameters(), W], lr=local.lr, momentum=local.momentum)
+    W = torch.from_numpy(state.W.copy())
+    # The device's row trains, not all of W: a step over every row would cost the floor work that grows with the devices.
+    row = torch.nn.Parameter(W[0].clone())
+    optimizer = torch.optim.SGD([*suffix.parameters(), row], lr=local.lr, momentum=local.momentum)
     suffix.train()
     for module in suffix.modules():
         if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
@@ -89,16 +91,20 @@ def floor_seconds(simulation: CrossDeviceSimulation, state: SimulationState) -> 
     for device in simulation.population.devices:
         cache = simulation.caches[device.index]
         generator = torch.Generator().manual_seed(device.index)
+        with torch.no_grad():
+            row.copy_(W[device.index])
         for _ in range(local.epochs):
             order = torch.randperm(len(cache.plain), generator=generator)
             for start in range(0, len(order), local.batch):
                 index = order[start : start + local.batch]
                 mirror = (torch.rand(len(index), generator=generator) < 0.5)[:, None, None, None]
                 batch = torch.where(mirror, cache.flipped[index], cache.plain[index])
-                loss = positive_loss(suffix(batch), W[device.index], local.margin)
+                loss = positive_loss(suffix(batch), row, local.margin)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
+        with torch.no_grad():
+            W[device.index] = row
     return time.perf_counter() - started
 
 

@@ -42,6 +42,33 @@ def test_bench_reports_both_timings_and_their_ratio() -> None:
         assert r["goals_met"]["floor_ratio"]["met"] is None and r["all_goals_met"] is None
 
 
+def test_the_floor_steps_on_each_devices_row_of_W_only(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: a simulation of 7 devices, and the optimizer the floor builds recorded
+    from device_sdk.training import LocalTrainingConfig
+    from fedface_bench import sim
+
+    torch.manual_seed(0)
+    simulation, state = sim._simulation(tile_population(_population(3), 7), get_backbone("mobilefacenet_s").eval(),
+                                        LocalTrainingConfig(trainable_blocks=1, exact_losses=False), tmp_path)
+    built: list[list[torch.Tensor]] = []
+    real_sgd = torch.optim.SGD
+
+    def recording_sgd(params, **settings):  # type: ignore[no-untyped-def]
+        built.append(list(params))
+        return real_sgd(built[-1], **settings)
+
+    monkeypatch.setattr(torch.optim, "SGD", recording_sgd)
+    W = state.W.copy()
+
+    # Execute
+    sim.floor_seconds(simulation, state)
+
+    # Assert: one embedding row trains (a step over all of W would grow with the devices), and state.W is left alone
+    (params,) = built
+    assert params[-1].shape == (W.shape[1],) and not any(p.shape == W.shape for p in params)
+    assert (state.W == W).all()
+
+
 def test_the_floor_needs_cached_prefix_activations() -> None:
     with pytest.raises(ValueError, match="trainable_blocks"):
         bench_sim(_population(), get_backbone("mobilefacenet_s"), (2,), trainable_blocks=None)
