@@ -385,15 +385,18 @@ def test_pretrain_checks_the_models_it_names_before_reading_any_data(tmp_path: P
     assert not (tmp_path / "run").exists()
 
 
-def test_pretrain_from_the_teacher_refuses_a_width_outside_the_family_and_a_second_start(tmp_path: Path) -> None:
+def test_pretrain_from_the_teacher_refuses_a_width_or_inner_width_outside_the_family_and_a_second_start(tmp_path: Path) -> None:
     # Execute
     width = _fedface("pretrain", "--from-teacher", "default", "--width", "0.6", "--out", str(tmp_path / "run"))
     both = _fedface("pretrain", "--from-teacher", "default", "--init", "mobile", "--out", str(tmp_path / "run"))
+    thin = _fedface("pretrain", "--from-teacher", "default", "--width", "1", "--inner-width", "0.3", "--out", str(tmp_path / "run"))
     missing = _fedface("pretrain", "--from-teacher", str(tmp_path / "teacher.pt"), "--out", str(tmp_path / "run"))
 
     # Assert: one line each, before any data is read
     assert width.returncode == 2 and width.stderr == "fedface pretrain: error: --width must be one of 0.25, 0.375, 0.5, 0.625, 0.75, got 0.6\n"
     assert both.returncode == 2 and "--from-teacher names both the teacher and the student's start" in both.stderr
+    assert thin.returncode == 2 and thin.stderr.startswith("fedface pretrain: error: --width/--inner-width must be one of 1/0.375, 1/0.5625,")
+    assert thin.stderr.endswith(", got 1/0.3\n")
     assert missing.returncode == 1
     assert missing.stderr.startswith(f"fedface pretrain: error: --from-teacher: model file {tmp_path / 'teacher.pt'} does not exist")
     assert not (tmp_path / "run").exists()

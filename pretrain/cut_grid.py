@@ -1,6 +1,6 @@
 """Every cut of the teacher at its start, before any training: `python -m pretrain.cut_grid --out FILE`.
 
-For each width, depth and channel criterion, the cut's LFW folds 1-5 figures (the choosing folds;
+For each width (a stream width W, or W/I with inner width I), depth and channel criterion, the cut's LFW folds 1-5 figures (the choosing folds;
 never 6-10) and its mean cosine to the teacher on public faces it was not ranked on. This is what
 chooses the criterion and the cuts worth training; the teacher's channels are ranked on the same
 1,024 public photos as `fedface pretrain --from-teacher` ranks them.
@@ -17,7 +17,7 @@ import torch
 
 from facecore.data.split import SplitConfig, build_split
 from facecore.models.checkpoint import load_backbone
-from facecore.models.dlib_cut import DEPTHS, WIDTHS, cut_name
+from facecore.models.dlib_cut import DEPTHS, THIN_BLOCK_CUTS, WIDTHS, cut_name
 from facecore.models.dlib_resnet import DlibResNet
 from facecore.models.preprocess import embed_faces
 from facecore.models.registry import backbone_geometry
@@ -35,13 +35,15 @@ def held_out_rows(data: DistillData, count: int = 1024) -> np.ndarray:
     return others[np.linspace(0, len(others) - 1, min(count, len(others))).astype(np.int64)] * data.cache.views
 
 
-def measure(widths: Sequence[float], depths: Sequence[str], criteria: Sequence[str], views: int, data_dir: str | None) -> list[dict[str, object]]:
+def measure(
+    widths: Sequence[tuple[float, float | None]], depths: Sequence[str], criteria: Sequence[str], views: int, data_dir: str | None,
+) -> list[dict[str, object]]:
     root = data_root(data_dir)
     manifest = build_split(root, SplitConfig(seed=0))
     photos, classes, _ = public_photos(manifest, root)
     teacher = load_backbone("default")
     assert isinstance(teacher, DlibResNet)
-    geometry = backbone_geometry(cut_name(widths[0]))
+    geometry = backbone_geometry(cut_name(widths[0][0], inner=widths[0][1]))
     cache = build_view_cache(photos, teacher, "default", geometry, cache_root() / "distill", views=views)
     data = DistillData(cache, np.array([p.label for p in photos], dtype=np.int64), classes)
     rows = held_out_rows(data)
@@ -49,13 +51,14 @@ def measure(widths: Sequence[float], depths: Sequence[str], criteria: Sequence[s
     monitor = lfw_folds_monitor(root, geometry=geometry)
     results: list[dict[str, object]] = [{"model": "teacher", **monitor(teacher)}]
     print(json.dumps(results[-1]), flush=True)
-    for width in widths:
+    for width, inner in widths:
         for depth in depths:
             for criterion in criteria:
-                config = DistillConfig(backbone=cut_name(width, depth), init="cut", width=width, depth=depth, cut_by=criterion)
+                name = cut_name(width, depth, inner)
+                config = DistillConfig(backbone=name, init="cut", width=width, depth=depth, inner_width=inner, cut_by=criterion)
                 student, _ = cut_student(teacher, data, config)
                 cosine = float(np.mean(np.sum(embed_faces(student, faces) * targets, axis=1)))
-                record = {"model": cut_name(width, depth), "width": width, "depth": depth, "cut_by": criterion,
+                record: dict[str, object] = {"model": name, "width": width, "inner_width": inner, "depth": depth, "cut_by": criterion,
                           "parameters": sum(p.numel() for p in student.parameters()), "cosine_to_teacher": cosine, **monitor(student)}
                 results.append(record)
                 print(json.dumps(record), flush=True)
@@ -65,14 +68,16 @@ def measure(widths: Sequence[float], depths: Sequence[str], criteria: Sequence[s
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--data", default=None)
-    parser.add_argument("--widths", default=",".join(f"{w:g}" for w in WIDTHS))
+    parser.add_argument("--widths", default=",".join([f"{w:g}" for w in WIDTHS] + [f"{w:g}/{i:g}" for w, i in THIN_BLOCK_CUTS]),
+                        help="comma-separated stream widths W, or W/I for inner width I")
     parser.add_argument("--depths", default=",".join(DEPTHS))
     parser.add_argument("--criteria", default=",".join(CRITERIA))
     parser.add_argument("--views", type=int, default=8, help="the view cache to rank on (as `fedface pretrain --views`)")
     parser.add_argument("--out", type=Path, required=True, help="JSON lines, one per cut")
     args = parser.parse_args(argv)
     torch.set_num_threads(torch.get_num_threads())
-    results = measure([float(w) for w in args.widths.split(",")], args.depths.split(","), args.criteria.split(","), args.views, args.data)
+    widths = [(float(w), float(i) if i else None) for w, _, i in (spec.partition("/") for spec in args.widths.split(","))]
+    results = measure(widths, args.depths.split(","), args.criteria.split(","), args.views, args.data)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("".join(json.dumps(r) + "\n" for r in results))
     return 0

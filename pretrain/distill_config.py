@@ -18,6 +18,7 @@ class DistillConfig(PretrainConfig):
     init: str = "mobile"  # 'mobile', 'random', a backbone file, or 'cut': the teacher itself, cut to `width` and `depth`
     width: float = 0.5  # init 'cut': the fraction of the teacher's channels kept
     depth: str = "full"  # init 'cut': 'full' keeps every block, 'short' drops one identity block per stage
+    inner_width: float | None = None  # init 'cut': the fraction of each block's inner channels kept (`width` when None)
     cut_by: str = "energy"  # init 'cut': how the kept channels are chosen (pretrain.teacher_cut.CRITERIA)
     views: int = 8
     view_seed: int = 0
@@ -43,6 +44,7 @@ class DistillConfig(PretrainConfig):
             "colour_jitter must be in [0, 1)": 0 <= self.colour_jitter < 1,
             "distillation trains on the public role only": self.role == "public",
             "width must be in (0, 1]": 0 < self.width <= 1,
+            "inner_width must be in (0, 1]": self.inner_width is None or 0 < self.inner_width <= 1,
             "depth must be full or short": self.depth in ("full", "short"),
             "cut_by must be energy or l1": self.cut_by in ("energy", "l1"),
             "mix must be in [0, 1]": 0 <= self.mix <= 1,

@@ -56,14 +56,14 @@ def public_photos(manifest: SplitManifest, root: Path) -> tuple[list[Photo], tup
 def config_from_args(args: argparse.Namespace) -> DistillConfig:
     cut = args.init == "cut"
     return DistillConfig(
-        backbone=cut_name(args.width, args.depth) if cut else "mobilefacenet", epochs=args.epochs, batch=args.batch, lr=args.lr,
+        backbone=cut_name(args.width, args.depth, args.inner_width) if cut else "mobilefacenet", epochs=args.epochs, batch=args.batch, lr=args.lr,
         warmup_epochs=args.warmup_epochs, optimizer=args.optimizer, schedule=args.schedule, seed=args.seed, workers=args.workers,
         compile=args.compile, device=args.device,
         eval_every=args.eval_every, max_steps_per_epoch=args.max_steps_per_epoch, scale=args.scale, margin=args.margin,
         teacher=args.teacher, init=args.init, views=args.views, view_seed=args.view_seed, mix=args.mix, colour_jitter=args.colour_jitter,
         distill_weight=args.distill_weight, centered=args.centered, relational_weight=args.relational_weight, cosface_weight=args.cosface_weight,
         stage_weight=args.stage_weight,
-        width=args.width, depth=args.depth, cut_by=args.cut_by,
+        width=args.width, depth=args.depth, inner_width=args.inner_width, cut_by=args.cut_by,
         rotate_teacher=args.rotate_teacher and not cut,  # a cut already speaks the teacher's space
     )
 
@@ -82,7 +82,7 @@ def cut_student(teacher: torch.nn.Module, data: DistillData, config: DistillConf
     if not isinstance(teacher, DlibResNet):
         raise FaceCoreError(f"--from-teacher cuts the dlib ResNet; {config.teacher!r} is a {type(teacher).__name__}")
     faces = np.asarray(data.cache.student[ranking_photos(data) * data.cache.views])
-    return cut_with_stages(teacher, faces, config.width, config.depth, cast(Criterion, config.cut_by), refit_head)
+    return cut_with_stages(teacher, faces, config.width, config.depth, cast(Criterion, config.cut_by), refit_head, config.inner_width)
 
 
 def run_distill(args: argparse.Namespace) -> int:

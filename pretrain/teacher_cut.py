@@ -173,23 +173,26 @@ def stage_ends(downs: Sequence[bool]) -> list[int]:
 
 def cut_from_teacher(
     teacher: DlibResNet, faces: np.ndarray, width: float, depth: str = "full", criterion: Criterion = "energy", refit_head: bool = True,
+    inner_width: float | None = None,
 ) -> DlibResNet:
     """The `width`/`depth` cut of `teacher`, started from its channels that `criterion` ranks highest
     on `faces` (public faces, (N, s, s, 3) uint8, at the teacher's crop); `refit_head=False` keeps the
-    teacher's head weights at the kept channels instead of solving for them."""
-    return cut_with_stages(teacher, faces, width, depth, criterion, refit_head)[0]
+    teacher's head weights at the kept channels instead of solving for them; `inner_width` is the fraction of
+    each block's inner channels kept (`width` when None)."""
+    return cut_with_stages(teacher, faces, width, depth, criterion, refit_head, inner_width)[0]
 
 
 @torch.no_grad()  # not inference mode: the student's parameters must stay trainable
 def cut_with_stages(
     teacher: DlibResNet, faces: np.ndarray, width: float, depth: str = "full", criterion: Criterion = "energy", refit_head: bool = True,
+    inner_width: float | None = None,
 ) -> tuple[DlibResNet, list[StageEnd]]:
     """`cut_from_teacher`, and where each of the cut's stages ends in it and in the teacher (`StageEnd`)."""
     if criterion not in CRITERIA:
         raise ValueError(f"criterion must be one of {', '.join(CRITERIA)}, got {criterion!r}")
     if teacher.shape != TEACHER_SHAPE:
         raise ValueError("cut_from_teacher cuts the full dlib ResNet, not another cut")
-    student = build_cut(width, depth, teacher.embedding_dim).eval()
+    student = build_cut(width, depth, teacher.embedding_dim, inner_width).eval()
     stats = teacher_activations(teacher, faces)
     stream_rank = stream_scores(teacher, stats, criterion)
     teacher_blocks = cast(Sequence[ResidualBlock], teacher.blocks)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from facecore.models.dlib_cut import DEPTHS, cut_shape
+from facecore.models.dlib_cut import DEPTHS, cut_name, cut_shape
 from facecore.models.dlib_resnet import DlibResNet, ResidualBlock
 from facecore.models.preprocess import faces_to_tensor
 from pretrain.distill_loss import stage_loss
@@ -19,13 +19,13 @@ def _faces(n: int = 8, seed: int = 0) -> np.ndarray:
 
 
 @torch.no_grad()
-def _teacher_with_dead_channels(width: float, depth: str, seed: int = 0) -> DlibResNet:
-    """A random dlib ResNet in which exactly the channels a `width`/`depth` cut removes carry nothing:
+def _teacher_with_dead_channels(width: float, depth: str, seed: int = 0, inner: float | None = None) -> DlibResNet:
+    """A random dlib ResNet in which exactly the channels a `width`/`depth`/`inner` cut removes carry nothing:
     their filters and biases are zero (positive, live ones elsewhere), and each dropped block's residual
     branch is zero. Such a teacher computes the same function as its cut, if the cut picks the live ones."""
     torch.manual_seed(seed)
     teacher = DlibResNet().eval()
-    shape = cut_shape(width, depth)
+    shape = cut_shape(width, depth, inner)
     generator = torch.Generator().manual_seed(seed)
 
     def live(total: int, keep: int, start: int = 0) -> torch.Tensor:
@@ -55,19 +55,22 @@ def _teacher_with_dead_channels(width: float, depth: str, seed: int = 0) -> Dlib
 
 
 @pytest.mark.parametrize("criterion", CRITERIA)
-@pytest.mark.parametrize(("width", "depth"), [(0.5, "full"), (0.375, "short")])
-def test_a_cut_of_a_teacher_whose_other_channels_are_dead_computes_the_teachers_embeddings(width: float, depth: str, criterion: Criterion) -> None:
+@pytest.mark.parametrize(("width", "depth", "inner"), [(0.5, "full", None), (0.375, "short", None), (1.0, "full", 0.375), (0.75, "short", 0.5625)])
+def test_a_cut_of_a_teacher_whose_other_channels_are_dead_computes_the_teachers_embeddings(
+    width: float, depth: str, inner: float | None, criterion: Criterion,
+) -> None:
     # Prepare
-    teacher = _teacher_with_dead_channels(width, depth)
+    teacher = _teacher_with_dead_channels(width, depth, inner=inner)
     faces = _faces()
 
     # Execute
-    student = cut_from_teacher(teacher, faces, width, depth, criterion, refit_head=False)
+    student = cut_from_teacher(teacher, faces, width, depth, criterion, refit_head=False, inner_width=inner)
 
     # Assert
     with torch.no_grad():
         expected, got = teacher(faces_to_tensor(faces)), student(faces_to_tensor(faces))
-    assert student.name == f"dlib-resnet-w{width:g}" + ("" if depth == "full" else "-short")
+    assert student.name == cut_name(width, depth, inner)
+    assert [b.mid_channels for b in student.shape.blocks] == [b.mid_channels for b in cut_shape(width, depth, inner).blocks]
     assert expected.abs().max() > 0
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from facecore.models import backbone_names, get_backbone
-from facecore.models.dlib_cut import DEPTHS, WIDTHS, cut_name, cut_shape
+from facecore.models.dlib_cut import DEPTHS, THIN_BLOCK_CUTS, WIDTHS, cut_name, cut_shape
 from facecore.models.registry import backbone_geometry
 
 
@@ -13,10 +13,10 @@ def _parameters(name: str) -> int:
 
 
 @pytest.mark.parametrize("depth", sorted(DEPTHS))
-@pytest.mark.parametrize("width", WIDTHS)
-def test_every_cut_is_a_registered_backbone_that_embeds_the_teachers_crop(width: float, depth: str) -> None:
+@pytest.mark.parametrize(("width", "inner"), [(w, None) for w in WIDTHS] + list(THIN_BLOCK_CUTS))
+def test_every_cut_is_a_registered_backbone_that_embeds_the_teachers_crop(width: float, inner: float | None, depth: str) -> None:
     # Prepare
-    name = cut_name(width, depth)
+    name = cut_name(width, depth, inner)
     model = get_backbone(name).eval()
 
     # Execute
@@ -52,8 +52,22 @@ def test_a_cut_keeps_every_down_block_and_never_narrows_the_stream() -> None:
     assert shape.stem_channels == 12 and shape.out_channels == 96
 
 
-@pytest.mark.parametrize(("width", "depth", "message"), [(0.0, "full", "width must be in"), (0.5, "deep", "depth must be one of")])
-def test_a_cut_outside_the_family_is_refused(width: float, depth: str, message: str) -> None:
+def test_a_thin_block_cut_keeps_the_stream_and_thins_only_each_blocks_inner_channels() -> None:
+    # Execute
+    thin, plain = cut_shape(1.0, "full", 0.375), cut_shape(1.0)
+
+    # Assert
+    assert cut_name(1.0, "full", 0.375) == "dlib-resnet-w1-i0.375" and cut_name(0.75, "short", 0.75) == "dlib-resnet-w0.75-short"
+    assert [(b.in_channels, b.out_channels) for b in thin.blocks] == [(b.in_channels, b.out_channels) for b in plain.blocks]
+    assert thin.stem_channels == plain.stem_channels
+    assert [b.mid_channels for b in thin.blocks] == [12] * 3 + [24] * 4 + [48] * 3 + [96] * 4
+
+
+@pytest.mark.parametrize(
+    ("width", "depth", "inner", "message"),
+    [(0.0, "full", None, "width must be in"), (0.5, "deep", None, "depth must be one of"), (1.0, "full", 1.5, "inner width must be in")],
+)
+def test_a_cut_outside_the_family_is_refused(width: float, depth: str, inner: float | None, message: str) -> None:
     # Execute / Assert
     with pytest.raises(ValueError, match=message):
-        cut_shape(width, depth)
+        cut_shape(width, depth, inner)

@@ -51,6 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="distil MODEL (default, or a dlib ResNet file) into a student cut from MODEL itself (see --width, --depth)",
     )
     distill.add_argument("--width", type=float, default=0.5, help="--from-teacher: fraction of the teacher's channels kept (default: 0.5)")
+    distill.add_argument("--inner-width", type=float, default=None, metavar="I",
+                         help="--from-teacher: fraction of each block's inner channels kept (default: the --width)")
     distill.add_argument("--depth", choices=("full", "short"), default="full",
                          help="--from-teacher: every block, or one identity block fewer per stage (default: full)")
     distill.add_argument("--cut-by", choices=("energy", "l1"), default="energy",
@@ -81,10 +83,15 @@ def _check_models(args: argparse.Namespace) -> None:
     if args.from_teacher is not None:
         if args.teacher or args.init:
             raise UsageError("--from-teacher names both the teacher and the student's start: drop --teacher and --init")
-        from facecore.models.dlib_cut import WIDTHS
+        from facecore.models.dlib_cut import THIN_BLOCK_CUTS, WIDTHS
 
-        if args.width not in WIDTHS:
-            raise UsageError(f"--width must be one of {', '.join(f'{w:g}' for w in WIDTHS)}, got {args.width:g}")
+        if args.inner_width is None or args.inner_width == args.width:
+            args.inner_width = None
+            if args.width not in WIDTHS:
+                raise UsageError(f"--width must be one of {', '.join(f'{w:g}' for w in WIDTHS)}, got {args.width:g}")
+        elif (args.width, args.inner_width) not in THIN_BLOCK_CUTS:
+            pairs = ", ".join(f"{w:g}/{i:g}" for w, i in THIN_BLOCK_CUTS)
+            raise UsageError(f"--width/--inner-width must be one of {pairs}, got {args.width:g}/{args.inner_width:g}")
         args.teacher, args.init = args.from_teacher, "cut"
     if args.init is not None and not args.teacher:
         raise UsageError("--init is the distillation student's start: it needs --teacher")
