@@ -43,7 +43,7 @@ def measure(
     photos, classes, _ = public_photos(manifest, root)
     teacher = load_backbone("default")
     assert isinstance(teacher, DlibResNet)
-    geometry = backbone_geometry(cut_name(widths[0][0], inner=widths[0][1]))
+    geometry = backbone_geometry(teacher.name)  # every cut embeds the teacher's crop (facecore.models.dlib_cut)
     cache = build_view_cache(photos, teacher, "default", geometry, cache_root() / "distill", views=views)
     data = DistillData(cache, np.array([p.label for p in photos], dtype=np.int64), classes)
     rows = held_out_rows(data)

@@ -17,7 +17,7 @@ class DistillConfig(PretrainConfig):
     teacher: str = "default"
     init: str = "mobile"  # 'mobile', 'random', a backbone file, or 'cut': the teacher itself, cut to `width` and `depth`
     width: float = 0.5  # init 'cut': the fraction of the teacher's channels kept
-    depth: str = "full"  # init 'cut': 'full' keeps every block, 'short' drops one identity block per stage
+    depth: str = "full"  # init 'cut': 'full' keeps every block, 'short' drops one identity block per stage, 'short-last' the last stage's
     inner_width: float | None = None  # init 'cut': the fraction of each block's inner channels kept (`width` when None)
     cut_by: str = "energy"  # init 'cut': how the kept channels are chosen (pretrain.teacher_cut.CRITERIA)
     views: int = 8
@@ -45,7 +45,7 @@ class DistillConfig(PretrainConfig):
             "distillation trains on the public role only": self.role == "public",
             "width must be in (0, 1]": 0 < self.width <= 1,
             "inner_width must be in (0, 1]": self.inner_width is None or 0 < self.inner_width <= 1,
-            "depth must be full or short": self.depth in ("full", "short"),
+            "depth must be full, short or short-last": self.depth in ("full", "short", "short-last"),
             "cut_by must be energy or l1": self.cut_by in ("energy", "l1"),
             "mix must be in [0, 1]": 0 <= self.mix <= 1,
             "a blend of two photos has no label: mix needs cosface_weight 0": self.mix == 0 or self.cosface_weight == 0,

@@ -55,7 +55,10 @@ def _teacher_with_dead_channels(width: float, depth: str, seed: int = 0, inner: 
 
 
 @pytest.mark.parametrize("criterion", CRITERIA)
-@pytest.mark.parametrize(("width", "depth", "inner"), [(0.5, "full", None), (0.375, "short", None), (1.0, "full", 0.375), (0.75, "short", 0.5625)])
+@pytest.mark.parametrize(
+    ("width", "depth", "inner"),
+    [(0.5, "full", None), (0.375, "short", None), (1.0, "full", 0.375), (0.75, "short", 0.5625), (0.875, "short-last", 0.625)],
+)
 def test_a_cut_of_a_teacher_whose_other_channels_are_dead_computes_the_teachers_embeddings(
     width: float, depth: str, inner: float | None, criterion: Criterion,
 ) -> None:
@@ -145,6 +148,7 @@ def test_only_the_full_teacher_is_cut() -> None:
 @pytest.mark.parametrize(("width", "depth", "names"), [
     (0.5, "full", [("conv32_3", "conv32_3"), ("conv64_3", "conv64_3"), ("conv128_2", "conv128_2"), ("conv256_2", "conv256_2")]),
     (0.375, "short", [("conv32_2", "conv32_3"), ("conv64_2", "conv64_3"), ("conv128_1", "conv128_2"), ("conv256_1", "conv256_2")]),
+    (0.875, "short-last", [("conv32_3", "conv32_3"), ("conv64_3", "conv64_3"), ("conv128_2", "conv128_2"), ("conv256_1", "conv256_2")]),
 ])
 def test_the_cuts_stream_at_each_stage_end_is_the_teachers_at_the_channels_it_kept(width: float, depth: str, names: list[tuple[str, str]]) -> None:
     # Prepare: a teacher whose removed channels carry nothing, so its cut computes its stream exactly

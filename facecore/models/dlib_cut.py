@@ -11,7 +11,9 @@ Invariants:
   never narrows it. A block's parameters scale with its stream times its inner width, so at one size
   a cut can keep the stream the blocks share and thin what each block adds to it, or the reverse.
 * Every down block stays (they set the resolution and the widening). The `short` cut drops the
-  last identity block of each stage, the cheapest place to lose depth in a residual network.
+  last identity block of each stage, the cheapest place to lose depth in a residual network;
+  `short-last` only the last stage's, which holds most of the parameters (the early stages' blocks
+  cost few parameters and much accuracy when dropped).
 * Input size, crop geometry and embedding size are the teacher's, so a cut embeds the same crops.
 """
 from __future__ import annotations
@@ -24,10 +26,11 @@ from facecore.models.registry import register_backbone
 WIDTHS = (0.25, 0.375, 0.5, 0.625, 0.75)
 # (stream width, inner width) pairs whose inner width differs from the stream's; every one near the
 # 2.5 MB in int8 at one of the two depths (pretrain/TEACHER_CUT.md)
-THIN_BLOCK_CUTS = ((1.0, 0.375), (1.0, 0.5625), (0.875, 0.4375), (0.875, 0.6875), (0.75, 0.5625))
+THIN_BLOCK_CUTS = ((1.0, 0.375), (1.0, 0.5), (1.0, 0.5625), (0.875, 0.4375), (0.875, 0.625), (0.875, 0.6875), (0.75, 0.5625), (0.75, 0.6875))
 DEPTHS: dict[str, frozenset[str]] = {
     "full": frozenset(),
     "short": frozenset({"conv32_3", "conv64_3", "conv128_2", "conv256_2"}),
+    "short-last": frozenset({"conv256_2"}),
 }
 
 

@@ -53,8 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     distill.add_argument("--width", type=float, default=0.5, help="--from-teacher: fraction of the teacher's channels kept (default: 0.5)")
     distill.add_argument("--inner-width", type=float, default=None, metavar="I",
                          help="--from-teacher: fraction of each block's inner channels kept (default: the --width)")
-    distill.add_argument("--depth", choices=("full", "short"), default="full",
-                         help="--from-teacher: every block, or one identity block fewer per stage (default: full)")
+    distill.add_argument("--depth", choices=("full", "short", "short-last"), default="full",
+                         help="--from-teacher: every block, one identity block fewer per stage, or fewer in the last stage only (default: full)")
     distill.add_argument("--cut-by", choices=("energy", "l1"), default="energy",
                          help="--from-teacher: rank the teacher's channels by activation energy on public faces or by filter L1 norm")
     distill.add_argument("--views", type=int, default=8, help="cached jittered views per public photo")
