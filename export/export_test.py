@@ -12,15 +12,21 @@ from export.profile import op_profile
 from facecore.align.geometry import ARCFACE_112, FaceGeometry
 from facecore.errors import CheckpointError, FaceCoreError
 from facecore.models import get_backbone
-from facecore.models.checkpoint import MOBILE_MODEL, load_backbone, save_backbone
+from facecore.models.checkpoint import BUNDLED_MODELS, load_backbone, save_backbone
 from facecore.models.dlib_resnet import DLIB_GEOMETRY
 
 
 @pytest.fixture(scope="module")
 def exported(real_data: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    assert MOBILE_MODEL.is_file(), "the package must bundle its MobileFaceNet"
+    assert BUNDLED_MODELS["mobilefacenet"].is_file(), "the package must bundle its MobileFaceNet"
     # two folds (the fewest that choose thresholds on held-out folds) keep CI fast; `fedface export` scores all five
-    return export_model("mobile", tmp_path_factory.mktemp("export"), real_data, int8=True, lfw_folds=(9, 10))
+    return export_model("mobilefacenet", tmp_path_factory.mktemp("export"), real_data, int8=True, lfw_folds=(9, 10))
+
+
+@pytest.fixture(scope="module")
+def exported_mobile(real_data: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    # the compact model: a cut of the dlib ResNet, shipped as int8 weights (pretrain/TEACHER_CUT.md)
+    return export_model("mobile", tmp_path_factory.mktemp("export_mobile"), real_data, int8=True, lfw_folds=(9, 10))
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +79,17 @@ def test_dlib_resnet_meets_parity_on_its_own_150px_crops(exported_dlib) -> None:
     metrics = exported_dlib.metrics
     assert metrics["parity_faces"] >= 200 and metrics["calibration_faces"] >= 200
     assert metrics["fp32_min_cos"] >= 0.9999
+    assert metrics["int8_mean_cos"] >= 0.99
+    assert metrics["int8_lfw_drop"] <= 0.5
+    assert metrics["int8_bytes"] <= 0.3 * metrics["fp32_bytes"]
+
+
+def test_the_compact_model_meets_parity_on_the_teachers_crops(exported_mobile) -> None:  # type: ignore[no-untyped-def]
+    # Assert: the bars of the other two; its weights were already rounded to int8 before export
+    metrics = exported_mobile.metrics
+    manifest = json.loads((exported_mobile.out_dir / "manifest.json").read_text())
+    assert manifest["backbone"] == "dlib-resnet-w0.875-i0.625-short-last" and manifest["input"]["shape"] == ["batch", 3, 150, 150]
+    assert metrics["parity_faces"] >= 200 and metrics["fp32_min_cos"] >= 0.9999
     assert metrics["int8_mean_cos"] >= 0.99
     assert metrics["int8_lfw_drop"] <= 0.5
     assert metrics["int8_bytes"] <= 0.3 * metrics["fp32_bytes"]

@@ -301,7 +301,7 @@ def test_models_list_reads_the_model_cards_without_torch() -> None:
     from facecore.models.checkpoint import load_backbone, model_source, shipped_verification
 
     expected = []
-    for name in ("default", "mobile"):
+    for name in ("default", "mobile", "mobilefacenet"):
         try:
             model = load_backbone(name)
         except FaceCoreError:
@@ -395,7 +395,7 @@ def test_pretrain_from_the_teacher_refuses_a_width_or_inner_width_outside_the_fa
     # Assert: one line each, before any data is read
     assert width.returncode == 2 and width.stderr == "fedface pretrain: error: --width must be one of 0.25, 0.375, 0.5, 0.625, 0.75, got 0.6\n"
     assert both.returncode == 2 and "--from-teacher names both the teacher and the student's start" in both.stderr
-    assert thin.returncode == 2 and thin.stderr.startswith("fedface pretrain: error: --width/--inner-width must be one of 1/0.375, 1/0.5625,")
+    assert thin.returncode == 2 and thin.stderr.startswith("fedface pretrain: error: --width/--inner-width must be one of 1/0.375, 1/0.5, 1/0.5625,")
     assert thin.stderr.endswith(", got 1/0.3\n")
     assert missing.returncode == 1
     assert missing.stderr.startswith(f"fedface pretrain: error: --from-teacher: model file {tmp_path / 'teacher.pt'} does not exist")

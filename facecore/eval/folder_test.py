@@ -65,9 +65,9 @@ def test_folder_of_real_people_end_to_end(
     expected_impostor = n * (n - 1) // 2 - expected_genuine
     single = people[3][0].parent.name
     # Execute
-    code_json = main(["eval", "folder", str(root), "--model", "mobile", "--json"])
+    code_json = main(["eval", "folder", str(root), "--model", "mobilefacenet", "--json"])
     report = _one_json_line(capsys.readouterr().out)
-    code_text = main(["eval", "folder", str(root), "--model", "mobile"])
+    code_text = main(["eval", "folder", str(root), "--model", "mobilefacenet"])
     table = capsys.readouterr().out
     # Assert: every file is used or skipped with its reason
     assert code_json == 0 and code_text == 0
@@ -105,7 +105,7 @@ def test_a_single_person_is_one_clear_error(tmp_path: Path, capsys: pytest.Captu
     _blank(tmp_path / "people" / "Ann" / "a.png")
     _blank(tmp_path / "people" / "b.png")
     # Execute
-    code = main(["eval", "folder", str(tmp_path / "people"), "--model", "mobile"])
+    code = main(["eval", "folder", str(tmp_path / "people"), "--model", "mobilefacenet"])
     # Assert
     captured = capsys.readouterr()
     assert code == 1 and captured.out == ""
@@ -131,9 +131,9 @@ def test_too_few_persons_or_no_genuine_pair_after_skipping(
         (no_genuine / name).mkdir(parents=True)
         shutil.copy(photo, no_genuine / name / photo.name)
     # Execute
-    code_one = main(["eval", "folder", str(only_one), "--model", "mobile"])
+    code_one = main(["eval", "folder", str(only_one), "--model", "mobilefacenet"])
     err_one = capsys.readouterr().err
-    code_none = main(["eval", "folder", str(no_genuine), "--model", "mobile"])
+    code_none = main(["eval", "folder", str(no_genuine), "--model", "mobilefacenet"])
     err_none = capsys.readouterr().err
     # Assert: one line each (progress bars use carriage returns), naming the cause
     assert code_one == 1 and code_none == 1

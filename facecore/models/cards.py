@@ -13,12 +13,18 @@ from pathlib import Path
 from typing import Any
 
 WEIGHTS_DIR = Path(__file__).resolve().parents[1] / "weights"
-MOBILE_MODEL = WEIGHTS_DIR / "mobile.pt"
+# The models whose weights are files in this repository: `mobile`, the compact model cut from the teacher
+# (pretrain/TEACHER_CUT.md), and `mobilefacenet`, the MobileFaceNet that `mobile` was until it.
+BUNDLED_MODELS = {"mobile": WEIGHTS_DIR / "mobile.pt", "mobilefacenet": WEIGHTS_DIR / "mobilefacenet.pt"}
+MOBILE_MODEL = BUNDLED_MODELS["mobile"]
 PUBLISHED_MODELS = ("default", "dlib-resnet")
-MODEL_NAMES = (*PUBLISHED_MODELS, "mobile", "random")
+MODEL_NAMES = (*PUBLISHED_MODELS, *BUNDLED_MODELS, "random")
 # The measured figures of each named model (`fedface models measure NAME --write`); its verification
 # threshold, calibrated on LFW folds 1-5, is read from here, the one place it is stored.
-FIGURES = {"default": WEIGHTS_DIR / "dlib-resnet.json", "dlib-resnet": WEIGHTS_DIR / "dlib-resnet.json", "mobile": WEIGHTS_DIR / "mobile.json"}
+FIGURES = {
+    "default": WEIGHTS_DIR / "dlib-resnet.json", "dlib-resnet": WEIGHTS_DIR / "dlib-resnet.json",
+    **{name: path.with_suffix(".json") for name, path in BUNDLED_MODELS.items()},
+}
 
 
 def model_source(spec: str | Path) -> str:
@@ -28,8 +34,8 @@ def model_source(spec: str | Path) -> str:
         from facecore.models.published import FACE_API
 
         return f"npm {FACE_API.spec}"
-    if str(spec) == "mobile":
-        return MOBILE_MODEL.relative_to(WEIGHTS_DIR.parents[1]).as_posix()
+    if str(spec) in BUNDLED_MODELS:
+        return BUNDLED_MODELS[str(spec)].relative_to(WEIGHTS_DIR.parents[1]).as_posix()
     return str(spec)
 
 
@@ -50,6 +56,6 @@ def weights_problem(name: str) -> str | None:
         except (WeightsMissing, WeightsCorrupt) as error:
             return str(error)
         return None
-    if name == "mobile" and not MOBILE_MODEL.is_file():
-        return f"model file {MOBILE_MODEL} does not exist"
+    if name in BUNDLED_MODELS and not BUNDLED_MODELS[name].is_file():
+        return f"model file {BUNDLED_MODELS[name]} does not exist"
     return None

@@ -26,6 +26,7 @@ import torch
 from facecore.errors import CheckpointError
 
 # The named models' paths and figures live in the torch-free cards module; re-exported for the callers that import them from here.
+from facecore.models.cards import BUNDLED_MODELS as BUNDLED_MODELS
 from facecore.models.cards import FIGURES as FIGURES
 from facecore.models.cards import MOBILE_MODEL as MOBILE_MODEL
 from facecore.models.cards import MODEL_NAMES as MODEL_NAMES
@@ -103,7 +104,7 @@ def read_backbone_file(path: str | Path) -> dict[str, Any]:
 
 
 def load_backbone(spec: str | Path, backbone: str = "mobilefacenet", seed: int = 0) -> torch.nn.Module:
-    """A named model (`default`, `dlib-resnet`, `mobile`, `random`: untrained, seeded, of
+    """A named model (`default`, `dlib-resnet`, `mobile`, `mobilefacenet`, `random`: untrained, seeded, of
     architecture `backbone`) or a path to a backbone/training file."""
     if str(spec) == "random":
         torch.manual_seed(seed)
@@ -112,8 +113,8 @@ def load_backbone(spec: str | Path, backbone: str = "mobilefacenet", seed: int =
         from facecore.models.published import load_dlib_resnet
 
         return _with_figures(load_dlib_resnet(), str(spec))
-    if str(spec) == "mobile":
-        return _with_figures(_load_file(MOBILE_MODEL), "mobile")
+    if str(spec) in BUNDLED_MODELS:
+        return _with_figures(_load_file(BUNDLED_MODELS[str(spec)]), str(spec))
     return _load_file(Path(spec))
 
 

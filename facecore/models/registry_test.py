@@ -8,7 +8,7 @@ from torch import nn
 
 from facecore.errors import UnknownBackbone
 from facecore.models import backbone_names, get_backbone, register_backbone
-from facecore.models.dlib_cut import DEPTHS, WIDTHS
+from facecore.models.dlib_cut import DEPTHS, THIN_BLOCK_CUTS, WIDTHS
 
 EXPECTED_DEFAULT_DIMS = {"dlib-resnet": 128, "mobilefacenet": 128, "mobilefacenet_s": 128, "iresnet18": 512, "iresnet34": 512}
 EXPECTED_INPUT_SIZE = {"dlib-resnet": 150}
@@ -29,7 +29,7 @@ def test_registered_names() -> None:
 
     # Assert: the architectures, and the cuts of the dlib ResNet (facecore/models/dlib_cut_test.py checks those)
     assert [name for name in names if not name.startswith("dlib-resnet-w")] == sorted(EXPECTED_DEFAULT_DIMS)
-    assert len(names) == len(EXPECTED_DEFAULT_DIMS) + len(WIDTHS) * len(DEPTHS)
+    assert len(names) == len(EXPECTED_DEFAULT_DIMS) + (len(WIDTHS) + len(THIN_BLOCK_CUTS)) * len(DEPTHS)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_DEFAULT_DIMS))

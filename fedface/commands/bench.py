@@ -89,9 +89,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sim.add_argument("--workers", type=int, default=None, metavar="N", help="our device processes (default: one per core)")
     sim.add_argument("--flower", action="store_true", help="also Flower's simulation engine (flwr + Ray) on the same round; needs `make flower-venv`")
     sim.add_argument("--ray", action="store_true", help="also our simulator on its Ray backend (as many actors as --workers); needs the ray extra")
-    sim.add_argument("--model", default="mobile", metavar="MODEL",
-                     help="starting backbone; mobile because the 1,000-device timings are about the framework, "
-                          "and MobileFaceNet keeps them comparable with earlier runs and affordable on a CPU")
+    sim.add_argument("--model", default="mobilefacenet", metavar="MODEL",
+                     help="starting backbone; MobileFaceNet because the 1,000-device timings are about the framework, "
+                          "and it keeps them comparable with earlier runs and affordable on a CPU")
     sim.add_argument("--data", metavar="DIR", help=DATA_HELP)
     sim.add_argument("--json", action="store_true", help=JSON_HELP + "; a list of them for several device counts")
     detect = targets.add_parser("detect", help="photos/s for detection plus alignment per detector, side by side, "

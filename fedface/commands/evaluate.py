@@ -180,7 +180,7 @@ def _pca_embedder(root: Path, folds: tuple[int, ...]):  # type: ignore[no-untype
 
 
 def _label(spec: str) -> str:
-    named = spec if spec in ("default", "dlib-resnet", "mobile") else Path(spec).stem
+    named = spec if spec in ("default", "dlib-resnet", "mobile", "mobilefacenet") else Path(spec).stem
     return {"random": "untrained", "lbp": "LBP (classical)", "pca": "PCA (classical)"}.get(spec, named)
 
 

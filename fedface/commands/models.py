@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     measure = actions.add_parser(
         "measure", help="calibrate the verification threshold on LFW folds 1-5, then measure LFW folds 6-10 and CelebA owners",
     )
-    measure.add_argument("name", choices=("default", "mobile"), help="the named model to measure")
+    measure.add_argument("name", choices=("default", "mobile", "mobilefacenet"), help="the named model to measure")
     measure.add_argument("--data", help="data root (default: FEDFACE_DATA or ../shared/data)")
     measure.add_argument("--write", action="store_true", help="store the figures in facecore/weights/<model>.json")
     add_detector_option(measure)
@@ -65,15 +65,15 @@ def _list() -> int:
     from facecore.models.cards import figures_of, model_source, weights_problem
     from facecore.models.verification import Verification
 
-    print(f"{'name':<12} {'backbone':<14} {'crop':<28} {'threshold':>9}  weights")
-    for name in ("default", "mobile"):
+    print(f"{'name':<14} {'backbone':<38} {'crop':<22} {'threshold':>9}  weights")
+    for name in ("default", "mobile", "mobilefacenet"):
         problem = weights_problem(name)
         if problem is not None:
-            print(f"{name:<12} {'-':<14} {'-':<28} {'-':>9}  not available: {problem}")
+            print(f"{name:<14} {'-':<38} {'-':<22} {'-':>9}  not available: {problem}")
             continue
         card = figures_of(name)
         verification = Verification.from_json(card.get("verification"))
         threshold = "-" if verification is None else f"{verification.threshold:.4f}"
         crop = (card.get("geometry") or {}).get("key", "-")
-        print(f"{name:<12} {card.get('backbone', '-'):<14} {crop:<28} {threshold:>9}  {model_source(name)}")
+        print(f"{name:<14} {card.get('backbone', '-'):<38} {crop:<22} {threshold:>9}  {model_source(name)}")
     return 0

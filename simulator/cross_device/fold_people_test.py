@@ -64,8 +64,8 @@ def test_mismatched_inputs_are_one_clear_error() -> None:
 
 
 def test_models_with_different_crops_are_refused_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    # Prepare: `mobile` crops 112x112, the default dlib model 150x150.
-    specs = ["mobile", "default"]
+    # Prepare: `mobilefacenet` crops 112x112, the default dlib model 150x150.
+    specs = ["mobilefacenet", "default"]
 
     # Execute
     with pytest.raises(SystemExit, match="^2$") as exit_info:

@@ -226,10 +226,10 @@ def test_a_threshold_is_a_json_number_and_without_a_far_10_point_only_its_range_
 def test_a_threshold_below_the_models_far_10_point_needs_force_and_the_point_outlives_recalibrations_and_rounds(
     tmp_path: Path, db_url: str, rng: np.random.Generator,
 ) -> None:
-    # Prepare: the bundled mobile model, whose shipped figures carry its FAR 10% point; one enrolled device
-    floor = json.loads(FIGURES["mobile"].read_text())["verification"][FAR_10_KEY]
+    # Prepare: the bundled MobileFaceNet, whose shipped figures carry its FAR 10% point; one enrolled device
+    floor = json.loads(FIGURES["mobilefacenet"].read_text())["verification"][FAR_10_KEY]
     good = {"threshold": 0.6, "far": 1e-3, "calibration": "all impostor pairs of LFW folds 1-5"}
-    with TestClient(create_app(make_settings(tmp_path / "data", db_url, model="mobile"), run_scheduler=False)) as client:
+    with TestClient(create_app(make_settings(tmp_path / "data", db_url, model="mobilefacenet"), run_scheduler=False)) as client:
         admin = {"Authorization": f"Bearer {client.app.state.ctx.admin_token}"}
         (device,) = enrolled_devices(client, 1, rng)
         v1 = device.request("GET", "/v1/models/current").json()["version"]
