@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from facecore.models.dlib_cut import DEPTHS
 from pretrain.config import PretrainConfig
 from pretrain.distill_views import ViewJitter
 
@@ -45,7 +46,7 @@ class DistillConfig(PretrainConfig):
             "distillation trains on the public role only": self.role == "public",
             "width must be in (0, 1]": 0 < self.width <= 1,
             "inner_width must be in (0, 1]": self.inner_width is None or 0 < self.inner_width <= 1,
-            "depth must be full, short or short-last": self.depth in ("full", "short", "short-last"),
+            f"depth must be one of {', '.join(DEPTHS)}": self.depth in DEPTHS,
             "cut_by must be energy or l1": self.cut_by in ("energy", "l1"),
             "mix must be in [0, 1]": 0 <= self.mix <= 1,
             "a blend of two photos has no label: mix needs cosface_weight 0": self.mix == 0 or self.cosface_weight == 0,
