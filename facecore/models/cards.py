@@ -19,6 +19,8 @@ BUNDLED_MODELS = {"mobile": WEIGHTS_DIR / "mobile.pt", "mobilefacenet": WEIGHTS_
 MOBILE_MODEL = BUNDLED_MODELS["mobile"]
 PUBLISHED_MODELS = ("default", "dlib-resnet")
 MODEL_NAMES = (*PUBLISHED_MODELS, *BUNDLED_MODELS, "random")
+# The named models with weights of their own, once each (`dlib-resnet` is another name for `default`).
+TRAINED_MODELS = ("default", *BUNDLED_MODELS)
 # The measured figures of each named model (`fedface models measure NAME --write`); its verification
 # threshold, calibrated on LFW folds 1-5, is read from here, the one place it is stored.
 FIGURES = {

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from facecore.models.cards import MODEL_NAMES
 from fedface.cli import add_detector_option
 
 CLASSICAL = ("lbp", "pca")
@@ -180,7 +181,7 @@ def _pca_embedder(root: Path, folds: tuple[int, ...]):  # type: ignore[no-untype
 
 
 def _label(spec: str) -> str:
-    named = spec if spec in ("default", "dlib-resnet", "mobile", "mobilefacenet") else Path(spec).stem
+    named = spec if spec in MODEL_NAMES else Path(spec).stem
     return {"random": "untrained", "lbp": "LBP (classical)", "pca": "PCA (classical)"}.get(spec, named)
 
 

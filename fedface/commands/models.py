@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 
+from facecore.models.cards import TRAINED_MODELS
 from fedface.cli import add_detector_option
 
 
@@ -19,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     measure = actions.add_parser(
         "measure", help="calibrate the verification threshold on LFW folds 1-5, then measure LFW folds 6-10 and CelebA owners",
     )
-    measure.add_argument("name", choices=("default", "mobile", "mobilefacenet"), help="the named model to measure")
+    measure.add_argument("name", choices=TRAINED_MODELS, help="the named model to measure")
     measure.add_argument("--data", help="data root (default: FEDFACE_DATA or ../shared/data)")
     measure.add_argument("--write", action="store_true", help="store the figures in facecore/weights/<model>.json")
     add_detector_option(measure)
@@ -66,7 +67,7 @@ def _list() -> int:
     from facecore.models.verification import Verification
 
     print(f"{'name':<14} {'backbone':<38} {'crop':<22} {'threshold':>9}  weights")
-    for name in ("default", "mobile", "mobilefacenet"):
+    for name in TRAINED_MODELS:
         problem = weights_problem(name)
         if problem is not None:
             print(f"{name:<14} {'-':<38} {'-':<22} {'-':>9}  not available: {problem}")
