@@ -2,7 +2,8 @@
 
 Named models: `default` (and its architecture name `dlib-resnet`) is the dlib ResNet with the
 weights the setup fetched from the npm registry (`facecore.models.published`); `mobile` is the
-compact MobileFaceNet bundled in `facecore/weights/mobile.pt`; `random` is an untrained backbone.
+compact cut of it bundled in int8 in `facecore/weights/mobile.pt`, and the other names of
+`facecore.models.cards.BUNDLED_MODELS` (`mobilefacenet`) are bundled beside it; `random` is an untrained backbone.
 Anything else is a path to a backbone or training file.
 
 A backbone file is a torch pickle of a plain dict (loaded with weights_only=True):

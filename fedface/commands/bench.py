@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     export = targets.add_parser("export", help="batch-1 single-thread latency: torch eager vs ONNX fp32 vs ONNX int8, per model, interleaved")
     export.add_argument("--model", action="append", metavar="MODEL",
                         help="a model to measure, repeatable: all engines of all models run interleaved in one run "
-                             "(default: --model default --model mobile, the dlib ResNet next to MobileFaceNet)")
+                             "(default: --model default --model mobile, the dlib ResNet next to its compact cut)")
     export.add_argument("--dir", action="append", metavar="DIR",
                         help="an existing export directory (holding model.onnx), one per --model in the same order "
                              "(default: export --int8 into temporary ones)")

@@ -10,7 +10,7 @@ import json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="default", help="'default', 'mobile' or a checkpoint PATH")
+    parser.add_argument("--model", default="default", help="'default', 'mobile', 'mobilefacenet' or a checkpoint PATH")
     parser.add_argument("--holdout", type=float, default=0.3, metavar="FRACTION",
                         help="share of each owner's photos held out for verification (at least one)")
     parser.add_argument("--threshold", type=float, metavar="COSINE",

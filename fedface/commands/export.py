@@ -8,7 +8,8 @@ from pathlib import Path
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="default",
-                        help="'default' (= 'dlib-resnet', the published weights), 'mobile' (the bundled MobileFaceNet), 'random', or a backbone file PATH; "
+                        help="'default' (= 'dlib-resnet', the published weights), 'mobile' (the bundled compact cut of it), "
+                             "'mobilefacenet', 'random', or a backbone file PATH; "
                              "faces are aligned to the backbone's own crop, which the manifest records")
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--int8", action="store_true", help="also write model.int8.onnx (static per-channel quantization)")
