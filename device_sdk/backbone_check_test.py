@@ -13,7 +13,9 @@ import torch
 
 from device_sdk.backbone_check import check_backbone_payload
 from device_sdk.errors import BadServerResponse
+from device_sdk.round_files import load_backbone_file
 from device_sdk.server_limits import MAX_BACKBONE_TENSORS, MAX_EMBEDDING_DIM, MAX_MODEL_BYTES
+from facecore.models.checkpoint import dequantized_state, int8_state
 from facecore.models.registry import backbone_names, expected_state, get_backbone
 
 WHAT = "fp16.pt file of model abababababab"
@@ -61,6 +63,47 @@ def test_a_weight_of_another_dtype_than_float16_or_float32_is_refused(dtype: tor
     # Execute / Assert
     with pytest.raises(BadServerResponse, match=rf"state_dict\['{name}'\] is {str(dtype).removeprefix('torch.')}; backbone "
                                                 r"'mobilefacenet_s' has floats there \(float16 or float32\)$"):
+        check_backbone_payload(payload, WHAT)
+
+
+def _int8_payload() -> dict[str, Any]:
+    """A backbone file's dict as the server writes its int8 copy (save_backbone(..., int8=True))."""
+    torch.manual_seed(0)
+    model = get_backbone("mobilefacenet_s")
+    codes, scales = int8_state(model.state_dict())
+    return {"format": "fedface-backbone/1", "backbone": "mobilefacenet_s", "embedding_dim": model.embedding_dim,
+            "state_dict": codes, "meta": {}, "int8_scales": scales}
+
+
+def test_an_int8_file_as_the_server_writes_it_passes_and_loads_as_its_weights(tmp_path: Any) -> None:
+    # Prepare
+    payload = _int8_payload()
+    torch.save(payload, tmp_path / "int8.pt")
+    # Execute
+    check_backbone_payload(payload, WHAT)
+    model = load_backbone_file(tmp_path / "int8.pt", WHAT)
+    # Assert
+    for key, value in dequantized_state(payload).items():
+        assert torch.equal(model.state_dict()[key], value), key
+
+
+@pytest.mark.parametrize(("change", "refusal"), [
+    (lambda p, name: p["int8_scales"].pop(name), r"state_dict\['{name}'\] is int8; backbone 'mobilefacenet_s' has floats there"),
+    (lambda p, name: p["int8_scales"].__setitem__(name, p["int8_scales"][name].double()), r"int8_scales\['{name}'\] is not a dense float32 tensor"),
+    (lambda p, name: p["int8_scales"].__setitem__(name, p["int8_scales"][name][:1]), r"int8_scales\['{name}'\] has shape \(1,\); the weight has \d+ output"),
+    (lambda p, name: p["int8_scales"][name].__setitem__(0, float("inf")), r"int8_scales\['{name}'\] holds a scale that is not finite and positive"),
+    (lambda p, name: p["int8_scales"][name].__setitem__(0, -1.0), r"int8_scales\['{name}'\] holds a scale that is not finite and positive"),
+    (lambda p, name: p["state_dict"].__setitem__(name, p["state_dict"][name].half()), r"state_dict\['{name}'\] is float16, yet int8_scales gives it a scale"),
+    (lambda p, name: p["int8_scales"].__setitem__("nowhere", torch.ones(3)), r"int8_scales\['nowhere'\] names no floating weight of two or more"),
+    (lambda p, name: p.__setitem__("int8_scales", [1.0]), r"int8_scales is not a dict of tensors"),
+])
+def test_an_int8_file_whose_scales_do_not_fit_its_codes_is_refused(change: Any, refusal: str) -> None:
+    # Prepare
+    payload = _int8_payload()
+    name = next(iter(payload["int8_scales"]))
+    change(payload, name)
+    # Execute / Assert
+    with pytest.raises(BadServerResponse, match=rf"^the server's {WHAT} is refused: " + refusal.format(name=re.escape(name))):
         check_backbone_payload(payload, WHAT)
 
 

@@ -37,7 +37,7 @@ from device_sdk import enrolment, registration, rounds
 from device_sdk.enrolment import MAX_FACES, EnrollResult, PhotoAligner
 from device_sdk.errors import DeviceError
 from device_sdk.link import ServerLink, server_body, server_path
-from device_sdk.model_cache import Embedders, current_model, load_backbone
+from device_sdk.model_cache import Embedders, current_model, download_precision, load_backbone
 from device_sdk.personalize import PersonalizeResult
 from device_sdk.personalize import personalize as train_personal
 from device_sdk.registration import ResetResult
@@ -177,7 +177,7 @@ class FaceDevice:
         return current_model(self._link, remember)
 
     def _load_backbone(self, url: str, version: str) -> nn.Module:
-        return load_backbone(self._link, url, version, self.upload_fp16)
+        return load_backbone(self._link, url, version, download_precision(self.upload_fp16))
 
 
 __all__ = ["MAX_FACES", "ROUND_END_GRACE_S", "EnrollResult", "FaceDevice", "PersonalizeResult", "ResetResult", "RoundEnd",

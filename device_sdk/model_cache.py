@@ -13,8 +13,9 @@ Invariants:
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from device_sdk.errors import BadServerResponse, DeviceError, ServerRefused
 from device_sdk.inference import OnnxEmbedder
@@ -103,12 +104,25 @@ class Embedders:
         self._held = {}
 
 
-def load_backbone(link: ServerLink, url: str, version: str, fp16: bool) -> nn.Module:
+DownloadPrecision = Literal["fp32", "fp16", "int8"]
+
+
+def download_precision(fp16: bool, local: Mapping[str, Any] | None = None) -> DownloadPrecision:
+    """The backbone file a device downloads: int8 where its round's `local.download_bits` is 8, else fp16
+    or fp32 (the device's choice, as it uploads)."""
+    bits = (local or {}).get("download_bits")
+    if bits is None:
+        return "fp16" if fp16 else "fp32"
+    if isinstance(bits, bool) or bits != 8:
+        raise BadServerResponse(f"the round asks for a download of {str(bits)[:20]} bits; this device downloads 8 or fp16")
+    return "int8"
+
+
+def load_backbone(link: ServerLink, url: str, version: str, dtype: DownloadPrecision) -> nn.Module:
     """The round's torch backbone (for training: it imports torch), downloaded once per version and
     precision, and checked against its registry entry before a model is built from it."""
     from device_sdk.round_files import load_backbone_file
 
-    dtype = "fp16" if fp16 else "fp32"
     kind = f"{dtype}.pt"
     path = fetch_model_file(link, f"{server_path(url)}?dtype={dtype}", check_version(version), kind)
     try:
@@ -118,4 +132,5 @@ def load_backbone(link: ServerLink, url: str, version: str, fp16: bool) -> nn.Mo
         raise
 
 
-__all__ = ["Embedders", "current_model", "fetch_model_file", "fetch_onnx", "load_backbone", "model_geometry"]
+__all__ = ["DownloadPrecision", "Embedders", "current_model", "download_precision", "fetch_model_file", "fetch_onnx", "load_backbone",
+           "model_geometry"]

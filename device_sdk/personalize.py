@@ -18,7 +18,7 @@ import numpy as np
 
 from device_sdk.enrolment import enrolled_faces
 from device_sdk.link import ServerLink
-from device_sdk.model_cache import current_model, load_backbone
+from device_sdk.model_cache import current_model, download_precision, load_backbone
 
 if TYPE_CHECKING:  # the type only: device_sdk.personal imports torch
     from device_sdk.personal import PersonalConfig
@@ -45,7 +45,7 @@ def personalize(link: ServerLink, config: PersonalConfig | None, cohort: np.ndar
     link.identity()
     faces = enrolled_faces(link.state)
     model = current_model(link, remember=False)
-    backbone = load_backbone(link, model["backbone_url"], model["version"], fp16)
+    backbone = load_backbone(link, model["backbone_url"], model["version"], download_precision(fp16))
     verifier, report = train_personal_verifier(backbone, faces, config, cohort=cohort)
     link.state.save_personal(save_verifier(verifier, model["version"]))
     calibrated = verifier.threshold  # set while saving, when public impostor faces are available

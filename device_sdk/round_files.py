@@ -6,7 +6,8 @@ Invariants:
   the methods that train (`train_round`, `personalize`, `_load_backbone`), never at the top, so
   register, enroll, verify, status and unenroll run on numpy and onnxruntime alone.
 - A backbone file is read with `weights_only=True` (no pickled code runs) and loaded into the architecture
-  it names (`facecore.models.registry`), fp16 entries widened to fp32: training always runs in fp32.
+  it names (`facecore.models.registry`), fp16 entries widened to fp32 and int8 ones multiplied back by their
+  scales (`facecore.models.checkpoint.dequantized_state`): training always runs in fp32.
 - A plain update file carries, for each entry local training changed (the round's trained entries,
   `facecore.federation.wire.trained_entries`), the trained value minus the base one (`wire.delta`, which the
   simulator uses too) at the wire's precision, and nothing for the frozen prefix; a secure-aggregation one
@@ -31,11 +32,12 @@ from facecore.federation.messages import UpdateMeta
 from facecore.federation.protocol import EMBEDDING_KEY, MASKED_KEY, METADATA_KEY
 from facecore.federation.quantize import quantized_update
 from facecore.federation.wire import Precision, delta, update_tensors, wire_arrays
+from facecore.models.checkpoint import dequantized_state
 from facecore.models.registry import get_backbone
 
 
 def load_backbone_file(path: Path, what: str) -> nn.Module:
-    """The backbone a round downloaded (fp16 or fp32 torch file), in fp32 and eval mode. Read once,
+    """The backbone a round downloaded (fp16, fp32 or int8 torch file), in fp32 and eval mode. Read once,
     mapped rather than copied, and checked against its registry entry (`check_backbone_payload`)
     before a model is built from it; a file torch cannot read, or that fails the check, is a
     BadServerResponse naming `what`."""
@@ -46,7 +48,7 @@ def load_backbone_file(path: Path, what: str) -> nn.Module:
         raise BadServerResponse(f"the server's {what} is refused: torch cannot read it ({reason})") from None
     check_backbone_payload(payload, what)
     model = get_backbone(payload["backbone"], embedding_dim=payload["embedding_dim"])
-    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in payload["state_dict"].items()})
+    model.load_state_dict(dequantized_state(payload))
     return model.eval()
 
 

@@ -26,7 +26,7 @@ import numpy as np
 from device_sdk.enrolment import enrolled_faces, shared_template
 from device_sdk.errors import BadServerResponse, NotEnrolled, RoundClosed, ServerRefused, ServerUnavailable
 from device_sdk.link import ServerLink, read_deadline, server_body, server_path
-from device_sdk.model_cache import current_model, load_backbone
+from device_sdk.model_cache import current_model, download_precision, load_backbone
 from device_sdk.server_limits import check_version
 from device_sdk.uploads import Accepted, post_update, resend_pending
 from facecore.align.geometry import geometry_of
@@ -126,7 +126,8 @@ def _train(link: ServerLink, options: RoundOptions, accepted: Accepted, wait: fl
         # What the device agreed to, for its user to see: a server that filled the round with puppets shows here.
         notices.append(f"secure aggregation: {secure.members} members, threshold {secure.client.threshold}")
     say("downloading the model")
-    backbone = load_backbone(link, checkin.backbone_url, check_version(checkin.base_version), options.upload_fp16)
+    backbone = load_backbone(link, checkin.backbone_url, check_version(checkin.base_version),
+                             download_precision(options.upload_fp16, checkin.local))
     if faces.shape[1:] != geometry_of(backbone).row_shape:
         raise NotEnrolled(f"the server's model crops faces as {geometry_of(backbone).key}, this device's faces "
                           "were cropped for another model: enroll again")

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 
 KEY_ENV = "FEDFACE_DEVICE_KEY"
 KEY_BYTES = 32
-MODEL_KINDS = ("onnx", "fp16.pt", "fp32.pt")
+MODEL_KINDS = ("onnx", "fp16.pt", "fp32.pt", "int8.pt")
 SEALED = ("identity", "template", "faces", "personal", "pending_upload", "upload_residual")
 # Everything `delete()` may remove: the folder may be one the user also keeps other files in.
 STATE_FILES = ("device.key", "device.json", "pending_upload.json", "pending_upload.bin", "train.lock",

@@ -51,6 +51,11 @@ class LocalSettings(StrictModel):
         description="8 or 4: devices send each trained weight in that many bits with a scale a row, and carry the rounding "
         "to their next update (error feedback); unset: fp16",
     )
+    download_bits: int | None = Field(
+        default=None, ge=8, le=8,
+        description="8: devices download the round's model as int8 weights with a scale per output channel (half of fp16's bytes) "
+        "and train from them; unset: fp16",
+    )
     feature_center: list[float] | None = Field(
         default=None, max_length=4096,
         description="a unit vector (a fixed mean face feature): the positive loss runs on features and template both moved by minus it",

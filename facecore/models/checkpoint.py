@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,13 +48,11 @@ def save_backbone(
     stores every weight of two or more dimensions as int8 with a scale per output channel, the rest as fp16."""
     if half and int8:
         raise ValueError("a backbone file is fp16 or int8, not both")
-    state, scales = {}, {}
-    for key, value in model.state_dict().items():
-        value = value.detach().cpu()
-        if int8 and value.is_floating_point() and value.dim() >= 2:
-            state[key], scales[key] = quantized_per_channel(value)
-        else:
-            state[key] = (value.half() if (half or int8) and value.is_floating_point() else value).clone()
+    if int8:
+        state, scales = int8_state(model.state_dict())
+    else:
+        state, scales = {k: (v.detach().cpu().half() if half and v.is_floating_point() else v.detach().cpu()).clone()
+                         for k, v in model.state_dict().items()}, {}
     payload = {"format": FORMAT, "backbone": model.name, "embedding_dim": model.embedding_dim, "state_dict": state, "meta": meta or {}}
     if scales:
         payload["int8_scales"] = scales
@@ -66,6 +65,26 @@ def quantized_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     scale = peak / 127.0
     codes = torch.round(weight.float() / scale.view(-1, *[1] * (weight.dim() - 1))).clamp_(-127, 127).to(torch.int8)
     return codes, scale
+
+
+def int8_state(state: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """An int8 file's (state dict, scales): every floating weight of two or more dimensions as int8 codes with
+    a scale per output channel, the other floating tensors in fp16, the rest as they are."""
+    codes, scales = {}, {}
+    for key, value in state.items():
+        value = value.detach().cpu()
+        if value.is_floating_point() and value.dim() >= 2:
+            codes[key], scales[key] = quantized_per_channel(value)
+        else:
+            codes[key] = (value.half() if value.is_floating_point() else value).clone()
+    return codes, scales
+
+
+def int8_received(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The fp32 weights a reader of `state`'s int8 file computes with: what a device trains from after an
+    int8 download (a round's `local.download_bits` 8), the simulator's devices included."""
+    codes, scales = int8_state(state)
+    return dequantized_state({"state_dict": codes, "int8_scales": scales})
 
 
 def dequantized_state(payload: dict[str, Any]) -> dict[str, torch.Tensor]:

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from facecore.models.checkpoint import load_backbone, save_backbone
+from facecore.models.checkpoint import int8_received, load_backbone, save_backbone
 from facecore.models.registry import get_backbone
 
 
@@ -41,3 +41,19 @@ def test_a_file_is_fp16_or_int8_not_both(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="fp16 or int8, not both"):
         save_backbone(get_backbone("dlib-resnet-w0.25"), tmp_path / "both.pt", half=True, int8=True)
     assert not (tmp_path / "both.pt").exists()
+
+
+def test_an_int8_download_trains_from_exactly_the_weights_its_file_loads_as(tmp_path: Path) -> None:
+    # Prepare
+    torch.manual_seed(1)
+    model = get_backbone("dlib-resnet-w0.25-short").eval()
+
+    # Execute
+    received = int8_received(model.state_dict())
+    loaded = load_backbone(save_backbone(model, tmp_path / "int8.pt", int8=True)).state_dict()
+
+    # Assert
+    assert received.keys() == loaded.keys()
+    for key, value in loaded.items():
+        assert torch.equal(received[key], value), key
+    assert any(not torch.equal(received[k], v) for k, v in model.state_dict().items() if v.dim() >= 2)  # it is rounded

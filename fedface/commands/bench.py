@@ -77,6 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     device.add_argument("--upload-bits", type=int, choices=(8, 4), metavar="BITS",
                         help="the timed rounds send their updates in 8 or 4 bits (a round's local.upload_bits); unset: the --settings' own "
                              "(fleet-camera: 4, paper: fp16)")
+    device.add_argument("--download-bits", type=int, choices=(8,), metavar="BITS",
+                        help="8: the timed rounds' devices download the model as int8 weights (a round's local.download_bits); unset: fp16")
     device.add_argument("--commands-only", action="store_true",
                         help="only the cold commands section: register, enroll, verify, against their goals")
     device.add_argument("--json", action="store_true", help=JSON_HELP)
@@ -247,8 +249,9 @@ def _device(args: argparse.Namespace) -> int:
             if center is None:
                 raise _usage(f"model {args.model} publishes no feature centre, which --settings fleet-camera needs: use --settings paper")
             body |= fleet_camera_settings(center)
-        if args.upload_bits is not None:
-            body["local"] = {**body.get("local", {}), "upload_bits": args.upload_bits}
+        for name in ("upload_bits", "download_bits"):
+            if getattr(args, name) is not None:
+                body["local"] = {**body.get("local", {}), name: getattr(args, name)}
 
         def open_round() -> None:
             import time
@@ -274,7 +277,8 @@ def _device(args: argparse.Namespace) -> int:
         result = {} if only else bench_device(
             server.url, Path(scratch) / "device", photos[:20], photos[20], open_round, args.repeats, progress=progress)
         if result:
-            result["settings"], result["upload_bits"] = args.settings, body.get("local", {}).get("upload_bits")
+            result["settings"] = args.settings
+            result |= {name: body.get("local", {}).get(name) for name in ("upload_bits", "download_bits")}
             goals |= device_goals(result)
         if not args.commands_only:
             result["verify"] = bench_verify(

@@ -39,13 +39,14 @@ FLAG_NAMES = {
     "local.margin": "--margin",
     "local.trainable_blocks": "--trainable-blocks",
     "local.upload_bits": "--upload-bits",
+    "local.download_bits": "--download-bits",
     "local.train_embedding": "--train-embedding",
     "aggregation.method": "--aggregation",
     "aggregation.dp_noise_multiplier": "--dp-noise",
     "secure_aggregation.enabled": "--secure-aggregation",
 }
 METAVARS = {
-    "local.lr": "RATE", "local.margin": "COS", "local.trainable_blocks": "K", "local.upload_bits": "BITS",
+    "local.lr": "RATE", "local.margin": "COS", "local.trainable_blocks": "K", "local.upload_bits": "BITS", "local.download_bits": "BITS",
     "spreadout.nu": "COS", "spreadout.lr": "RATE", "spreadout.momentum": "BETA",
     "aggregation.trim_beta": "FRACTION", "aggregation.max_update_norm": "NORM", "aggregation.dp_noise_multiplier": "Z",
     "aggregation.dp_delta": "DELTA", "aggregation.server_momentum": "BETA",

@@ -113,7 +113,7 @@ def _changed(path: str) -> str:
         return "off" if flag.default else "on"
     if flag.choices:
         return next(c for c in flag.choices if c != flag.default)
-    if path == "local.upload_bits":  # 8 or 4 only
+    if path in ("local.upload_bits", "local.download_bits"):  # 8 or 4 only; 8 only
         return "8"
     if flag.default is None or flag.default == 0:
         return "2" if flag.type is int else "0.5"
@@ -254,7 +254,7 @@ ISSUE35_CONFIG = {
     "dp_epsilon": None, "dp_clip": 1.0, "dp_delta": 1e-05, "template_noise_cos": None, "public_negatives": 0, "public_rehearsal": False,
     "selection": "least_recent", "wire": "fp16", "seeding": "live", "weighting": "devices", "server_momentum": 0.9,
     "capture": "lowlight-ir", "enrolment": "clean", "train_enrolment": False, "center_features": True, "center_source": "celeba",
-    "upload_bits": None,
+    "upload_bits": None, "download_bits": None,
 }
 RESUMABLE = ("rounds", "eval_every", "target_accuracy", "workers", "backend", "ray_address")
 

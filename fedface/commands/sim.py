@@ -31,7 +31,7 @@ CAPTURE_HELP = ("simulate the fleet's camera: every device photo and the evaluat
 # the rest of RoundConfig is the round server's (deadlines, quorum, robust and secure aggregation's details).
 SIM_SETTINGS = (
     "local.epochs", "local.steps", "local.lr", "local.margin", "local.batch_size", "local.trainable_blocks", "local.train_embedding",
-    "local.upload_bits",
+    "local.upload_bits", "local.download_bits",
     "spreadout.nu", "spreadout.steps", "spreadout.lr", "spreadout.momentum", "spreadout.center",
     "aggregation.weighting", "aggregation.max_update_norm", "aggregation.dp_delta", "aggregation.server_momentum",
     "secure_aggregation.enabled",
@@ -244,7 +244,7 @@ def cross_device_config(args: argparse.Namespace) -> CrossDeviceConfig:
             devices=args.devices, rounds=args.rounds, per_round=args.per_round, method=args.method, init=args.init,
             spreadout=args.spreadout, seed=args.seed, model=args.model, eval_every=args.eval_every,
             eval_folds=folds, eval_photos=eval_photos, target_accuracy=args.target_accuracy,
-            local=LocalTrainingConfig(**{k: v for k, v in local.items() if k not in ("batch_size", "upload_bits")}, batch=local["batch_size"],
+            local=LocalTrainingConfig(**{k: v for k, v in local.items() if k not in ("batch_size", "upload_bits", "download_bits")}, batch=local["batch_size"],
                                       negative_scale=args.negative_scale, negative_margin=args.negative_margin),
             server_spreadout=SpreadoutConfig(**part["spreadout"]),
             dp_epsilon=args.dp_epsilon, dp_clip=round_settings["aggregation.max_update_norm"], dp_delta=round_settings["aggregation.dp_delta"],
@@ -254,6 +254,7 @@ def cross_device_config(args: argparse.Namespace) -> CrossDeviceConfig:
             backend=args.backend, ray_address=args.ray_address, owner_holdout=args.owner_holdout, public_negatives=args.public_negatives,
             public_rehearsal=args.public_rehearsal, capture=args.capture, enrolment=args.enrolment, train_enrolment=args.train_enrolment,
             center_features=args.center_features, center_source=args.center_source, upload_bits=local["upload_bits"],
+            download_bits=local["download_bits"],
         )
     except ValueError as error:  # the configs' own checks: one line, not a traceback
         raise UsageError(str(error)) from None

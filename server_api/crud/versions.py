@@ -21,6 +21,8 @@ class VersionFiles(Protocol):
     @property
     def fp16_blob(self) -> str: ...
     @property
+    def int8_blob(self) -> str | None: ...
+    @property
     def onnx_blob(self) -> str | None: ...
     @property
     def backbone(self) -> str: ...
@@ -55,7 +57,7 @@ def list_versions(session: Session, limit: int) -> list[ModelVersion]:
 def _version_row(blobs: VersionFiles, round_id: int | None) -> ModelVersion:
     return ModelVersion(
         version_hash=blobs.version_hash, backbone=blobs.backbone, embedding_dim=blobs.embedding_dim,
-        spec=blobs.spec, fp16_blob=blobs.fp16_blob, onnx_blob=blobs.onnx_blob, round_id=round_id,
+        spec=blobs.spec, fp16_blob=blobs.fp16_blob, int8_blob=blobs.int8_blob, onnx_blob=blobs.onnx_blob, round_id=round_id,
         verification=blobs.verification, feature_center=blobs.feature_center,
     )
 

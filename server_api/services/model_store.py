@@ -1,5 +1,6 @@
 """Model versions as blobs: the fp32 backbone file (its sha256 is the version hash and
-the ETag), an fp16 copy for downloads, and the ONNX fp32 export for inference.
+the ETag), an fp16 and an int8 copy for downloads (a round's `local.download_bits` picks int8), and the
+ONNX fp32 export for inference.
 
 Backbone files are FedFace backbone files (facecore.models.checkpoint), so whatever
 loads ``--model PATH`` also loads a downloaded version. A version's verification threshold is written
@@ -35,6 +36,7 @@ class VersionBlobs:
     spec: dict[str, Any]
     verification: Verification | None = None  # the row's published threshold, to start with the one the files ship with
     feature_center: list[float] | None = None  # the unit mean feature of public faces rounds centre on
+    int8_blob: str | None = None
 
 
 def spec_of(model: torch.nn.Module) -> dict[str, Any]:
@@ -55,6 +57,9 @@ def store_model(
     with store.temp_file() as temp:
         save_backbone(model, temp, meta=meta, half=True)
         fp16_blob = store.put_file(temp)
+    with store.temp_file() as temp:
+        save_backbone(model, temp, meta=meta, int8=True)
+        int8_blob = store.put_file(temp)
     onnx_blob = None
     if export_onnx:
         from export.onnx_model import export_fp32
@@ -66,7 +71,7 @@ def store_model(
             onnx_blob = store.put_file(temp)
     name = cast(str, model.name)  # every backbone names itself (facecore.models.registry)
     return VersionBlobs(version_hash, fp16_blob, onnx_blob, name, int(embedding_dim_of(model)), spec_of(model), verification,
-                        meta.get("feature_center"))
+                        meta.get("feature_center"), int8_blob)
 
 
 def load_weights(store: BlobStore, version_hash: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:

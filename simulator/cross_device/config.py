@@ -29,7 +29,7 @@ CENTER_SOURCES = ("lfw", "celeba", "model")  # model: the centre the starting mo
 LEGACY_DEFAULTS: dict[str, Any] = {"selection": "uniform", "wire": "fp32", "seeding": "per_device", "public_negatives": 0, "public_rehearsal": False,
                                    "weighting": "samples", "eval_photos": None, "capture": None,
                                    "enrolment": "captured", "train_enrolment": False, "server_momentum": 0.0,
-                                   "center_features": False, "center_source": "lfw", "upload_bits": None}
+                                   "center_features": False, "center_source": "lfw", "upload_bits": None, "download_bits": None}
 LEGACY_LOCAL_DEFAULTS: dict[str, Any] = {"negative_scale": 64.0, "negative_margin": 0.35, "train_embedding": True}
 LEGACY_SPREADOUT_DEFAULTS: dict[str, Any] = {"center": False}
 
@@ -73,6 +73,9 @@ class CrossDeviceConfig:
     # A live round's local.upload_bits: devices send each trained weight in 8 or 4 bits (facecore.federation.quantize)
     # and keep what the codes miss for their next update; None: at `wire`.
     upload_bits: int | None = None
+    # A live round's local.download_bits: 8, devices train from the model's int8 file
+    # (facecore.models.checkpoint.int8_received); None: from the model at `wire`.
+    download_bits: int | None = None
     # "live": every device trains a round with the SDK's seed for it (training_seed); "per_device": earlier runs' seeds.
     seeding: str = "live"
     # FedAvg's weights: each device's update by its training photos (the paper's), or every device once.
@@ -118,6 +121,7 @@ class CrossDeviceConfig:
                 (f"selection must be one of {SELECTIONS}", self.selection not in SELECTIONS),
                 (f"wire must be one of {PRECISIONS}", self.wire not in PRECISIONS),
                 ("upload_bits must be 8, 4 or None", self.upload_bits not in (None, 8, 4)),
+                ("download_bits must be 8 or None", self.download_bits not in (None, 8)),
                 (f"seeding must be one of {SEEDINGS}", self.seeding not in SEEDINGS),
                 (f"weighting must be one of {WEIGHTINGS}", self.weighting not in WEIGHTINGS),
                 ("weighting devices is FedAvg's: DP-FedAvg weighs every device once already", self.weighting == "devices" and self.dp_epsilon is not None),
@@ -152,7 +156,8 @@ class CrossDeviceConfig:
             strategy="fedface" if self.uses_spreadout else "fedavg",
             local=LocalSettings(epochs=self.local.epochs, steps=self.local.steps, lr=self.local.lr, margin=self.local.margin,
                                 batch_size=self.local.batch, trainable_blocks=self.local.trainable_blocks,
-                                train_embedding=self.local.train_embedding, upload_bits=self.upload_bits),
+                                train_embedding=self.local.train_embedding, upload_bits=self.upload_bits,
+                                download_bits=self.download_bits),
             spreadout=SpreadoutSettings(**asdict(self.server_spreadout)),
             aggregation=AggregationSettings(
                 method="fedavg" if self.dp_epsilon is None else "dp_fedavg", weighting=self.weighting, max_update_norm=self.dp_clip,

@@ -36,7 +36,7 @@ from facecore.federation.strategies.dp_fedavg import DPFedAvg, dp_epsilon, noise
 from facecore.federation.strategies.tiers import aggregate_in_shards
 from facecore.federation.template_noise import noisy_template
 from facecore.federation.wire import Precision, as_received, packed_on_wire
-from facecore.models.checkpoint import atomic_torch_save
+from facecore.models.checkpoint import atomic_torch_save, int8_received
 from facecore.models.preprocess import embed_faces
 from facecore.models.registry import embedding_dim_of
 from facecore.templates import mean_feature_embedding, mean_feature_length
@@ -138,8 +138,8 @@ class CrossDeviceSimulation:
         self.strategy: Strategy = strategy_for(self.round_config, seed=config.seed)
         self.momentum = layer_of(self.strategy, ServerMomentum)  # its last step is checkpointed
         self.dp = layer_of(self.strategy, DPFedAvg)
-        # The model as devices receive it (fp16 on the wire); devices train from it and send deltas against it.
-        self.received = self.model if config.wire == "fp32" else copy.deepcopy(self.model)
+        # The model as devices receive it (fp16 on the wire, or int8); devices train from it and send deltas against it.
+        self.received = self.model if config.wire == "fp32" and config.download_bits is None else copy.deepcopy(self.model)
         self._receive()
         self.caches: dict[int, PrefixCache] = {}  # frozen-prefix activations per device, valid for the whole run
         self._with_enrolment: dict[int, np.ndarray] = {}  # _training_faces' arrays, one per device for the run
@@ -157,7 +157,11 @@ class CrossDeviceSimulation:
 
     def _receive(self) -> None:
         """Bring the devices' copy of the model up to date, at the wire's precision."""
-        if self.received is not self.model:
+        if self.received is self.model:
+            return
+        if self.config.download_bits == 8:
+            self.received.load_state_dict(int8_received(self.model.state_dict()))
+        else:
             sent = as_received(to_numpy(self.model.state_dict()), self.config.wire)
             self.received.load_state_dict({k: torch.from_numpy(v) for k, v in sent.items()})
 

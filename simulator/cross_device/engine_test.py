@@ -16,6 +16,7 @@ from facecore.federation.quantize import received_deltas
 from facecore.federation.selection import least_recently_selected
 from facecore.federation.strategies import ClientUpdate, FedAvg
 from facecore.federation.wire import Precision, as_received, update_tensors
+from facecore.models.checkpoint import int8_received
 from facecore.models.registry import embedding_dim_of
 from simulator.cross_device.config import CrossDeviceConfig
 from simulator.cross_device.engine import CrossDeviceSimulation, mean_pairwise_cosine
@@ -76,6 +77,30 @@ def test_a_simulated_round_is_sdk_updates_through_the_wire_aggregated_by_the_ser
     assert state.last_selected == [1 if i in chosen else None for i in range(4)]
     for key, value in expected.items():
         np.testing.assert_allclose(sim.model.state_dict()[key].numpy(), value, rtol=1e-5, atol=1e-7)
+
+
+def test_with_int8_downloads_devices_train_from_the_models_int8_file_and_the_server_keeps_fp32(
+    model: torch.nn.Module, tmp_path: Path,
+) -> None:
+    # Prepare
+    config = _config(method="fedavg", rounds=1, per_round=1, download_bits=8)
+    sim = CrossDeviceSimulation(config, _population(), model, tmp_path)
+    expected = int8_received(model.state_dict())
+
+    # Execute
+    state = sim.run(resume=False)
+
+    # Assert: what devices got is the int8 file's weights, and the round's delta landed on the fp32 model
+    (index,) = [i for i, chosen in enumerate(state.last_selected) if chosen]
+    W0 = CrossDeviceSimulation(config, _population(), model, tmp_path / "x").initial_templates()[0]
+    received = copy.deepcopy(model)
+    received.load_state_dict(expected)
+    u = train_local(received, W0[index], _population().devices[index].faces, config.local, seed=training_seed(1, config.seed))
+    for key, value in model.state_dict().items():
+        if not value.is_floating_point():
+            continue
+        moved = u.state_dict[key] - expected[key]
+        torch.testing.assert_close(sim.model.state_dict()[key], value + moved.half().float(), rtol=1e-5, atol=1e-6)
 
 
 def test_least_recent_selection_takes_every_device_before_any_twice(model: torch.nn.Module, tmp_path: Path) -> None:

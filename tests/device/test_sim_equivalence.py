@@ -1,22 +1,34 @@
 """One seeded round, twice: real SDK devices over HTTP against a real server process, and the in-process
 simulator on the same faces and the same starting model. The simulator claims to run the live rules
-(selection, training seed, fp16 wire, the server's strategy), so the two published models agree to the
-precision of the wire."""
+(selection, training seed, fp16 wire or int8 downloads, the server's strategy), so the two published models
+agree to the precision of the wire."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from conftest import open_round, round_status
 from device_sdk.device import FaceDevice
 from device_sdk.training import LocalTrainingConfig
 from facecore.models.checkpoint import load_backbone
+from server_process import ServerProcess
 from simulator.cross_device.config import CrossDeviceConfig
 from simulator.cross_device.engine import CrossDeviceSimulation
 from simulator.cross_device.population import Population, SimDevice
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[ServerProcess]:
+    """A server of its own for each run: the simulator's round 1 trains with the seed of the server's round 1."""
+    process = ServerProcess(tmp_path / "server", model="default", FEDFACE_EXPORT_ONNX="true").start()
+    yield process
+    process.stop()
+
 
 # The dlib ResNet's owner faces sit at cosine 0.96-0.99 to their template: at the default margin (0.9)
 # nothing trains, and equal models would prove nothing.
@@ -37,8 +49,9 @@ def _completed(server, round_id: int, timeout: float = 180) -> dict:  # type: ig
     return current
 
 
+@pytest.mark.parametrize("download_bits", [None, 8])
 def test_a_seeded_round_over_http_publishes_the_simulators_model_to_fp16_precision(  # type: ignore[no-untyped-def]
-    server, owners: list[list[Path]], tmp_path: Path,
+    server, owners: list[list[Path]], tmp_path: Path, download_bits: int | None,
 ) -> None:
     # Prepare: three enrolled devices and the server's first round, which takes all three
     devices = []
@@ -47,7 +60,7 @@ def test_a_seeded_round_over_http_publishes_the_simulators_model_to_fp16_precisi
         device.register()
         device.enroll(photos)
         devices.append(device)
-    opened = open_round(server, target=3, minimum=3, local={"margin": MARGIN})
+    opened = open_round(server, target=3, minimum=3, local={"margin": MARGIN, "download_bits": download_bits})
     assert opened["id"] == 1  # the simulator's round 1 trains with the same seed
     base = _download(devices[0], opened["base_version"], tmp_path / "base.pt")
     # Execute: the live round, then the simulated one
@@ -56,7 +69,8 @@ def test_a_seeded_round_over_http_publishes_the_simulators_model_to_fp16_precisi
     published = _download(devices[0], _completed(server, opened["id"])["result_version"], tmp_path / "published.pt")
     live_W = np.stack([d._request("GET", f"/v1/devices/{d.device_id}/embedding").json()["embedding"] for d in devices])
     population = Population(tuple(SimDevice(i, f"device{i}", d.state.faces()) for i, d in enumerate(devices)), 3, 0)  # type: ignore[arg-type]
-    config = CrossDeviceConfig(devices=3, rounds=1, per_round=3, eval_every=1, local=LocalTrainingConfig(margin=MARGIN))
+    config = CrossDeviceConfig(devices=3, rounds=1, per_round=3, eval_every=1, local=LocalTrainingConfig(margin=MARGIN),
+                               download_bits=download_bits)
     simulation = CrossDeviceSimulation(config, population, base, tmp_path / "sim")
     simulated = simulation.run(resume=False)
     # Assert: every weight of the update agrees to within one fp16 step of that tensor's largest change
@@ -70,6 +84,9 @@ def test_a_seeded_round_over_http_publishes_the_simulators_model_to_fp16_precisi
         assert float((live_delta - sim_delta).abs().max()) <= step + 1e-7, name
         moved += int(live_delta.abs().max() > 0)
     assert moved > 0
+    # with download_bits 8 the devices trained from the int8 file, and downloaded nothing else to train from
+    kinds = {path.name.split(".", 1)[1] for path in devices[0].state.models_dir().glob("*.pt")}
+    assert kinds == ({"int8.pt"} if download_bits == 8 else {"fp16.pt"})
     # and the class embeddings after spreadout agree (the devices enrolled through ONNX, the simulator through torch)
     assert simulated.round == 1
     np.testing.assert_allclose(simulated.W, live_W, atol=1e-4)

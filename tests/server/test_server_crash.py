@@ -45,7 +45,7 @@ def _blobs_are_whole(data_dir: Path, db_url: str) -> bool:
     A round's deltas are deleted just after its completion is visible, so a file listed here
     may be gone by the time it is read: that one is skipped, not a torn blob."""
     objects = data_dir / "blobs" / "objects"
-    named = [digest for row in _db(db_url, "SELECT version_hash, fp16_blob, onnx_blob FROM model_versions") for digest in row if digest]
+    named = [digest for row in _db(db_url, "SELECT version_hash, fp16_blob, int8_blob, onnx_blob FROM model_versions") for digest in row if digest]
     if not named or not all((objects / digest[:2] / digest).is_file() for digest in named):
         return False
     for path in [p for p in objects.rglob("*") if p.is_file()]:

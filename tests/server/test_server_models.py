@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 from pathlib import Path
 
@@ -14,7 +15,8 @@ from alembic.migration import MigrationContext
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from facecore.models.checkpoint import FIGURES, load_backbone, meta_of, shipped_verification
+from device_sdk.backbone_check import check_backbone_payload
+from facecore.models.checkpoint import FIGURES, dequantized_state, load_backbone, meta_of, shipped_verification
 from facecore.models.verification import FAR_10_KEY, LEGACY_KEY, SHIPPED_KEY, Verification
 from server_api.main import create_app
 from server_api.tables import AuditEvent, Base, utcnow
@@ -36,8 +38,9 @@ def test_backbone_download_etag_dtype_and_pinning(client: TestClient, admin: dic
     cached = device.backbone(v1, etag=fp32.headers["etag"])
     fp16 = device.backbone(v1, dtype="fp16")
     fp16_cached = device.backbone(v1, dtype="fp16", etag=fp16.headers["etag"])
+    int8 = device.backbone(v1, dtype="int8")
     stale_etag = device.backbone(v2, etag=fp32.headers["etag"])
-    bad_dtype = device.backbone(v1, dtype="int8")
+    bad_dtype = device.backbone(v1, dtype="int4")
     unknown = device.backbone("f" * 64)
     unsigned = client.get(f"/v1/models/{v1}/backbone")
     # Assert
@@ -47,8 +50,39 @@ def test_backbone_download_etag_dtype_and_pinning(client: TestClient, admin: dic
     assert {v.dtype for v in load_backbone_bytes(fp16.content).values() if v.dtype.kind == "f"} == {np.dtype(np.float16)}
     assert len(fp16.content) < 0.6 * len(fp32.content)
     assert fp16_cached.status_code == 304
+    # int8: what a round with local.download_bits 8 downloads, checked and loaded as a device does, within half a step of fp32
+    assert int8.status_code == 200 and int8.headers["etag"] == f'"{v1}.int8"' and len(int8.content) < 0.7 * len(fp16.content)
+    payload = torch.load(io.BytesIO(int8.content), map_location="cpu", weights_only=True)
+    check_backbone_payload(payload, "int8 file")
+    exact = load_backbone_bytes(fp32.content)
+    for key, value in dequantized_state(payload).items():
+        if key in payload["int8_scales"]:  # within half a step of its output channel's scale
+            rows, error = exact[key].reshape(len(exact[key]), -1), (value.numpy() - exact[key]).reshape(len(exact[key]), -1)
+            assert (np.abs(error).max(1) <= np.abs(rows).max(1) / 254 + 1e-7).all(), key
+        else:  # the rest rides in fp16
+            np.testing.assert_array_equal(value.numpy(), exact[key].astype(np.float16).astype(exact[key].dtype), err_msg=key)
     assert v2 != v1 and stale_etag.status_code == 200 and stale_etag.headers["etag"] == f'"{v2}"'
     assert bad_dtype.status_code == 422 and unknown.status_code == 404 and unsigned.status_code == 401
+
+
+def test_a_round_asks_for_int8_downloads_only_of_a_version_that_has_its_int8_file(client: TestClient, admin: dict, rng: np.random.Generator) -> None:
+    # Prepare: a round that downloads int8, and the same base version as if published before int8 files existed
+    from server_api.tables import ModelVersion
+
+    (device,) = enrolled_devices(client, 1, rng)
+    round_ = open_round(client, admin, target_participants=1, local={"download_bits": 8})
+    # Execute
+    asked = device.checkin().json()["local"]
+    with client.app.state.ctx.sessions() as session:
+        version = session.query(ModelVersion).filter_by(version_hash=round_["base_version"]).one()
+        version.int8_blob = None
+        session.commit()
+    asked_of_old = device.checkin().json()["local"]
+    missing = device.backbone(round_["base_version"], dtype="int8")
+    # Assert
+    assert asked["download_bits"] == 8
+    assert "download_bits" not in asked_of_old and asked_of_old["lr"] == asked["lr"]
+    assert missing.status_code == 404 and "published before int8 downloads" in missing.json()["detail"]
 
 
 def test_health_metrics_and_docs(client: TestClient, admin: dict, rng: np.random.Generator) -> None:

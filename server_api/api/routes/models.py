@@ -70,13 +70,18 @@ def _serve(ctx: CtxDep, blob: str, etag: str, if_none_match: str | None, media_t
 @router.get("/{version}/backbone", responses={200: {"content": {"application/octet-stream": {}}}, 304: {"description": "unchanged"}, **_errors})
 def download_backbone(
     version: str, device: CurrentDevice, ctx: CtxDep, session: SessionDep,
-    dtype: Annotated[Literal["fp32", "fp16"], Query()] = "fp32",
+    dtype: Annotated[Literal["fp32", "fp16", "int8"], Query()] = "fp32",
     if_none_match: Annotated[str | None, Header()] = None,
 ) -> Response:
     """The FedFace backbone file (torch, load with weights_only=True). ETag: the version hash
-    (fp32) or ``<hash>.fp16``."""
+    (fp32), ``<hash>.fp16`` or ``<hash>.int8``. An int8 file holds each weight of two or more dimensions as
+    int8 codes with an fp32 scale per output channel (``int8_scales``), the rest in fp16."""
     found = versions.for_download(session, version)
-    blob, etag = (found.version_hash, found.version_hash) if dtype == "fp32" else (found.fp16_blob, f"{found.version_hash}.fp16")
+    blobs = {"fp32": found.version_hash, "fp16": found.fp16_blob, "int8": found.int8_blob}
+    blob = blobs[dtype]
+    if blob is None:
+        raise NotFound(f"model version {version} has no int8 file (it was published before int8 downloads)")
+    etag = found.version_hash if dtype == "fp32" else f"{found.version_hash}.{dtype}"
     return _serve(ctx, blob, etag, if_none_match, "application/octet-stream", f"backbone-{version[:12]}-{dtype}.pt")
 
 
