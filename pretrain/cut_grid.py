@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import torch
 
 from facecore.data.split import SplitConfig, SplitManifest, build_split
 from facecore.eval.cross_source import celeba_owner_check
-from facecore.models.checkpoint import load_backbone, save_backbone
+from facecore.models.checkpoint import backbone_file_bytes, load_backbone, save_backbone
 from facecore.models.dlib_cut import DEPTHS, THIN_BLOCK_CUTS, WIDTHS, cut_name
 from facecore.models.dlib_resnet import DlibResNet
 from facecore.models.preprocess import embed_faces
@@ -40,11 +39,7 @@ def held_out_rows(data: DistillData, count: int = 1024) -> np.ndarray:
 
 
 def file_sizes(model: torch.nn.Module) -> dict[str, int]:
-    with tempfile.TemporaryDirectory() as scratch:
-        return {
-            "fp16_bytes": save_backbone(model, Path(scratch) / "fp16.pt", half=True).stat().st_size,
-            "int8_bytes": save_backbone(model, Path(scratch) / "int8.pt", int8=True).stat().st_size,
-        }
+    return {"fp16_bytes": backbone_file_bytes(model, half=True), "int8_bytes": backbone_file_bytes(model, int8=True)}
 
 
 def owner_figures(model: torch.nn.Module, root: Path, manifest: SplitManifest) -> dict[str, float]:

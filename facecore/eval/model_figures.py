@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import tempfile
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from facecore.align.detectors import detector_version
 from facecore.align.geometry import geometry_of
@@ -21,14 +18,9 @@ from facecore.eval.calibration import calibrate_threshold, trained_on_public
 from facecore.eval.cross_source import celeba_owner_check
 from facecore.eval.feature_center import feature_center_figures
 from facecore.eval.lfw import TEST_FOLDS, evaluate, load_lfw_faces
-from facecore.models.checkpoint import FIGURES, load_backbone, model_source, save_backbone, set_shipped_verification
+from facecore.models.checkpoint import FIGURES, backbone_file_bytes, load_backbone, model_source, set_shipped_verification
 from facecore.models.preprocess import embed_faces
 from facecore.models.registry import embedding_dim_of
-
-
-def fp16_bytes(model: torch.nn.Module) -> int:
-    with tempfile.TemporaryDirectory() as scratch:
-        return save_backbone(model, Path(scratch) / "model.pt", half=True).stat().st_size
 
 
 def measure(spec: str, root: Path, progress: bool = True) -> dict[str, Any]:
@@ -48,7 +40,7 @@ def measure(spec: str, root: Path, progress: bool = True) -> dict[str, Any]:
     center = feature_center_figures(split, root, model, geometry_of(model))
     return {
         "name": spec, "backbone": model.name, "embedding_dim": int(embedding_dim_of(model)), "weights": model_source(spec),
-        "parameters": sum(p.numel() for p in model.parameters()), "fp16_bytes": fp16_bytes(model),
+        "parameters": sum(p.numel() for p in model.parameters()), "fp16_bytes": backbone_file_bytes(model, half=True),
         "geometry": geometry_of(model).to_json(), "detector": detector_version(),
         "verification": verification.to_json(), "lfw": lfw, "celeba_owners": owners, "feature_center": center,
     }

@@ -59,6 +59,12 @@ def save_backbone(
     return atomic_torch_save(payload, path)
 
 
+def backbone_file_bytes(model: torch.nn.Module, half: bool = False, int8: bool = False) -> int:
+    """The size of the file `save_backbone` writes for `model` at that precision."""
+    with tempfile.TemporaryDirectory() as scratch:
+        return save_backbone(model, Path(scratch) / "model.pt", half=half, int8=int8).stat().st_size
+
+
 def quantized_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric int8 codes of `weight` and one fp32 scale per output channel (its first dimension)."""
     peak = weight.float().abs().flatten(1).amax(1).clamp_min(1e-12)
