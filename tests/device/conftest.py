@@ -13,9 +13,14 @@ from facecore.data.split import SplitConfig, build_split  # noqa: E402
 from server_process import ServerProcess  # noqa: E402
 
 
+def default_server(data_dir: Path) -> ServerProcess:
+    """A started `fedface server` on the default model, exporting ONNX for the devices' inference."""
+    return ServerProcess(data_dir, model="default", FEDFACE_EXPORT_ONNX="true").start()
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    process = ServerProcess(tmp_path_factory.mktemp("server") / "data", model="default", FEDFACE_EXPORT_ONNX="true").start()
+    process = default_server(tmp_path_factory.mktemp("server") / "data")
     yield process
     process.stop()
 

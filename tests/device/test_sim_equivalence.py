@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import open_round, round_status
+from conftest import default_server, open_round, round_status
 from device_sdk.device import FaceDevice
 from device_sdk.training import LocalTrainingConfig
 from facecore.models.checkpoint import load_backbone
@@ -25,7 +25,7 @@ from simulator.cross_device.population import Population, SimDevice
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[ServerProcess]:
     """A server of its own for each run: the simulator's round 1 trains with the seed of the server's round 1."""
-    process = ServerProcess(tmp_path / "server", model="default", FEDFACE_EXPORT_ONNX="true").start()
+    process = default_server(tmp_path / "server")
     yield process
     process.stop()
 
