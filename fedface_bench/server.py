@@ -11,6 +11,7 @@ ends with this process, however it ends (a lifeline, as the server's: facecore.l
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -72,21 +73,21 @@ class RssSampler(PeakRss):
 
 
 def bench_server(data_dir: Path, backbone: str, workers: int = 1, db_url: str | None = None, blob_store: str = "local",
-                 aggregation_processes: int = 0) -> LocalServer:
+                 aggregation_processes: int = 0, shared_shards: bool = False) -> LocalServer:
     """`fedface server --dev` with the real backbone size, not yet started; the operator's FEDFACE_* settings
     stay out. No ONNX export, so aggregate_seconds times FedAvg + spreadout, not the exporter."""
     settings = {"FEDFACE_RANDOM_BACKBONE": backbone, "FEDFACE_EXPORT_ONNX": "false", "FEDFACE_LOG_LEVEL": "INFO",
                 "FEDFACE_BLOB_STORE": blob_store, "FEDFACE_AGGREGATION_PROCESSES": str(aggregation_processes), "OMP_NUM_THREADS": "1",
-                **MANY_DEVICES_ON_LOOPBACK}
+                "FEDFACE_AGGREGATION_SHARED_SHARDS": str(shared_shards).lower(), **MANY_DEVICES_ON_LOOPBACK}
     return LocalServer(data_dir, model="random", workers=workers, db_url=db_url, env=settings, inherit_settings=False,
                        log=data_dir.parent / f"{data_dir.name}.log", ready_timeout_s=300)
 
 
 def start_replicas(scratch: Path, backbone: str, workers: int, db_url: str | None, replicas: int, blob_store: str,
-                   aggregation_processes: int = 0) -> list[LocalServer]:
+                   aggregation_processes: int = 0, shared_shards: bool = False) -> list[LocalServer]:
     """The first server launched (not yet ready), then, for ``replicas`` > 1, the others: each with a data folder
     of its own holding the first one's secrets, as replicas on several hosts would, and ready."""
-    first = bench_server(scratch / "data", backbone, workers, db_url, blob_store, aggregation_processes).launch()
+    first = bench_server(scratch / "data", backbone, workers, db_url, blob_store, aggregation_processes, shared_shards).launch()
     servers = [first]
     if replicas > 1:
         try:
@@ -96,7 +97,7 @@ def start_replicas(scratch: Path, backbone: str, workers: int, db_url: str | Non
         for index in range(1, replicas):
             folder = scratch / f"data{index}"
             share_dev_secrets(first.data_dir, folder)
-            servers.append(bench_server(folder, backbone, workers, db_url, blob_store, aggregation_processes).start())
+            servers.append(bench_server(folder, backbone, workers, db_url, blob_store, aggregation_processes, shared_shards).start())
     return servers
 
 
@@ -113,12 +114,12 @@ def failure_report(server: LocalServer) -> str:
 def bench_round(
     devices: int, concurrency: int, backbone: str, workers: int = 1, drop_fraction: float = 0.0, secure: bool = False,
     db_url: str | None = None, progress: Progress = QUIET, local: Mapping[str, Any] | None = None, replicas: int = 1,
-    blob_store: str = "local", aggregation_processes: int = 0,
+    blob_store: str = "local", aggregation_processes: int = 0, shared_shards: bool = False,
 ) -> dict[str, Any]:
-    """One fresh server (or `replicas` of them on one database), one round with `devices` participants; the
-    client's JSON plus the first server's peak RSS."""
+    """One fresh server (or `replicas` of them on one database, summing the round's shards together when
+    `shared_shards`), one round with `devices` participants; the client's JSON plus the first server's peak RSS."""
     with tempfile.TemporaryDirectory(prefix="fedface-bench-") as scratch, scratch_database(db_url) as database:
-        servers = start_replicas(Path(scratch), backbone, workers, database, replicas, blob_store, aggregation_processes)
+        servers = start_replicas(Path(scratch), backbone, workers, database, replicas, blob_store, aggregation_processes, shared_shards)
         server = servers[0]
         client: subprocess.Popen[str] | None = None
         lifeline = Lifeline()
@@ -220,24 +221,32 @@ def run_replica_bench(
     devices: int, replicas: int, db_url: str, concurrency: int = 16, backbone: str = "mobilefacenet", progress: Progress = QUIET,
     local: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The same round three ways, one after the other, each on a fresh schema of `db_url`: one server process with
+    """The same round four ways, one after the other, each on a fresh schema of `db_url`: one server process with
     its blobs on its disk, one with its blobs in the database, and `replicas` processes with their blobs in the
-    database and the devices spread over them. The goal is the replicas' upload rate against one process's."""
-    ways = {"one_process_local_blobs": (1, "local"), "one_process_database_blobs": (1, "database"),
-            f"{replicas}_replicas_database_blobs": (replicas, "database")}
+    database and the devices spread over them, first with one of them summing the round, then with all of them
+    summing its shards (FEDFACE_AGGREGATION_SHARED_SHARDS). The goal is the replicas' upload rate against one
+    process's; the last two ways compare aggregation times."""
+    ways = {"one_process_local_blobs": (1, "local", False), "one_process_database_blobs": (1, "database", False),
+            f"{replicas}_replicas_database_blobs": (replicas, "database", False),
+            f"{replicas}_replicas_shared_shards": (replicas, "database", True)}
     rounds: dict[str, dict[str, Any]] = {}
-    for step, (name, (count, blob_store)) in enumerate(ways.items(), 1):
-        progress(f"{step} of {len(ways)}: {devices} devices, {count} server process(es), blobs {blob_store}")
+    for step, (name, (count, blob_store, shared)) in enumerate(ways.items(), 1):
+        progress(f"{step} of {len(ways)}: {devices} devices, {count} server process(es), blobs {blob_store}"
+                 + (", shards shared" if shared else ""))
         rounds[name] = bench_round(devices, concurrency, backbone, db_url=db_url, progress=progress, local=local,
-                                   replicas=count, blob_store=blob_store)
+                                   replicas=count, blob_store=blob_store, shared_shards=shared)
     keys = ("ingest_seconds", "uploads_per_s", "p50_upload_ms", "p99_upload_ms", "aggregate_seconds", "accepted", "lost",
             "round_status", "update_bytes", "server_errors", "ingest_cpu_ms_per_update", "table_rows")
     one, many = rounds["one_process_database_blobs"], rounds[f"{replicas}_replicas_database_blobs"]
+    sharing = rounds[f"{replicas}_replicas_shared_shards"]
     ratio = many["uploads_per_s"] / one["uploads_per_s"] if one["uploads_per_s"] else None
+    speedup = many["aggregate_seconds"] / sharing["aggregate_seconds"] if sharing["aggregate_seconds"] else None
     result: dict[str, Any] = {
         "devices": devices, "replicas": replicas, "backbone": backbone, "local": dict(local or {}), "concurrency": concurrency,
-        "cores": os.cpu_count(), **{name: {k: r.get(k) for k in keys} for name, r in rounds.items()},
+        "cores": os.cpu_count(), **{name: {k: r.get(k) for k in keys + ("round_summary",)} for name, r in rounds.items()},
         "replica_rate_ratio": None if ratio is None else round(ratio, 2),
+        # One replica summing the round against all of them summing its shards (no goal: the cores are shared here).
+        "shared_shards_aggregation_speedup": None if speedup is None or math.isnan(speedup) else round(speedup, 2),
         "all_accepted": all(r["accepted"] == devices and not r["lost"] for r in rounds.values()),
         "round_completed": all(r["round_status"] == RoundStatus.COMPLETED for r in rounds.values()),
     }
@@ -250,10 +259,12 @@ def describe_replicas(result: dict[str, Any]) -> str:
     for name, r in result.items():
         if isinstance(r, dict) and "uploads_per_s" in r:
             lines.append(f"  {name.replace('_', ' ')}: {r['accepted']} accepted, ingest {r['ingest_seconds']} s "
-                         f"({r['uploads_per_s']} uploads/s), p99 {r['p99_upload_ms']} ms, round {r['round_status']}")
+                         f"({r['uploads_per_s']} uploads/s), p99 {r['p99_upload_ms']} ms, aggregation {r['aggregate_seconds']} s, "
+                         f"round {r['round_status']}")
     goal = result["goals_met"]["replica_rate_ratio"]
     lines.append(f"  {result['replicas']} replicas / one process (database blobs): {result['replica_rate_ratio']}x "
                  f"(goal >= {REPLICA_RATE_GOAL}: {verdict(goal)})")
+    lines.append(f"  aggregation, one replica / {result['replicas']} sharing the shards: {result['shared_shards_aggregation_speedup']}x")
     return "\n".join(lines)
 
 

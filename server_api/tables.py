@@ -282,3 +282,18 @@ class UploadSlot(Base):
     slot: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
     holder: Mapped[str | None] = mapped_column(String(36), default=None)
     until: Mapped[float | None] = mapped_column(Float, default=None)
+
+
+class AggregationShard(Base):
+    """One shard of a round whose replicas share its sum (``FEDFACE_AGGREGATION_SHARED_SHARDS``,
+    server_api/services/aggregation_shards.py): updates ``shard * shard_updates`` onwards, in update order. A
+    process claims it until ``lease_until``; ``partial_sha256`` names its partial sum in the blob store once summed.
+    The rows and their blobs go when the round ends."""
+
+    __tablename__ = "aggregation_shards"
+    round_id: Mapped[int] = mapped_column(ForeignKey("rounds.id"), primary_key=True)
+    shard: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+    shard_updates: Mapped[int]
+    holder: Mapped[str | None] = mapped_column(String(36), default=None)
+    lease_until: Mapped[datetime | None] = mapped_column(default=None)
+    partial_sha256: Mapped[str | None] = mapped_column(String(64), default=None)

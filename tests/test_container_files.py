@@ -62,6 +62,9 @@ def test_compose_runs_two_replicas_behind_one_proxy_sharing_the_database_and_its
     # Assert: replicas share blobs through the database and publish no port of their own; the proxy is the address
     assert server["deploy"]["replicas"] == 2 and "ports" not in server and "volumes" not in server
     assert args.blob_store == "database" and args.db is None and server["environment"]["FEDFACE_DATABASE_URL"].startswith("postgresql")
+    # ... and sum a round's shards together, a setting the server accepts with those blobs
+    assert server["environment"]["FEDFACE_AGGREGATION_SHARED_SHARDS"] == "true"
+    Settings(aggregation_shared_shards=server["environment"]["FEDFACE_AGGREGATION_SHARED_SHARDS"], blob_store=args.blob_store).check_aggregation()
     assert proxy["ports"] == ["127.0.0.1:8000:8080"] and proxy["depends_on"]["server"]["condition"] == "service_healthy"
     assert proxy["volumes"] == ["./deploy/nginx.conf:/etc/nginx/nginx.conf:ro"]
     # Only the proxy may name a device's address, and it replaces any X-Forwarded-For a device sent.

@@ -180,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
     settings = Settings()
     trusted_proxies = settings.trusted_proxies()  # a malformed list is one line, before anything starts
     database_url = settings.resolved_database_url()  # so is a database URL with an unknown scheme
+    settings.check_aggregation()  # and aggregation settings that cannot work together
     shown_url = redact_url(settings.database_url_as_given())
     if settings.database_url is not None:  # the operator's database: reachable before anything is written or loaded
         check_database_url(database_url, shown_url)

@@ -65,6 +65,9 @@ class Settings(BaseSettings):
     # change a bit of the result; the shard size sets the order of float64 additions.
     aggregation_shard_updates: int = Field(default=SHARD_SIZE, ge=1, le=100_000, description="updates summed together in one shard")
     aggregation_processes: int = Field(default=0, ge=0, le=64, description="worker processes that sum a round's shards (0 or 1: the aggregating process)")
+    # Replicas on one database share a round's shards (server_api/services/aggregation_shards.py): each claims them
+    # under a lease and stores its partial sums as blobs, which every replica reads, so it needs the database store.
+    aggregation_shared_shards: bool = Field(default=False, description="every replica sums the shards of the round being aggregated")
     validation_processes: int = Field(
         default=1, ge=0, le=64, description="worker processes that parse and check uploads (0: in the request's thread)",
     )
@@ -95,6 +98,8 @@ class Settings(BaseSettings):
     # Chaos knob for the crash tests: pause between writing a new version's blobs and
     # committing it, so a test can kill -9 the process mid-aggregation. Keep 0 in production.
     aggregation_pause_s: float = Field(default=0.0, ge=0)
+    # The same, after each shard this process sums for a round whose shards are shared.
+    aggregation_shard_pause_s: float = Field(default=0.0, ge=0)
 
     def database_url_as_given(self) -> str:
         """The URL as the operator wrote it (or the default SQLite file); secret, name it with :func:`redact_url`."""
@@ -123,6 +128,17 @@ class Settings(BaseSettings):
 
     def is_sqlite(self) -> bool:
         return self.resolved_database_url().startswith("sqlite")
+
+    def check_aggregation(self) -> None:
+        """Refuse settings for aggregation in tiers that cannot work together (ConfigError, one line)."""
+        if self.aggregation_shared_shards and self.blob_store != "database":
+            raise ConfigError(
+                "FEDFACE_AGGREGATION_SHARED_SHARDS needs FEDFACE_BLOB_STORE=database: the replicas read each other's partial sums there"
+            )
+        if self.aggregation_shared_shards and self.aggregation_processes > 1:
+            raise ConfigError(
+                "FEDFACE_AGGREGATION_SHARED_SHARDS and FEDFACE_AGGREGATION_PROCESSES > 1 both say who sums a round's shards; choose one"
+            )
 
     def enrollment_token_required(self) -> bool:
         return not self.dev if self.require_enrollment_token is None else self.require_enrollment_token

@@ -14,7 +14,8 @@ backbone minus its base (:func:`published_change_norm`).
 Transactions: claim, finalize (or fail) and the clean-up after each own one transaction
 (:func:`transaction`); the transitions themselves are services.rounds, run inside them. What compute
 reads is services.aggregation_inputs; a DP round's privacy record, services.privacy. A chain that sums its
-updates sums them in shards (services.aggregation_tiers), in this process or in worker processes, to the same bits.
+updates sums them in shards (services.aggregation_tiers), in this process, in worker processes or, shared, in every
+replica (services.aggregation_shards; :func:`help_aggregate` is the other replicas' part), to the same bits.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from facecore.federation.status import RoundStatus
 from facecore.federation.strategies import Strategy, last_step, strategy_for
 from facecore.federation.strategies.base import Weights
 from facecore.federation.strategies.secure_fedavg import UnmaskMaterial
+from facecore.federation.strategies.tiers import summing_stage
 from facecore.federation.wire import trained_entries
 from facecore.models.verification import Verification
 from server_api.core.db import session_scope, transaction
@@ -36,11 +38,13 @@ from server_api.core.logging import get_logger
 from server_api.crud import devices as device_crud
 from server_api.crud import rounds as round_crud
 from server_api.crud import secagg as secagg_crud
+from server_api.crud import shards as shard_crud
 from server_api.crud import updates as update_crud
 from server_api.crud import versions as version_crud
 from server_api.services import rounds, secure_aggregation
 from server_api.services.aggregation_claim import claim_for_aggregation, keep_lease
-from server_api.services.aggregation_inputs import EnrolledRef, UpdateRef, new_embeddings, parent_hash, stream_masked
+from server_api.services.aggregation_inputs import EnrolledRef, new_embeddings, parent_hash, round_update_refs, stream_masked
+from server_api.services.aggregation_shards import PROCESS_ID, Shards, shard_summary, sum_free_shards
 from server_api.services.aggregation_tiers import aggregate_round
 from server_api.services.context import ServerContext
 from server_api.services.model_store import build_model, load_weights, store_model
@@ -78,6 +82,25 @@ def try_aggregate(ctx: ServerContext, round_id: int) -> str:
     return "completed" if done else "lost"
 
 
+def help_aggregate(ctx: ServerContext, round_id: int, holder: str = PROCESS_ID) -> int:
+    """Sum the free shards of a round that another process aggregates and shares (services.aggregation_shards);
+    how many this call summed."""
+    with session_scope(ctx.sessions) as session:
+        shard_updates = shard_crud.free_shard_size(session, round_id, utcnow())
+        round_ = round_crud.get_round(session, round_id)
+        if shard_updates is None or round_ is None or round_.status != RoundStatus.AGGREGATING:
+            return 0
+        config, updates = round_.settings, round_update_refs(session, round_id)
+        base = version_crud.get(session, round_.base_version_id)
+        assert base is not None
+        base_hash = base.version_hash
+    _, weights = load_weights(ctx.store, base_hash)
+    trained = {k: weights[k] for k in trained_entries(list(weights), config.local.trainable_blocks)}
+    stage = summing_stage(strategy_for(config))
+    assert stage is not None, "a round shares its shards only when its chain sums"
+    return sum_free_shards(ctx, Shards(round_id, stage, trained, updates, shard_updates), holder)
+
+
 def _inherited(verification: Verification | None, parent: str) -> Verification | None:
     """A federated version's threshold: its parent's row as published now (an operator's recalibration
     included, never the parent file's shipped copy), with `calibrated_for` naming the version it was
@@ -93,10 +116,7 @@ def _compute_and_finalize(ctx: ServerContext, round_id: int) -> bool:
         base = version_crud.get(session, round_.base_version_id)
         assert base is not None
         # Plain copies: the rows must not be touched after this session ends.
-        updates = [
-            UpdateRef(u.device_id, u.blob_sha256, u.n_samples, dict(u.metrics), u.embedding_ciphertext)
-            for u in update_crud.round_updates(session, round_id)
-        ]
+        updates = round_update_refs(session, round_id)
         enrolled = [
             EnrolledRef(e.device_id, e.ciphertext, e.updated_at)
             for e in device_crud.active_enrollments(session)
@@ -134,6 +154,9 @@ def _compute_and_finalize(ctx: ServerContext, round_id: int) -> bool:
         "metrics": {k: round(v, 6) for k, v in result.metrics.items()},
         "change_norm": change_norm,
     }
+    shards = shard_summary(ctx, round_id)
+    if shards is not None:
+        summary["shards"] = shards
     if secure is not None:
         summary["secure_aggregation"] = {
             "members": len(secure.adverts), "key_sharers": len(secure.key_sharers), "answers": len(secure.answers), "threshold": secure.threshold,
@@ -169,11 +192,14 @@ def _secure_strategy(config: RoundConfig, inputs: secure_aggregation.UnmaskInput
 
 
 def _drop_update_blobs(ctx: ServerContext, round_id: int) -> None:
-    """Delete an ended round's individual deltas (rows keep their digests as a record) and its
-    secure-aggregation shares. Runs after the commit, so a crash in between only leaves files
+    """Delete an ended round's individual deltas (rows keep their digests as a record), the partial sums of its
+    shards and its secure-aggregation shares. Runs after the commit, so a crash in between only leaves files
     behind, never a round without its inputs."""
     with session_scope(ctx.sessions) as session, transaction(session):
         secagg_crud.forget_round(session, round_id)
+        partials = shard_crud.drop_shards(session, round_id)
+    for digest in partials:
+        ctx.store.delete(digest)
     if ctx.settings.keep_update_blobs:
         return
     with session_scope(ctx.sessions) as session:

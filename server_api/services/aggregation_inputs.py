@@ -20,6 +20,7 @@ from facecore.federation.strategies import ClientUpdate, Strategy, spreadout_of
 from facecore.federation.strategies.secure_fedavg import MASKED
 from facecore.tensorfile import read_header, read_tensor
 from server_api.crud import rounds as round_crud
+from server_api.crud import updates as update_crud
 from server_api.crud import versions as version_crud
 from server_api.storage.blobs import BlobStore
 
@@ -48,6 +49,14 @@ def parent_hash(session: Session, producing_round_id: int | None) -> str | None:
     producing = round_crud.get_round(session, producing_round_id)
     parent = None if producing is None else version_crud.get(session, producing.base_version_id)
     return None if parent is None else parent.version_hash
+
+
+def round_update_refs(session: Session, round_id: int) -> list[UpdateRef]:
+    """The round's updates in update order (the order its shards cut), as plain values."""
+    return [
+        UpdateRef(u.device_id, u.blob_sha256, u.n_samples, dict(u.metrics), u.embedding_ciphertext)
+        for u in update_crud.round_updates(session, round_id)
+    ]
 
 
 def stream_updates(store: BlobStore, updates: Sequence[UpdateRef], shapes: dict[str, tuple[int, ...]]) -> Iterator[ClientUpdate]:

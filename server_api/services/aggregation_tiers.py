@@ -1,6 +1,7 @@
 """A round's aggregate, its sums shard by shard (facecore.federation.strategies.tiers): in the aggregating process one
-after another, or with ``FEDFACE_AGGREGATION_PROCESSES`` N in N worker processes that each open the blob store
-themselves and read their shards' updates there.
+after another; with ``FEDFACE_AGGREGATION_PROCESSES`` N in N worker processes that each open the blob store
+themselves and read their shards' updates there; or with ``FEDFACE_AGGREGATION_SHARED_SHARDS`` by whichever of the
+server's replicas claim them (services.aggregation_shards).
 
 Invariants: shards are consecutive runs of ``FEDFACE_AGGREGATION_SHARD_UPDATES`` updates in the round's order
 (update id), and their sums come back in shard order whichever process finished first, so the aggregate is the
@@ -25,6 +26,7 @@ from facecore.federation.strategies.fedavg import RoundSum, SumStrategy
 from facecore.federation.strategies.tiers import aggregate_in_shards, aggregate_partials, shards, summing_stage
 from server_api.core.db import make_engine
 from server_api.services.aggregation_inputs import UpdateRef, stream_updates
+from server_api.services.aggregation_shards import sum_shared
 from server_api.storage.blobs import BlobStore
 from server_api.storage.database_blobs import open_blob_store
 
@@ -66,10 +68,13 @@ class _Job:
 
 def aggregate_round(ctx: ServerContext, strategy: Strategy, config: RoundConfig, server_round: int, base: Mapping[str, np.ndarray],
                     updates: Sequence[UpdateRef]) -> AggregateResult:
-    """The round's aggregate over the trained entries `base`: its shards summed by the worker pool when there is one
-    and the chain is a sum, else here (facecore's aggregate_in_shards, as the simulator does)."""
+    """The round's aggregate over the trained entries `base`. A chain that sums has its shards summed by the replicas
+    when they share them, by the worker pool when there is one, else here (facecore's aggregate_in_shards, as the
+    simulator does); any other chain aggregates here."""
     size, processes = ctx.settings.aggregation_shard_updates, ctx.settings.aggregation_processes
     job = _Job(server_round, config, base)
+    if summing_stage(strategy) is not None and ctx.settings.aggregation_shared_shards:
+        return sum_shared(ctx, strategy, server_round, base, updates)
     if processes < 2 or summing_stage(strategy) is None:
         return aggregate_in_shards(strategy, server_round, base, stream_updates(ctx.store, updates, job.shapes), size)
     context = multiprocessing.get_context("forkserver")

@@ -67,6 +67,7 @@ class ServerContext:
 
     @classmethod
     def create(cls, settings: Settings, secrets: Secrets) -> ServerContext:
+        settings.check_aggregation()
         make_private_dir(settings.data_dir)  # the database, blobs and dev secrets: the server's user only
         engine = make_engine(settings.resolved_database_url())
         sessions = make_session_factory(engine)

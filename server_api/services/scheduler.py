@@ -1,5 +1,5 @@
-"""The periodic job every worker runs: selection windows, deadlines, stuck aggregations,
-nonce pruning. All of it is safe to run concurrently (decisions are made under locks).
+"""The periodic job every worker runs: selection windows, deadlines, stuck aggregations, the shared shards of
+another replica's aggregation, nonce pruning. All of it is safe to run concurrently (decisions are made under locks).
 
 Each step is its own transaction: the nonce pruning, the selection, and aggregation's (services.aggregation)."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ from server_api.core.logging import get_logger
 from server_api.crud import devices as device_crud
 from server_api.crud import rounds as round_crud
 from server_api.services import rounds
-from server_api.services.aggregation import try_aggregate
+from server_api.services.aggregation import help_aggregate, try_aggregate
 from server_api.services.auth import nonce_cutoff
 from server_api.services.context import ServerContext
 from server_api.tables import utcnow
@@ -40,7 +40,10 @@ def tick(ctx: ServerContext) -> str | None:
     if needs_selection:
         with session_scope(ctx.sessions) as session, transaction(session):
             rounds.run_selection_if_due(session, round_id, now)
-    return try_aggregate(ctx, round_id)
+    outcome = try_aggregate(ctx, round_id)
+    if outcome == "busy" and ctx.settings.aggregation_shared_shards:
+        help_aggregate(ctx, round_id)  # another replica aggregates: sum the shards it shares
+    return outcome
 
 
 async def run_forever(ctx: ServerContext) -> None:

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -65,6 +66,40 @@ def replicas(tmp_path: Path) -> Iterator[list[Replica]]:
 def _in_parallel(job: Callable[[int], object], count: int) -> None:
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(job, range(count)))
+
+
+def _a_round_uploaded_last_to_replica_0(
+    started: list[Replica], count: int, seed: int,
+) -> tuple[str, str, list[httpx.Client], list[Device], dict[str, Any], dict[str, np.ndarray]]:
+    """`count` devices spread over the replicas, enrolled, all of them in a round, each update in with photo counts
+    2, 3, ...; the last upload reaches replica 0, which claims the round at once (the others only on their next
+    scheduler tick). Returns the database URL, admin token, clients, devices, round and base backbone."""
+    db_url = started[0].db_url
+    assert db_url is not None
+    token, rng = started[0].admin_token(), np.random.default_rng(seed)
+    clients = [httpx.Client(base_url=replica.url, timeout=60) for replica in started]
+    devices = [Device(clients[index % 3]) for index in range(count)]
+    for device in devices:
+        assert device.register().status_code == 201 and device.enroll(unit_vector(rng)).status_code == 201
+    round_ = _open(clients[1], token, target=len(devices))
+    for device in devices:
+        device.checkin().raise_for_status()
+    base = load_backbone_bytes(devices[0].backbone(round_["base_version"]).content)
+    for index, device in enumerate(devices[1:] + devices[:1]):
+        body = update_file(make_delta(base, rng), unit_vector(rng), round_["base_version"], 2 + index)
+        assert device.upload(round_["id"], body).status_code == 201
+    return db_url, token, clients, devices, round_, base
+
+
+def _assert_completed_once_from_every_update(db_url: str, done: dict[str, Any], devices: list[Device], round_: dict[str, Any],
+                                             base: dict[str, np.ndarray]) -> None:
+    """The round of :func:`_a_round_uploaded_last_to_replica_0` completed once, from every update, and its new
+    version is served (by replica 1, alive)."""
+    assert done["summary"]["n_updates"] == len(devices) and done["summary"]["n_samples"] == sum(range(2, 2 + len(devices)))
+    assert _db(db_url, f"SELECT count(*) FROM model_versions WHERE round_id = {round_['id']}") == [(1,)]
+    assert _db(db_url, "SELECT count(*) FROM audit_events WHERE action = 'round.completed'") == [(1,)]
+    new = devices[1].backbone(done["result_version"])
+    assert new.status_code == 200 and load_backbone_bytes(new.content).keys() == base.keys()
 
 
 def test_replicas_share_a_round_and_a_killed_replica_loses_nothing(replicas: list[Replica]) -> None:
@@ -159,20 +194,7 @@ def test_a_replica_killed_mid_aggregation_leaves_the_round_to_another(tmp_path: 
     lease = {"FEDFACE_AGGREGATION_LEASE_S": "6", "FEDFACE_ADDRESS_RATE_PER_S": "0"}
     settings = [lease | {"FEDFACE_AGGREGATION_PAUSE_S": "60"}] + [lease | {"FEDFACE_SCHEDULER_INTERVAL_S": "15"}] * 2
     with _replicas(tmp_path, settings) as started:
-        db_url = started[0].db_url
-        assert db_url is not None
-        token, rng = started[0].admin_token(), np.random.default_rng(8)
-        clients = [httpx.Client(base_url=replica.url, timeout=60) for replica in started]
-        devices = [Device(clients[index % 3]) for index in range(6)]
-        for device in devices:
-            assert device.register().status_code == 201 and device.enroll(unit_vector(rng)).status_code == 201
-        round_ = _open(clients[1], token, target=len(devices))
-        for device in devices:
-            device.checkin().raise_for_status()
-        base = load_backbone_bytes(devices[0].backbone(round_["base_version"]).content)
-        for index, device in enumerate(devices[1:] + devices[:1]):  # the last upload reaches replica 0
-            body = update_file(make_delta(base, rng), unit_vector(rng), round_["base_version"], 2 + index)
-            assert device.upload(round_["id"], body).status_code == 201
+        db_url, token, clients, devices, round_, base = _a_round_uploaded_last_to_replica_0(started, 6, seed=8)
         # Execute: replica 0 is aggregating (paused); kill it.
         _wait(clients[1], token, "aggregating", timeout=30)
         time.sleep(1.0)
@@ -181,8 +203,32 @@ def test_a_replica_killed_mid_aggregation_leaves_the_round_to_another(tmp_path: 
         done = _wait(clients[1], token, "completed", timeout=90)
         # Assert: another replica retook the round once its lease ran out, from every update, once
         assert still_aggregating
-        assert done["summary"]["n_updates"] == len(devices) and done["summary"]["n_samples"] == sum(range(2, 8))
-        assert _db(db_url, f"SELECT count(*) FROM model_versions WHERE round_id = {round_['id']}") == [(1,)]
-        assert _db(db_url, "SELECT count(*) FROM audit_events WHERE action = 'round.completed'") == [(1,)]
-        new = devices[1].backbone(done["result_version"])
-        assert new.status_code == 200 and load_backbone_bytes(new.content).keys() == base.keys()
+        _assert_completed_once_from_every_update(db_url, done, devices, round_, base)
+
+
+def test_replicas_sum_a_rounds_shards_together_and_one_killed_loses_none(tmp_path: Path) -> None:
+    # Prepare: 12 devices, shards of 2 (6 shards) that every replica claims and sums, pausing 1 s after each so that
+    # the work spreads; replica 0 receives the last upload, so it claims the round and publishes its shards.
+    shared = {
+        "FEDFACE_AGGREGATION_SHARED_SHARDS": "true", "FEDFACE_AGGREGATION_SHARD_UPDATES": "2", "FEDFACE_AGGREGATION_SHARD_PAUSE_S": "1",
+        "FEDFACE_AGGREGATION_LEASE_S": "4", "FEDFACE_ADDRESS_RATE_PER_S": "0",
+    }
+    with _replicas(tmp_path, [shared] * 3) as started:
+        db_url, token, clients, devices, round_, base = _a_round_uploaded_last_to_replica_0(started, 12, seed=9)
+        # Execute: kill replica 0 once two shards are summed
+        deadline = time.monotonic() + 60
+        while _db(db_url, "SELECT count(*) FROM aggregation_shards WHERE partial_sha256 IS NOT NULL")[0][0] < 2:
+            assert time.monotonic() < deadline, "no shard was summed"
+            time.sleep(0.1)
+        started[0].kill9()
+        done = _wait(clients[1], token, "completed", timeout=90)
+        # Assert: the round completed once, from every update, its 6 shards summed by more than one replica
+        _assert_completed_once_from_every_update(db_url, done, devices, round_, base)
+        assert done["summary"]["shards"]["count"] == 6 and done["summary"]["shards"]["processes"] >= 2, done["summary"]
+        # ... and it left no shard row, partial sum or update behind: the blobs left are the versions' own
+        assert _db(db_url, "SELECT count(*) FROM aggregation_shards") == [(0,)]
+        named = {digest for row in _db(db_url, "SELECT version_hash, fp16_blob, int8_blob, onnx_blob FROM model_versions") for digest in row if digest}
+        deadline = time.monotonic() + 30
+        while {row[0] for row in _db(db_url, "SELECT digest FROM blobs")} - named:
+            assert time.monotonic() < deadline, "partial sums or updates were left in the store"
+            time.sleep(0.2)

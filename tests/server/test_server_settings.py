@@ -48,3 +48,15 @@ def test_database_urls_are_normalised(tmp_path: Path) -> None:
     assert Settings(data_dir=tmp_path).resolved_database_url() == f"sqlite:///{tmp_path.resolve()}/fedface.db"
     with pytest.raises(ConfigError, match="unsupported"):
         Settings(database_url="mysql://x").resolved_database_url()
+
+
+def test_shared_shards_need_the_database_store_and_no_worker_pool(tmp_path: Path) -> None:
+    # Prepare
+    shared = {"data_dir": tmp_path, "aggregation_shared_shards": True}
+    # Execute / Assert: partial sums on one host's disk are out of the other replicas' reach; two ways to sum are refused
+    with pytest.raises(ConfigError, match="needs FEDFACE_BLOB_STORE=database"):
+        Settings(**shared).check_aggregation()
+    with pytest.raises(ConfigError, match="choose one"):
+        Settings(**shared, blob_store="database", aggregation_processes=2).check_aggregation()
+    Settings(**shared, blob_store="database").check_aggregation()
+    Settings(data_dir=tmp_path, aggregation_processes=2).check_aggregation()
