@@ -36,7 +36,6 @@ from facecore.federation.strategies.base import AggregateResult, Strategy
 from facecore.federation.strategies.fedavg import RoundSum, SumStrategy
 from facecore.federation.strategies.tiers import aggregate_partials, summing_stage
 from server_api.core.db import session_scope, transaction
-from server_api.core.logging import get_logger
 from server_api.crud import shards as shard_crud
 from server_api.services.aggregation_inputs import UpdateRef, stream_updates
 from server_api.tables import utcnow
@@ -44,7 +43,6 @@ from server_api.tables import utcnow
 if TYPE_CHECKING:  # the context imports torch
     from server_api.services.context import ServerContext
 
-log = get_logger("aggregation")
 PROCESS_ID = uuid.uuid4().hex  # who holds a shard: this process, whichever host it runs on
 WAIT_S = 0.2  # how often the aggregator looks again while other replicas hold the last shards
 _META = "meta"
