@@ -107,7 +107,7 @@ class ModelVersion(Base):
     # entries of JSON, and check-ins and downloads read the version row without needing it.
     spec: Mapped[dict[str, Any]] = mapped_column(JSON, deferred=True)
     fp16_blob: Mapped[str] = mapped_column(String(64))
-    # NULL for a version published before int8 downloads existed: its rounds' devices are told to fetch fp16.
+    # NULL for a version published before int8 downloads existed, until a round that downloads int8 opens on it.
     int8_blob: Mapped[str | None] = mapped_column(String(64), default=None)
     onnx_blob: Mapped[str | None] = mapped_column(String(64), default=None)
     # The published verify threshold: the truth for this version (its files keep only the one it shipped with).

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from facecore.models.verification import Verification
-from server_api.tables import ModelVersion
+from server_api.tables import ModelVersion, table_of
 
 
 class VersionFiles(Protocol):
@@ -68,3 +68,8 @@ def add_version(session: Session, blobs: VersionFiles, round_id: int | None) -> 
     session.add(version)
     session.flush()
     return version
+
+
+def set_int8_blob(session: Session, version_id: int, digest: str) -> None:
+    """Name the int8 file of a version published before int8 downloads (the blob is stored already)."""
+    session.execute(update(table_of(ModelVersion)).where(ModelVersion.id == version_id, ModelVersion.int8_blob.is_(None)).values(int8_blob=digest))

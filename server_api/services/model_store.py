@@ -74,6 +74,16 @@ def store_model(
                         meta.get("feature_center"), int8_blob)
 
 
+def int8_copy(store: BlobStore, version_hash: str) -> str:
+    """The int8 file of a stored fp32 backbone, written from it with its own meta, as `store_model` writes one; its
+    digest. For a version published before int8 downloads."""
+    header, weights = load_weights(store, version_hash)
+    model = build_model(header["backbone"], header["embedding_dim"], weights)
+    with store.temp_file() as temp:
+        save_backbone(model, temp, meta=header.get("meta"), int8=True)
+        return store.put_file(temp)
+
+
 def load_weights(store: BlobStore, version_hash: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """(payload header without state_dict, weights as numpy) of a stored fp32 backbone file."""
     with store.open(version_hash) as handle:

@@ -45,8 +45,6 @@ def checkin(ctx: ServerContext, session: Session, device: Device) -> Checkin:
     status = ParticipationStatus.WAITING if waiting else part.status
     retry = max(0.0, (round_.selection_at - now).total_seconds()) if waiting else None
     local = dict(instructions.config)
-    if base.int8_blob is None:
-        local.pop("download_bits", None)  # a version published before int8 downloads has no int8 file: devices fetch fp16
     return Checkin(
         round_id=round_.id, device_id=device.id, status=status, retry_after_s=retry, deadline_at=round_.deadline_at,
         base_version=base.version_hash, has_onnx=bool(base.onnx_blob), local=local,

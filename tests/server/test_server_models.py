@@ -21,7 +21,7 @@ from facecore.models.verification import FAR_10_KEY, LEGACY_KEY, SHIPPED_KEY, Ve
 from server_api.main import create_app
 from server_api.tables import AuditEvent, Base, utcnow
 from server_api.ui.view import build as build_operator_view
-from server_helpers import enrolled_devices, make_settings, open_round
+from server_helpers import enrolled_devices, make_settings, open_round, tick
 from server_testkit import load_backbone_bytes, make_delta, unit_vector, update_file
 
 
@@ -65,24 +65,33 @@ def test_backbone_download_etag_dtype_and_pinning(client: TestClient, admin: dic
     assert bad_dtype.status_code == 422 and unknown.status_code == 404 and unsigned.status_code == 401
 
 
-def test_a_round_asks_for_int8_downloads_only_of_a_version_that_has_its_int8_file(client: TestClient, admin: dict, rng: np.random.Generator) -> None:
-    # Prepare: a round that downloads int8, and the same base version as if published before int8 files existed
+def test_a_round_downloading_int8_writes_the_int8_file_of_a_version_published_before_them(
+    client: TestClient, admin: dict, rng: np.random.Generator,
+) -> None:
+    # Prepare: the current version as if published before int8 files existed
     from server_api.tables import ModelVersion
 
     (device,) = enrolled_devices(client, 1, rng)
-    round_ = open_round(client, admin, target_participants=1, local={"download_bits": 8})
-    # Execute
-    asked = device.checkin().json()["local"]
     with client.app.state.ctx.sessions() as session:
-        version = session.query(ModelVersion).filter_by(version_hash=round_["base_version"]).one()
+        version = session.query(ModelVersion).order_by(ModelVersion.id.desc()).first()
+        published, version_hash = version.int8_blob, version.version_hash
         version.int8_blob = None
         session.commit()
-    asked_of_old = device.checkin().json()["local"]
-    missing = device.backbone(round_["base_version"], dtype="int8")
-    # Assert
-    assert asked["download_bits"] == 8
-    assert "download_bits" not in asked_of_old and asked_of_old["lr"] == asked["lr"]
+    missing = device.backbone(version_hash, dtype="int8")
+    # Execute: an fp16 round leaves it alone; an int8 round writes it
+    fp16_round = open_round(client, admin, target_participants=1)
+    assert client.post(f"/v1/admin/rounds/{fp16_round['id']}/close", headers=admin).status_code == 200
+    assert tick(client) == "failed"  # closed with no update
+    with client.app.state.ctx.sessions() as session:
+        after_fp16_round = session.query(ModelVersion).filter_by(version_hash=version_hash).one().int8_blob
+    round_ = open_round(client, admin, target_participants=1, local={"download_bits": 8})
+    asked = device.checkin().json()["local"]
+    written = device.backbone(version_hash, dtype="int8")
+    # Assert: the device is told int8 and gets the very file the version would have been published with
     assert missing.status_code == 404 and "published before int8 downloads" in missing.json()["detail"]
+    assert after_fp16_round is None and round_["base_version"] == version_hash and asked["download_bits"] == 8
+    assert written.status_code == 200 and written.headers["etag"] == f'"{version_hash}.int8"'
+    assert hashlib.sha256(written.content).hexdigest() == published
 
 
 def test_health_metrics_and_docs(client: TestClient, admin: dict, rng: np.random.Generator) -> None:

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Path, Query
 from sqlalchemy.orm import Session
 
 from facecore.federation.messages import ErrorPublic
-from server_api.api.deps import AdminDep, RoundIdPath, SessionDep
+from server_api.api.deps import AdminDep, CtxDep, RoundIdPath, SessionDep
 from server_api.crud import devices as device_crud
 from server_api.crud import rounds as round_crud
 from server_api.crud import versions as version_crud
@@ -37,9 +37,9 @@ def _public(session: Session, round_: Round) -> RoundPublic:
 
 
 @router.post("/rounds", status_code=201, response_model=RoundPublic, responses=_errors)
-def open_round(body: RoundCreate, _: AdminDep, session: SessionDep) -> RoundPublic:
+def open_round(body: RoundCreate, _: AdminDep, ctx: CtxDep, session: SessionDep) -> RoundPublic:
     """Open a round on the current model; 409 while another round is open or aggregating."""
-    return _public(session, round_admin.open_round(session, body))
+    return _public(session, round_admin.open_round(ctx, session, body))
 
 
 @router.get("/rounds/current", response_model=RoundPublic, responses=_errors)

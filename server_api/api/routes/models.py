@@ -80,7 +80,7 @@ def download_backbone(
     blobs = {"fp32": found.version_hash, "fp16": found.fp16_blob, "int8": found.int8_blob}
     blob = blobs[dtype]
     if blob is None:
-        raise NotFound(f"model version {version} has no int8 file (it was published before int8 downloads)")
+        raise NotFound(f"model version {version} has no int8 file (it was published before int8 downloads, and no round downloading int8 has opened on it)")
     etag = found.version_hash if dtype == "fp32" else f"{found.version_hash}.{dtype}"
     return _serve(ctx, blob, etag, if_none_match, "application/octet-stream", f"backbone-{version[:12]}-{dtype}.pt")
 
