@@ -72,10 +72,10 @@ def aggregate_round(ctx: ServerContext, strategy: Strategy, config: RoundConfig,
     when they share them, by the worker pool when there is one, else here (facecore's aggregate_in_shards, as the
     simulator does); any other chain aggregates here."""
     size, processes = ctx.settings.aggregation_shard_updates, ctx.settings.aggregation_processes
-    job = _Job(server_round, config, base)
-    if summing_stage(strategy) is not None and ctx.settings.aggregation_shared_shards:
+    job, sums = _Job(server_round, config, base), summing_stage(strategy) is not None
+    if sums and ctx.settings.aggregation_shared_shards:
         return sum_shared(ctx, strategy, server_round, base, updates)
-    if processes < 2 or summing_stage(strategy) is None:
+    if processes < 2 or not sums:
         return aggregate_in_shards(strategy, server_round, base, stream_updates(ctx.store, updates, job.shapes), size)
     context = multiprocessing.get_context("forkserver")
     with ProcessPoolExecutor(processes, mp_context=context, initializer=_start_worker, initargs=(BlobSource.of(ctx), job)) as pool:

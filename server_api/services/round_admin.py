@@ -1,7 +1,8 @@
 """The operator's round controls: open a round on the current model, close one early.
 
 Each call is one transaction, committed when the round is written and rolled back by any error;
-the caller builds the response from the returned row.
+the caller builds the response from the returned row. Opening a round that downloads int8 on a version
+published before int8 files first writes that file and names it in a transaction of its own.
 """
 from __future__ import annotations
 
