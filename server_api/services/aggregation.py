@@ -95,10 +95,15 @@ def help_aggregate(ctx: ServerContext, round_id: int, holder: str = PROCESS_ID) 
         assert base is not None
         base_hash = base.version_hash
     _, weights = load_weights(ctx.store, base_hash)
-    trained = {k: weights[k] for k in trained_entries(list(weights), config.local.trainable_blocks)}
+    trained = _trained(weights, config)
     stage = summing_stage(strategy_for(config))
     assert stage is not None, "a round shares its shards only when its chain sums"
     return sum_free_shards(ctx, Shards(round_id, stage, trained, updates, shard_updates), holder)
+
+
+def _trained(weights: Weights, config: RoundConfig) -> Weights:
+    """The entries of the base that the round trains (wire.trained_entries): what a round's sum covers."""
+    return {k: weights[k] for k in trained_entries(list(weights), config.local.trainable_blocks)}
 
 
 def _inherited(verification: Verification | None, parent: str) -> Verification | None:
@@ -134,7 +139,7 @@ def _compute_and_finalize(ctx: ServerContext, round_id: int) -> bool:
     previous = None if parent is None else last_step(base_weights, load_weights(ctx.store, parent)[1])
     if secure is None:
         # The frozen prefix takes no part: the strategy sees the trained entries, as in the simulator.
-        trained = {k: base_weights[k] for k in trained_entries(list(base_weights), config.local.trainable_blocks)}
+        trained = _trained(base_weights, config)
         strategy = strategy_for(config, previous_step=previous)
         result = aggregate_round(ctx, strategy, config, round_id, trained, updates)
     else:

@@ -51,15 +51,9 @@ def store_model(
     ships with; the caller commits a row naming them (and publishing `verification`) afterwards."""
     model = model.float().eval()
     meta = shipping(meta, verification)
-    with store.temp_file() as temp:
-        save_backbone(model, temp, meta=meta)
-        version_hash = store.put_file(temp)
-    with store.temp_file() as temp:
-        save_backbone(model, temp, meta=meta, half=True)
-        fp16_blob = store.put_file(temp)
-    with store.temp_file() as temp:
-        save_backbone(model, temp, meta=meta, int8=True)
-        int8_blob = store.put_file(temp)
+    version_hash = _put_backbone(store, model, meta)
+    fp16_blob = _put_backbone(store, model, meta, half=True)
+    int8_blob = _put_backbone(store, model, meta, int8=True)
     onnx_blob = None
     if export_onnx:
         from export.onnx_model import export_fp32
@@ -78,9 +72,13 @@ def int8_copy(store: BlobStore, version_hash: str) -> str:
     """The int8 file of a stored fp32 backbone, written from it with its own meta, as `store_model` writes one; its
     digest. For a version published before int8 downloads."""
     header, weights = load_weights(store, version_hash)
-    model = build_model(header["backbone"], header["embedding_dim"], weights)
+    return _put_backbone(store, build_model(header["backbone"], header["embedding_dim"], weights), header.get("meta"), int8=True)
+
+
+def _put_backbone(store: BlobStore, model: torch.nn.Module, meta: dict[str, Any] | None, half: bool = False, int8: bool = False) -> str:
+    """`model`'s backbone file at that precision, stored; its digest."""
     with store.temp_file() as temp:
-        save_backbone(model, temp, meta=header.get("meta"), int8=True)
+        save_backbone(model, temp, meta=meta, half=half, int8=int8)
         return store.put_file(temp)
 
 
