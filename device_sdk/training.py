@@ -325,14 +325,21 @@ class Workspace:
     more than its training step): its live state_dict entries, and per prefix cut the trainable
     keys, the suffix and its parameters. It also keeps the live entries of the backbone it
     copies from; that backbone must change in place between devices (``load_state_dict`` or
-    ``copy_``, as the simulator does), not get new tensor objects."""
+    ``copy_``, as the simulator does), not get new tensor objects.
+
+    A cut's floating trainable entries live in one flat buffer (``packing``), so that loading a
+    device's starting weights and packing its update are one copy each instead of one per entry.
+    One cut's entries are packed at a time: packing another cut moves any entry they share into
+    the new cut's buffer, and the old cut is packed again when next asked for."""
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         self.entries = model.state_dict(keep_vars=True)
         self._cuts: dict[int | None, tuple[list[str], nn.Module, list[nn.Parameter]]] = {}
-        self._packings: dict[int | None, tuple[Layout, list[Tensor], list[str]]] = {}
+        self._packings: dict[int | None, tuple[Layout, Tensor, list[str]]] = {}
         self._source: tuple[weakref.ref[nn.Module], dict[str, Tensor]] | None = None
+        # per cut: the source entries and their version counters when packed, and the packed copy
+        self._packed_sources: dict[int | None, tuple[dict[str, Tensor], tuple[int, ...], Tensor]] = {}
 
     def cut(self, trainable_blocks: int | None) -> tuple[list[str], nn.Module, list[nn.Parameter]]:
         """(trainable keys, trainable suffix, its parameters) for a prefix cut."""
@@ -341,9 +348,10 @@ class Workspace:
             self._cuts[trainable_blocks] = (trainable_keys(self.model, trainable_blocks, list(self.entries)), suffix, list(suffix.parameters()))
         return self._cuts[trainable_blocks]
 
-    def packing(self, trainable_blocks: int | None) -> tuple[Layout, list[Tensor], list[str]]:
-        """For a prefix cut: the layout of its floating trainable entries (LocalUpdate.packed), flat views
-        of those live entries, which one torch.cat packs, and the other trainable keys."""
+    @torch.no_grad()
+    def packing(self, trainable_blocks: int | None) -> tuple[Layout, Tensor, list[str]]:
+        """For a prefix cut: the layout of its floating trainable entries (LocalUpdate.packed), the flat
+        buffer those live entries are views of, and the other trainable keys."""
         if trainable_blocks not in self._packings:
             keys = self.cut(trainable_blocks)[0]
             floating = [k for k in keys if self.entries[k].is_floating_point()]
@@ -351,8 +359,13 @@ class Workspace:
             if len(dtypes) > 1:
                 raise TypeError(f"a workspace trains in one floating dtype, got {sorted(map(str, dtypes))}")
             layout = Layout.of({k: tuple(self.entries[k].shape) for k in floating})
-            views = [self.entries[k].detach().view(-1) for k in floating]
-            self._packings[trainable_blocks] = (layout, views, [k for k in keys if k not in layout.keys])
+            flat = torch.cat([self.entries[k].detach().reshape(-1) for k in floating]) if floating else torch.empty(0)
+            for key, part, shape in zip(floating, torch.split(flat, list(layout.sizes)), layout.shapes, strict=True):
+                self.entries[key].data = part.view(shape)
+            moved = set(floating)
+            for other in [c for c, (other_layout, _, _) in self._packings.items() if moved.intersection(other_layout.keys)]:
+                del self._packings[other]
+            self._packings[trainable_blocks] = (layout, flat, [k for k in keys if k not in moved])
         return self._packings[trainable_blocks]
 
     def source_entries(self, backbone: nn.Module) -> dict[str, Tensor]:
@@ -361,11 +374,24 @@ class Workspace:
         return self._source[1]
 
     @torch.no_grad()
-    def load(self, backbone: nn.Module, keys: list[str] | None) -> None:
-        """Copy `backbone`'s weights in: all of them, or only `keys`."""
+    def load(self, backbone: nn.Module) -> None:
+        """Copy all of `backbone`'s weights in."""
         source = self.source_entries(backbone)
-        names = list(self.entries) if keys is None else keys
-        torch._foreach_copy_([self.entries[k] for k in names], [source[k] for k in names])
+        torch._foreach_copy_(list(self.entries.values()), [source[k] for k in self.entries])
+
+    @torch.no_grad()
+    def load_trained(self, backbone: nn.Module, trainable_blocks: int | None) -> None:
+        """Copy in only what a cut trains: its packed entries in one copy, from a packed copy of `backbone`'s
+        that is made again whenever one of those entries changed in place (its version counter moved)."""
+        layout, flat, rest_keys = self.packing(trainable_blocks)
+        source = self.source_entries(backbone)
+        versions = tuple(source[k]._version for k in layout.keys)
+        known = self._packed_sources.get(trainable_blocks)
+        if known is None or known[0] is not source or known[1] != versions:
+            known = (source, versions, torch.cat([source[k].detach().reshape(-1) for k in layout.keys]) if layout.keys else torch.empty(0))
+            self._packed_sources[trainable_blocks] = known
+        flat.copy_(known[2])
+        torch._foreach_copy_([self.entries[k] for k in rest_keys], [source[k] for k in rest_keys])
 
 
 def train_local(
@@ -395,7 +421,7 @@ def train_local(
         workspace = Workspace(copy.deepcopy(backbone).to(dtype=dtype))
     else:
         # the prefix never runs with cached activations: then load only what trains
-        workspace.load(backbone, workspace.cut(config.trainable_blocks)[0] if cached else None)
+        workspace.load_trained(backbone, config.trainable_blocks) if cached else workspace.load(backbone)
     keys, suffix, suffix_parameters = workspace.cut(config.trainable_blocks)
     for p in suffix_parameters:
         p.requires_grad_(True)
@@ -412,9 +438,9 @@ def train_local(
     scale = template_length if config.feature_center is not None else 1.0
     w = nn.Parameter(torch.tensor(np.asarray(embedding) * scale, dtype=dtype))  # a copy (Ray hands read-only arrays)
     loss_before, loss_after, steps = fit_positive(suffix, w, suffix_parameters, plain, flipped, config, seed, public=public)
-    layout, views, rest_keys = workspace.packing(config.trainable_blocks)
-    with torch.no_grad():  # copies: the workspace trains on
-        packed = torch.cat(views) if views else torch.empty(0, dtype=dtype)
+    layout, flat, rest_keys = workspace.packing(config.trainable_blocks)
+    with torch.no_grad():  # a copy: the workspace trains on
+        packed = flat.clone() if len(flat) else torch.empty(0, dtype=dtype)
     # One reduction for every entry: a sum is finite exactly when each value is (short of overflowing
     # float32, which is divergence too; fp16 training sums in float32, where its values cannot). The rest are integers.
     if not (math.isfinite(loss_after) and math.isfinite(packed.sum(dtype=torch.float32).item())):

@@ -11,6 +11,7 @@ from device_sdk.training import (
     TrainingDiverged,
     Workspace,
     centred_positive_loss,
+    prefix_cache,
     split_backbone,
     train_local,
     trainable_keys,
@@ -196,6 +197,23 @@ def test_a_workspace_moving_between_cuts_gives_the_updates_of_fresh_copies(owner
     # Assert
     for a, b in zip(reused, fresh, strict=True):
         assert list(a.state_dict) == list(b.state_dict) and all(torch.equal(a.state_dict[k], b.state_dict[k]) for k in a.state_dict)
+
+
+def test_a_workspace_with_cached_activations_trains_from_the_backbone_as_it_is_now(owner) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: a workspace trains one device from the backbone, then the backbone changes in place (a new round)
+    model, faces, embedding = owner
+    config = LocalTrainingConfig(batch=4, trainable_blocks=2)
+    backbone = copy.deepcopy(model)
+    cache = prefix_cache(backbone, faces, 2)
+    workspace = Workspace(copy.deepcopy(backbone))
+    first = train_local(backbone, embedding, faces, config, seed=3, cache=cache, workspace=workspace)
+    backbone.load_state_dict(first.state_dict, strict=False)
+    # Execute
+    reused = train_local(backbone, embedding, faces, config, seed=4, cache=cache, workspace=workspace)
+    fresh = train_local(backbone, embedding, faces, config, seed=4, cache=cache, workspace=Workspace(copy.deepcopy(backbone)))
+    # Assert: the second round started from the changed backbone, not from the packed copy of the first
+    assert all(torch.equal(reused.state_dict[k], fresh.state_dict[k]) for k in fresh.state_dict)
+    assert not torch.equal(reused.packed, first.packed)
 
 
 def test_training_losses_come_from_the_first_and_last_epoch_without_extra_passes(owner) -> None:  # type: ignore[no-untyped-def]
