@@ -359,7 +359,7 @@ class Workspace:
             if len(dtypes) > 1:
                 raise TypeError(f"a workspace trains in one floating dtype, got {sorted(map(str, dtypes))}")
             layout = Layout.of({k: tuple(self.entries[k].shape) for k in floating})
-            flat = torch.cat([self.entries[k].detach().reshape(-1) for k in floating]) if floating else torch.empty(0)
+            flat = packed_entries(self.entries, layout) if floating else torch.empty(0)
             for key, part, shape in zip(floating, torch.split(flat, list(layout.sizes)), layout.shapes, strict=True):
                 self.entries[key].data = part.view(shape)
             moved = set(floating)
@@ -388,7 +388,7 @@ class Workspace:
         versions = tuple(source[k]._version for k in layout.keys)
         known = self._packed_sources.get(trainable_blocks)
         if known is None or known[0] is not source or known[1] != versions:
-            known = (source, versions, torch.cat([source[k].detach().reshape(-1) for k in layout.keys]) if layout.keys else torch.empty(0))
+            known = (source, versions, packed_entries(source, layout) if layout.keys else torch.empty(0))
             self._packed_sources[trainable_blocks] = known
         flat.copy_(known[2])
         torch._foreach_copy_([self.entries[k] for k in rest_keys], [source[k] for k in rest_keys])
