@@ -45,11 +45,12 @@ class _Scratch:
     of every fp16 value, widened and times the update's weight (built per update, 65,536 products): one lookup
     and one add per value, where widening and scaling would take a pass each.
 
-    Updates after the first are held back, copied into a buffer of at most HELD_BYTES, and added as a batch, chunk
-    by chunk: each chunk of the float64 sums is then read and written once per batch instead of once per update.
-    That traffic costs more than the arithmetic when something else runs between two updates (a simulated
-    device's training) and pushes the sums out of cache. Each value still gets the same float64 operations in the same order, so the sums are the same bits.
-    An update too large to hold two of is added at once, as it comes."""
+    Updates after the first are held back, copied into a buffer of at most HELD_BYTES, and added as a batch,
+    chunk by chunk: each chunk of the float64 sums is then read and written once per batch instead of once per
+    update. That traffic costs more than the arithmetic when something else runs between two updates (a
+    simulated device's training) and pushes the sums out of cache. Each value still gets the same float64
+    operations in the same order, so the sums are the same bits. An update too large to hold two of is added
+    as it comes."""
 
     CHUNK = 1 << 15
     HELD_BYTES = 8 << 20
