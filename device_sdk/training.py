@@ -126,7 +126,7 @@ class LocalUpdate:
 def packed_entries(entries: Mapping[str, Tensor], layout: Layout) -> Tensor:
     """`layout`'s entries of a state_dict in one flat buffer, as LocalUpdate.packed holds its own."""
     with torch.no_grad():
-        return torch.cat([entries[k].reshape(-1) for k in layout.keys])
+        return torch.cat([entries[k].reshape(-1) for k in layout.keys]) if layout.keys else torch.empty(0)
 
 
 def split_backbone(model: nn.Module, trainable_blocks: int | None) -> tuple[nn.Module, nn.Module]:
@@ -359,7 +359,7 @@ class Workspace:
             if len(dtypes) > 1:
                 raise TypeError(f"a workspace trains in one floating dtype, got {sorted(map(str, dtypes))}")
             layout = Layout.of({k: tuple(self.entries[k].shape) for k in floating})
-            flat = packed_entries(self.entries, layout) if floating else torch.empty(0)
+            flat = packed_entries(self.entries, layout)
             for key, part, shape in zip(floating, torch.split(flat, list(layout.sizes)), layout.shapes, strict=True):
                 self.entries[key].data = part.view(shape)
             moved = set(floating)
@@ -379,18 +379,24 @@ class Workspace:
         source = self.source_entries(backbone)
         torch._foreach_copy_(list(self.entries.values()), [source[k] for k in self.entries])
 
-    @torch.no_grad()
-    def load_trained(self, backbone: nn.Module, trainable_blocks: int | None) -> None:
-        """Copy in only what a cut trains: its packed entries in one copy, from a packed copy of `backbone`'s
-        that is made again whenever one of those entries changed in place (its version counter moved)."""
-        layout, flat, rest_keys = self.packing(trainable_blocks)
+    def packed_source(self, backbone: nn.Module, trainable_blocks: int | None) -> Tensor:
+        """`backbone`'s entries in the cut's packed layout (`packed_entries`), kept until one of them changes in
+        place (its version counter moves): a device's start, and the base its update's delta is taken from."""
+        layout = self.packing(trainable_blocks)[0]
         source = self.source_entries(backbone)
         versions = tuple(source[k]._version for k in layout.keys)
         known = self._packed_sources.get(trainable_blocks)
         if known is None or known[0] is not source or known[1] != versions:
-            known = (source, versions, packed_entries(source, layout) if layout.keys else torch.empty(0))
+            known = (source, versions, packed_entries(source, layout))
             self._packed_sources[trainable_blocks] = known
-        flat.copy_(known[2])
+        return known[2]
+
+    @torch.no_grad()
+    def load_trained(self, backbone: nn.Module, trainable_blocks: int | None) -> None:
+        """Copy in only what a cut trains: its packed entries in one copy (from `packed_source`), then its counters."""
+        _, flat, rest_keys = self.packing(trainable_blocks)
+        flat.copy_(self.packed_source(backbone, trainable_blocks))
+        source = self.source_entries(backbone)
         torch._foreach_copy_([self.entries[k] for k in rest_keys], [source[k] for k in rest_keys])
 
 

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from device_sdk.training import PrefixCache, Workspace, packed_entries, prefix_cache, train_local, trainable_keys
+from device_sdk.training import PrefixCache, Workspace, prefix_cache, train_local, trainable_keys
 from facecore.federation.config import training_seed
 from facecore.federation.packed import PackedArrays
 from facecore.federation.quantize import quantized_update, received_deltas
@@ -278,7 +278,7 @@ class CrossDeviceSimulation:
         base = self.received.state_dict()
         public = None if self.negatives is None else self.negatives.for_round(
             self.received, self.local.trainable_blocks, self.config.wire, self.config.public_rehearsal)
-        packed_base = packed_entries(base, self.workspace.packing(self.local.trainable_blocks)[0])
+        packed_base = self.workspace.packed_source(self.received, self.local.trainable_blocks)
         for index in tqdm(chosen, desc=f"round {round_number}", unit="device", leave=False):
             faces = self._training_faces(self.population.devices[index])
             cache = None

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from device_sdk.training import LocalTrainingConfig, PrefixCache, Workspace, packed_entries, train_local
+from device_sdk.training import LocalTrainingConfig, PrefixCache, Workspace, train_local
 from facecore.federation.packed import PackedArrays
 from facecore.lifetime import exit_with_parent
 from facecore.models.checkpoint import load_backbone, save_backbone
@@ -75,7 +75,7 @@ class DeviceWorker:
         with torch.no_grad():
             for key, value in weights.items():
                 entries[key].copy_(torch.tensor(value))  # in place, so the workspace's view of the model stays live
-        packed_base = packed_entries(entries, self.workspace.packing(self.config.trainable_blocks)[0])
+        packed_base = self.workspace.packed_source(self.model, self.config.trainable_blocks)
         for task in tasks:
             if task.faces is not None:
                 self.faces[task.data] = task.faces
