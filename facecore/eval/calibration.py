@@ -26,6 +26,7 @@ from facecore.models.preprocess import embed_faces
 from facecore.models.verification import Verification
 
 CALIBRATION_FOLDS = (1, 2, 3, 4, 5)
+CALIBRATION_FAR = 1e-3  # a version's threshold, unless the operator names another FAR
 # The published dlib ResNet learned from faces outside this project's data; every backbone trained
 # here (`fedface pretrain`, `fedface distill`, federated rounds) learned from the split's public people.
 TRAINED_ELSEWHERE = frozenset({"dlib-resnet"})
@@ -42,7 +43,7 @@ def public_people(data_root: Path) -> list[str]:
 
 
 def calibrate_threshold(
-    model: torch.nn.Module, lfw_root: Path, folds: tuple[int, ...] = CALIBRATION_FOLDS, far: float = 1e-3,
+    model: torch.nn.Module, lfw_root: Path, folds: tuple[int, ...] = CALIBRATION_FOLDS, far: float = CALIBRATION_FAR,
     exclude: Collection[str] = (),
 ) -> Verification:
     """The cosine at which `far` of the impostor pairs score above, among the folds' people not in

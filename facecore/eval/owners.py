@@ -62,19 +62,45 @@ def owner_verification(embed: Any, owners: Sequence[OwnerFaces], threshold: floa
 
 def owner_verifications(embed: Any, owners: Sequence[OwnerFaces], thresholds: Sequence[float]) -> list[OwnerReport]:
     """`owner_verification` at each of `thresholds`, embedding every photo once."""
-    if len(owners) < 2:
-        raise FaceCoreError(f"owner verification needs at least 2 identities, got {len(owners)}")
+    scores = owner_scores([embed(owner.enroll) for owner in owners], [embed(owner.held_out) for owner in owners])
+    return [scores.report(threshold) for threshold in thresholds]
+
+
+@dataclass(frozen=True)
+class OwnerScores:
+    """Every held-out photo's cosine to every owner's template."""
+
+    scores: np.ndarray  # (held-out photos, owners)
+    held_identity: np.ndarray  # the owner each row's photo belongs to
+
+    @property
+    def own(self) -> np.ndarray:
+        return self.held_identity[:, None] == np.arange(self.scores.shape[1])[None, :]
+
+    def genuine_and_impostor(self) -> tuple[np.ndarray, np.ndarray]:
+        own = self.own
+        return self.scores[own], self.scores[~own]
+
+    def report(self, threshold: float) -> OwnerReport:
+        return _report(self.scores >= threshold, self.own, self.held_identity, threshold)
+
+
+def owner_scores(enrolled: Sequence[np.ndarray], held_out: Sequence[np.ndarray]) -> OwnerScores:
+    """The scores of the module docstring from each owner's embeddings: `enrolled[i]` and `held_out[i]`
+    are owner i's (n, D) embeddings of its enrolment and held-out photos."""
+    if len(enrolled) < 2:
+        raise FaceCoreError(f"owner verification needs at least 2 identities, got {len(enrolled)}")
+    if len(enrolled) != len(held_out):
+        raise FaceCoreError(f"{len(enrolled)} owners enrolled but {len(held_out)} have held-out photos")
     templates = []
-    for owner in owners:
-        mean = np.asarray(embed(owner.enroll), np.float64).mean(axis=0)
+    for embeddings in enrolled:
+        mean = np.asarray(embeddings, np.float64).mean(axis=0)
         templates.append(mean / np.linalg.norm(mean))
-    held = [np.asarray(embed(owner.held_out), np.float64) for owner in owners]
+    held = [np.asarray(embeddings, np.float64) for embeddings in held_out]
     held_identity = np.concatenate([np.full(len(h), i) for i, h in enumerate(held)])
     held_all = np.concatenate(held)
     held_all /= np.linalg.norm(held_all, axis=1, keepdims=True)
-    scores = held_all @ np.stack(templates).T  # (held-out photos, templates)
-    own = held_identity[:, None] == np.arange(len(owners))[None, :]
-    return [_report(scores >= threshold, own, held_identity, threshold) for threshold in thresholds]
+    return OwnerScores(held_all @ np.stack(templates).T, held_identity)
 
 
 def _report(accepted: np.ndarray, own: np.ndarray, held_identity: np.ndarray, threshold: float) -> OwnerReport:

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from facecore.errors import FaceCoreError
-from facecore.eval.owners import OwnerFaces, holdout_split, owner_verification, owner_verifications
+from facecore.eval.owners import OwnerFaces, holdout_split, owner_scores, owner_verification, owner_verifications
 
 
 def _embed(faces: np.ndarray) -> np.ndarray:
@@ -75,3 +75,19 @@ def test_several_thresholds_embed_each_photo_once_and_match_one_threshold_at_a_t
     # Assert: 18 photos embedded once, and each report is what one threshold alone gives
     assert sum(seen) == 18
     assert reports == [owner_verification(_embed, owners, 0.95), owner_verification(_embed, owners, 0.5)]
+
+
+def test_scores_from_embeddings_give_the_reports_of_the_photos_and_refuse_owners_without_held_out_photos() -> None:
+    # Prepare: the look-alike owners, embedded by hand
+    rng = np.random.default_rng(1)
+    directions: list[list[float]] = [[1, 0, 0], [1, 0.2, 0], [0, 0, 1]]
+    owners = [OwnerFaces(str(i), _faces(d, 4, rng, 0.5), _faces(d, 2, rng, 0.5)) for i, d in enumerate(directions)]
+    # Execute
+    scores = owner_scores([_embed(o.enroll) for o in owners], [_embed(o.held_out) for o in owners])
+    genuine, impostor = scores.genuine_and_impostor()
+    # Assert: 6 genuine and 12 impostor scores; each threshold's report is the photos' own
+    assert (len(genuine), len(impostor)) == (6, 12)
+    assert [scores.report(t) for t in (0.95, 0.5)] == owner_verifications(_embed, owners, (0.95, 0.5))
+    assert genuine.min() > 0.99 and np.sort(impostor)[-4] > 0.95 > np.sort(impostor)[-5]
+    with pytest.raises(FaceCoreError, match="3 owners enrolled but 2"):
+        owner_scores([_embed(o.enroll) for o in owners], [_embed(o.held_out) for o in owners[:2]])
