@@ -48,7 +48,7 @@ from facecore.align.geometry import geometry_of
 from facecore.align.pipeline import FaceAligner
 from facecore.capture import CAPTURES, get_capture
 from facecore.data.faces import load_labelled_faces
-from facecore.data.split import SplitConfig, build_split
+from facecore.data.split import SplitConfig, SplitManifest, build_split
 from facecore.eval.calibration import CALIBRATION_FAR, CALIBRATION_FOLDS
 from facecore.eval.lfw import load_lfw_faces
 from facecore.eval.metrics import all_pairs_scores, tar_at_far, threshold_at_far
@@ -99,7 +99,7 @@ def prepare(model: nn.Module, capture: str, blocks: int, seed: int) -> dict[str,
         root, geometry, camera = data_root(), geometry_of(model), get_capture(capture)
         prefix, _ = split_backbone(model, blocks)
         manifest = build_split(root, SplitConfig(seed=0))
-        population, devices = _devices(model, capture, seed)
+        population, devices = _devices(manifest, model, capture, seed)
         lfw = load_lfw_faces(root / "lfw", CALIBRATION_FOLDS, aligner=FaceAligner(geometry=geometry))
         lfw_captured = camera.capture(lfw.faces, geometry, LFW_CAPTURE_SEED, LFW_CAPTURE_STREAM)
         keep = ~np.isin(lfw.identities, [d.identity for d in devices])
@@ -125,10 +125,10 @@ def prepare(model: nn.Module, capture: str, blocks: int, seed: int) -> dict[str,
     return _cached(cache_root() / "capture-lab" / f"{capture}-b{blocks}-s{seed}-{CAPTURES[capture].version}-{_crop_key(model)}-v2.pt", build)
 
 
-def _devices(model: nn.Module, capture: str, seed: int) -> tuple[Population, tuple[SimDevice, ...]]:
+def _devices(manifest: SplitManifest, model: nn.Module, capture: str, seed: int) -> tuple[Population, tuple[SimDevice, ...]]:
     """The split's device people with the owner holdout: as they are, and as the fleet camera takes them."""
     root, geometry = data_root(), geometry_of(model)
-    population = load_population(build_split(root, SplitConfig(seed=0)), root, 1000, seed, geometry=geometry, holdout=0.3)
+    population = load_population(manifest, root, 1000, seed, geometry=geometry, holdout=0.3)
     return population, captured(population, capture, geometry, seed).devices
 
 
@@ -138,7 +138,8 @@ def owners(model: nn.Module, capture: str, blocks: int, seed: int) -> tuple[Tens
 
     def build() -> tuple[Tensor, Tensor]:
         prefix, _ = split_backbone(model, blocks)
-        held = [(d.index, d.held_out) for d in _devices(model, capture, seed)[1] if d.held_out is not None]
+        held = [(d.index, d.held_out) for d in _devices(build_split(data_root(), SplitConfig(seed=0)), model, capture, seed)[1]
+                if d.held_out is not None]
         return (_activations(prefix, np.concatenate([photos for _, photos in held])),
                 torch.from_numpy(np.concatenate([np.full(len(photos), index) for index, photos in held])).long())
 
