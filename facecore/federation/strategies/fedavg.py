@@ -1,9 +1,8 @@
 """FedAvg (McMahan et al. 2017) as a weighted running sum, and the interface of strategies whose
 aggregate is such a sum divided by its total weight.
 
-Memory is one float64 copy of the model plus the update being added and a bounded batch of held-back
-packed updates (``_Scratch.HELD_BYTES``), whatever the number of participants, because the server feeds
-updates one at a time from storage.
+Memory is one float64 copy of the model plus the update being added, whatever the number of
+participants, because the server feeds updates one at a time from storage.
 
 Invariants: a :class:`SumStrategy` splits its aggregate into :meth:`~SumStrategy.summed` (consume the
 stream, once) and :meth:`~SumStrategy.publish` (divide and apply to the base), so the wrappers that
@@ -41,75 +40,43 @@ def _wide(value: np.ndarray) -> np.ndarray:
 
 
 class _Scratch:
-    """Cache-sized buffers for summing packed updates one chunk at a time. An fp16 update goes through a table
-    of every fp16 value, widened and times the update's weight (built per update, 65,536 products): one lookup
-    and one add per value, where widening and scaling would take a pass each.
+    """Cache-sized float64 scratch for summing a packed update one chunk at a time. An fp16 update's values
+    are widened by a lookup in a table of every fp16 value (exact, and much faster than numpy's cast), then
+    times the update's weight, in the same chunk while it is in cache: the per-entry path's operations
+    (``_wide(values) * weight``), so the sums are the same bits.
 
-    Updates after the first are held back, copied into a buffer of at most HELD_BYTES, and added as a batch,
-    chunk by chunk: each chunk of the float64 sums is then read and written once per batch instead of once per
-    update. That traffic costs more than the arithmetic when something else runs between two updates (a
-    simulated device's training) and pushes the sums out of cache. Each value still gets the same float64
-    operations in the same order, so the sums are the same bits. An update too large to hold two of is added
-    as it comes."""
+    The table is shared by every update. A table per update, already times its weight, would spare one
+    product per value, but building it writes 65,536 products (half a megabyte) for each update; inside a
+    simulated round, where each update arrives on caches that training has just filled, that costs more than
+    the products it spares."""
 
     CHUNK = 1 << 15
-    HELD_BYTES = 8 << 20
-    MOST_HELD = 8
 
-    def __init__(self, size: int, dtype: np.dtype) -> None:
+    def __init__(self, size: int) -> None:
         self.double = np.empty(min(size, self.CHUNK), np.float64)
-        capacity = min(self.MOST_HELD, self.HELD_BYTES // max(1, size * dtype.itemsize))
-        self.held = np.empty((capacity if capacity > 1 else 0, size), dtype)
-        self.held_weights: list[float] = []
-        self.tables = np.empty((0, len(_HALF_TO_DOUBLE)), np.float64)  # one per fp16 update of a batch, made when first needed
 
     def scaled(self, values: np.ndarray, weight: float) -> np.ndarray:
-        """``float64(values) * weight`` as a new buffer: the per-entry path's operations."""
+        """``float64(values) * weight`` as a new buffer."""
         total = np.empty(len(values), np.float64)
-        tables = self._tables([weight]) if values.dtype == np.float16 else None
         for start in range(0, len(values), self.CHUNK):
             end = min(start + self.CHUNK, len(values))
-            self._scaled_chunk(values[start:end], weight, None if tables is None else tables[0], total[start:end])
+            self._scaled_chunk(values[start:end], weight, total[start:end])
         return total
 
     def add(self, values: np.ndarray, weight: float, into: np.ndarray) -> None:
-        """``into += float64(values) * weight``, now or when the batch it joins is added (:meth:`flush`)."""
-        if values.dtype != self.held.dtype or len(self.held) == 0:
-            self.flush(into)
-            self._added([values], [weight], into)
-            return
-        self.held[len(self.held_weights)] = values
-        self.held_weights.append(weight)
-        if len(self.held_weights) == len(self.held):
-            self.flush(into)
-
-    def flush(self, into: np.ndarray) -> None:
-        """Add every held update to ``into``, in the order they came."""
-        if self.held_weights:
-            self._added(list(self.held[: len(self.held_weights)]), self.held_weights, into)
-            self.held_weights = []
-
-    def _added(self, batch: list[np.ndarray], weights: list[float], into: np.ndarray) -> None:
-        tables = self._tables(weights) if batch[0].dtype == np.float16 else None
+        """``into += float64(values) * weight``."""
         for start in range(0, len(into), self.CHUNK):
             end = min(start + self.CHUNK, len(into))
             target, scaled = into[start:end], self.double[: end - start]
-            for index, (values, weight) in enumerate(zip(batch, weights, strict=True)):
-                self._scaled_chunk(values[start:end], weight, None if tables is None else tables[index], scaled)
-                np.add(target, scaled, out=target)
-
-    def _tables(self, weights: list[float]) -> np.ndarray:
-        if len(self.tables) < len(weights):
-            self.tables = np.empty((len(weights), len(_HALF_TO_DOUBLE)), np.float64)
-        for table, weight in zip(self.tables, weights, strict=False):
-            np.multiply(_HALF_TO_DOUBLE, weight, out=table)
-        return self.tables
+            self._scaled_chunk(values[start:end], weight, scaled)
+            np.add(target, scaled, out=target)
 
     @staticmethod
-    def _scaled_chunk(values: np.ndarray, weight: float, table: np.ndarray | None, out: np.ndarray) -> None:
-        if table is not None:
+    def _scaled_chunk(values: np.ndarray, weight: float, out: np.ndarray) -> None:
+        if values.dtype == np.float16:
             # "wrap" never wraps (every uint16 indexes the table) and spares the bounds check
-            table.take(values.view(np.uint16), out=out, mode="wrap")
+            _HALF_TO_DOUBLE.take(values.view(np.uint16), out=out, mode="wrap")
+            np.multiply(out, weight, out=out)
         else:
             np.multiply(values, weight, out=out, dtype=np.float64)
 
@@ -166,7 +133,7 @@ class RunningWeightedSum:
         if not weight > 0:
             raise ValueError(f"weight must be positive, got {weight}")
         if self.count == 0 and isinstance(weights, PackedArrays):
-            scratch = _Scratch(weights.layout.size, weights.flat.dtype)
+            scratch = _Scratch(weights.layout.size)
             flat = scratch.scaled(weights.flat, weight)
             self._packed = _PackedSum(weights.layout, frozenset(weights.rest), flat, scratch)
             self._sums = {**weights.layout.views(flat), **{k: _wide(v) * weight for k, v in weights.rest.items()}}
@@ -176,7 +143,6 @@ class RunningWeightedSum:
             self._add_each(weights.rest, weight)
             self._packed.scratch.add(weights.flat, weight, into=self._packed.flat)
         else:
-            self._flush()
             if weights.keys() != self._sums.keys():
                 missing, extra = self._sums.keys() - weights.keys(), weights.keys() - self._sums.keys()
                 raise ValueError(f"update keys differ from the first update (missing {sorted(missing)[:3]}, extra {sorted(extra)[:3]})")
@@ -191,19 +157,13 @@ class RunningWeightedSum:
                 raise ValueError(f"{key}: shape {np.shape(value)} differs from {self._sums[key].shape}")
             self._sums[key] += _wide(value) * weight
 
-    def _flush(self) -> None:
-        if self._packed is not None:
-            self._packed.scratch.flush(self._packed.flat)
-
     def mean(self) -> dict[str, np.ndarray]:
         if self.count == 0:
             raise ValueError("no updates were added")
-        self._flush()
         return {k: v / self.total_weight for k, v in self._sums.items()}
 
     def sums(self) -> dict[str, np.ndarray]:
         """The running sums themselves, not copies: whoever is done adding hands them on."""
-        self._flush()
         return self._sums
 
     def metric_means(self) -> dict[str, float]:

@@ -135,13 +135,14 @@ def test_devices_weighting_is_refused_where_it_cannot_apply() -> None:
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
 def test_packed_updates_sum_to_the_bits_of_the_same_updates_entry_by_entry(dtype: type) -> None:
     # Prepare: delta-sized values (fp16 subnormals among them) over more than one summing chunk, an integer
-    # counter kept aside, weights that are not integers, more updates than one held-back batch; then one of
-    # the other precision, one plain update and one of another layout
+    # counter kept aside, weights that are not integers (each fp16 update widened through the one shared table,
+    # which one update's weight must not change for the next); then one of the other precision, one plain
+    # update and one of another layout
     rng = np.random.default_rng(4)
     layout = Layout.of({"conv": (3, _Scratch.CHUNK // 3 + 5), "bias": (7,)})
     other_dtype = np.float32 if dtype == np.float16 else np.float16
     packs = [PackedArrays(layout, (rng.standard_normal(layout.size) * 1e-5).astype(t), {"steps": np.array(i)})
-             for i, t in enumerate([dtype] * (2 * _Scratch.MOST_HELD + 3) + [other_dtype, dtype])]
+             for i, t in enumerate([dtype] * 5 + [other_dtype, dtype])]
     plain = {k: v.copy() for k, v in PackedArrays(layout, rng.standard_normal(layout.size).astype(dtype), {"steps": np.array(9)}).items()}
     other = PackedArrays(Layout.of({"bias": (7,), "conv": layout.shapes[0]}), rng.standard_normal(layout.size).astype(dtype), {"steps": np.array(1)})
     updates = [*packs, plain, other]
@@ -162,8 +163,8 @@ def test_packed_updates_sum_to_the_bits_of_the_same_updates_entry_by_entry(dtype
     assert packed.total_weight == unpacked.total_weight and packed.count == len(updates)
 
 
-def test_held_back_updates_are_in_the_sums_and_the_mean_whenever_they_are_read() -> None:
-    # Prepare: fewer packed fp16 updates than a held-back batch
+def test_packed_updates_make_the_sums_and_the_mean() -> None:
+    # Prepare: packed fp16 updates, each weighted by its own value
     layout = Layout.of({"w": (5,)})
     total = RunningWeightedSum()
     for weight in (1.0, 2.0, 3.0):
@@ -173,19 +174,6 @@ def test_held_back_updates_are_in_the_sums_and_the_mean_whenever_they_are_read()
     # Assert: (1 + 4 + 9) / 6 and 14, not the first update's alone
     np.testing.assert_array_equal(mean["w"], np.full(5, 14 / 6))
     np.testing.assert_array_equal(sums["w"], np.full(5, 14.0))
-
-
-def test_an_update_too_large_to_hold_back_is_added_as_it_comes() -> None:
-    # Prepare: fp16 updates over half the held-back buffer's bytes
-    size = _Scratch.HELD_BYTES // 2 // 2 + 1
-    layout = Layout.of({"w": (size,)})
-    total = RunningWeightedSum()
-    total.add(PackedArrays(layout, np.ones(size, np.float16)), 1.0)
-    # Execute
-    total.add(PackedArrays(layout, np.full(size, 2.0, np.float16)), 3.0)
-    # Assert: nothing was held back, and the sum holds both
-    assert total._packed is not None and not total._packed.scratch.held_weights and len(total._packed.scratch.held) == 0
-    np.testing.assert_array_equal(total.sums()["w"][[0, -1]], [7.0, 7.0])
 
 
 def test_a_packed_update_with_a_counter_missing_or_misshapen_is_refused_like_a_plain_one() -> None:
